@@ -1,0 +1,25 @@
+# voxbatch: the two commands are `make demo` and `make test`. Both bootstrap what is missing first.
+SHELL := /bin/bash
+ENV := source scripts/env.sh &&
+
+.PHONY: bootstrap build demo test models models-all stop-seaweedfs
+
+bootstrap:
+	scripts/bootstrap.sh
+
+build: bootstrap
+
+## Turn the bundled sample corpus into WAV files in SeaweedFS and print the report.
+demo: bootstrap
+	$(ENV) target/debug/voxbatch demo
+
+## Unit and integration tests against the real RabbitMQ, Postgres and SeaweedFS.
+test: bootstrap
+	scripts/test.sh
+
+## Reference model in every size (tiny is made by bootstrap).
+models-all: bootstrap
+	$(ENV) for s in base large; do [ -f models/reference-$$s/model.pt ] || python tools/export_reference_model.py --size $$s --out models/reference-$$s; done
+
+stop-seaweedfs:
+	scripts/stop-seaweedfs.sh

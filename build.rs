@@ -1,0 +1,41 @@
+//! Build script: migrations are embedded (rebuild when they change) and the binary is linked so that
+//! libtorch's CUDA backend is really loaded.
+//!
+//! tch links `libtorch_cuda` with `--as-needed`; as no symbol of it is referenced directly, the linker
+//! drops it and CUDA is silently unavailable at run time. When the libtorch in use ships
+//! `libtorch_cuda.so`, force it in. An rpath to libtorch lets the binary run here without
+//! `LD_LIBRARY_PATH` (which still takes precedence, e.g. on the GPU machine).
+use std::path::PathBuf;
+
+/// Compiles `csrc/torch_shim.cpp` against the headers of the libtorch tch links.
+fn build_shim(lib: &std::path::Path) {
+    println!("cargo:rerun-if-changed=csrc/torch_shim.cpp");
+    let include = lib.join("..").join("include");
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/torch_shim.cpp")
+        .include(&include)
+        .include(include.join("torch").join("csrc").join("api").join("include"))
+        .flag("-std=c++17")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .flag_if_supported("-Wno-unused-parameter")
+        .warnings(false)
+        .compile("voxbatch_torch_shim");
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=migrations");
+    println!("cargo:rerun-if-changed=build.rs");
+    let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        return;
+    };
+    let lib = PathBuf::from(lib);
+    build_shim(&lib);
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    if lib.join("libtorch_cuda.so").exists() {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+        println!("cargo:rustc-link-arg=-ltorch_cuda");
+        println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    }
+}

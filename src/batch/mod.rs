@@ -1,0 +1,316 @@
+//! Batch assembly: which of the jobs a worker holds run together, and when.
+//!
+//! A pure state machine, no I/O: jobs are [`BatchPolicy::push`]ed in as they arrive and
+//! [`BatchPolicy::decide`] says, for a given instant, either "wait (until …)" or "flush this
+//! batch, for this reason". The worker owns the clock and the channel plumbing, so every rule
+//! here is unit-tested with plain values.
+//!
+//! v1 ([`LengthBucketing`]): serve the highest priority, oldest job first; fill its batch with the
+//! jobs of the same priority closest to it in length (sorted by length, minimal spread, so little
+//! padding); cap by `max_batch` and by padded tokens (`max_batch_tokens`); a partial batch waits
+//! at most `max_wait`. The memory-aware policy (GPU peak-memory model) replaces it behind the
+//! same trait.
+//!
+//! Neighbours: `worker` feeds it parsed jobs and runs what it flushes on `model`.
+
+use std::time::{Duration, Instant};
+
+/// A job waiting to be batched, with what the policy needs to know about it.
+#[derive(Debug)]
+pub struct Pending<T> {
+    pub item: T,
+    /// Input length in tokens (padding is counted in these).
+    pub tokens: usize,
+    /// 0-9, higher first.
+    pub priority: u8,
+    pub arrived: Instant,
+    /// Arrival order (ties on `arrived`).
+    pub seq: u64,
+}
+
+/// Why a batch was closed (recorded per batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushReason {
+    /// `max_batch` jobs.
+    Full,
+    /// Adding the next job would exceed the padded-token budget.
+    Tokens,
+    /// The oldest job waited `max_wait`.
+    Deadline,
+    /// No more input is coming (drain or shutdown).
+    Drain,
+}
+
+impl FlushReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlushReason::Full => "full",
+            FlushReason::Tokens => "tokens",
+            FlushReason::Deadline => "deadline",
+            FlushReason::Drain => "drain",
+        }
+    }
+}
+
+/// A batch to run.
+#[derive(Debug)]
+pub struct Flush<T> {
+    /// Sorted by length, shortest first.
+    pub items: Vec<Pending<T>>,
+    pub reason: FlushReason,
+}
+
+impl<T> Flush<T> {
+    /// Sum of the items' tokens.
+    pub fn tokens(&self) -> usize {
+        self.items.iter().map(|p| p.tokens).sum()
+    }
+    /// Batch size × the longest item: what the model computes, padding included.
+    pub fn padded_tokens(&self) -> usize {
+        self.items.len() * self.items.iter().map(|p| p.tokens).max().unwrap_or(0)
+    }
+    /// Fraction of the computed tokens that are padding: 1 − Σlen / (B · max_len).
+    pub fn padding_waste(&self) -> f64 {
+        let padded = self.padded_tokens();
+        if padded == 0 {
+            0.0
+        } else {
+            1.0 - self.tokens() as f64 / padded as f64
+        }
+    }
+}
+
+/// What to do now.
+#[derive(Debug)]
+pub enum Decision<T> {
+    /// Nothing to run yet; decide again at this instant (or when a job arrives; `None` = only then).
+    Wait(Option<Instant>),
+    Flush(Flush<T>),
+}
+
+/// A batch assembly policy.
+pub trait BatchPolicy<T>: Send {
+    fn push(&mut self, job: Pending<T>);
+    /// `closing`: no more jobs will arrive; flush what is held.
+    fn decide(&mut self, now: Instant, closing: bool) -> Decision<T>;
+    /// Jobs held.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Takes every held job out (shutdown returns them to the queue).
+    fn take_all(&mut self) -> Vec<Pending<T>>;
+}
+
+/// v1 policy: length bucketing under a batch-size and padded-token cap, with a deadline.
+#[derive(Debug)]
+pub struct LengthBucketing<T> {
+    pub max_batch: usize,
+    pub max_wait: Duration,
+    pub max_batch_tokens: usize,
+    pool: Vec<Pending<T>>,
+}
+
+impl<T> LengthBucketing<T> {
+    pub fn new(max_batch: usize, max_wait: Duration, max_batch_tokens: usize) -> Self {
+        LengthBucketing { max_batch: max_batch.max(1), max_wait, max_batch_tokens: max_batch_tokens.max(1), pool: Vec::new() }
+    }
+
+    /// Index in `pool` of the job to serve first: highest priority, then oldest.
+    fn anchor(&self) -> usize {
+        let mut best = 0;
+        for (i, p) in self.pool.iter().enumerate() {
+            let b = &self.pool[best];
+            if (p.priority, std::cmp::Reverse(p.seq)) > (b.priority, std::cmp::Reverse(b.seq)) {
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// Picks the anchor's batch and removes it from the pool.
+    fn select(&mut self, closing: bool) -> Flush<T> {
+        let anchor = self.anchor();
+        let anchor_seq = self.pool[anchor].seq;
+        let priority = self.pool[anchor].priority;
+        // Same-priority jobs sorted by length; the anchor's position in that order.
+        let mut class: Vec<usize> = (0..self.pool.len()).filter(|&i| self.pool[i].priority == priority).collect();
+        class.sort_by_key(|&i| (self.pool[i].tokens, self.pool[i].seq));
+        let pos = class.iter().position(|&i| self.pool[i].seq == anchor_seq).unwrap_or(0);
+        let k = self.max_batch.min(class.len());
+        // The window of k jobs containing the anchor with the smallest length spread.
+        let lo = pos.saturating_sub(k - 1);
+        let hi = pos.min(class.len() - k);
+        let start = (lo..=hi)
+            .min_by_key(|&s| self.pool[class[s + k - 1]].tokens - self.pool[class[s]].tokens)
+            .unwrap_or(lo);
+        let mut window: Vec<usize> = class[start..start + k].to_vec();
+        // Enforce the padded-token cap by dropping the job farthest in length from the anchor.
+        let mut limited_by_tokens = false;
+        let anchor_tokens = self.pool[anchor].tokens;
+        while window.len() > 1 {
+            let max_len = window.iter().map(|&i| self.pool[i].tokens).max().unwrap_or(0);
+            if window.len() * max_len <= self.max_batch_tokens {
+                break;
+            }
+            limited_by_tokens = true;
+            let (far, _) = window
+                .iter()
+                .enumerate()
+                .filter(|(_, &i)| self.pool[i].seq != anchor_seq)
+                .max_by_key(|(_, &i)| self.pool[i].tokens.abs_diff(anchor_tokens))
+                .map(|(w, &i)| (w, i))
+                .unwrap_or((0, window[0]));
+            window.remove(far);
+        }
+        let reason = if limited_by_tokens {
+            FlushReason::Tokens
+        } else if window.len() == self.max_batch {
+            FlushReason::Full
+        } else if closing {
+            FlushReason::Drain
+        } else {
+            FlushReason::Deadline
+        };
+        // Remove selected jobs from the pool (highest index first keeps the others valid).
+        let mut chosen = window.clone();
+        chosen.sort_unstable_by(|a, b| b.cmp(a));
+        let mut items: Vec<Pending<T>> = chosen.into_iter().map(|i| self.pool.swap_remove(i)).collect();
+        items.sort_by_key(|p| (p.tokens, p.seq));
+        Flush { items, reason }
+    }
+}
+
+impl<T: Send> BatchPolicy<T> for LengthBucketing<T> {
+    fn push(&mut self, job: Pending<T>) {
+        self.pool.push(job);
+    }
+
+    fn decide(&mut self, now: Instant, closing: bool) -> Decision<T> {
+        if self.pool.is_empty() {
+            return Decision::Wait(None);
+        }
+        let oldest = self.pool.iter().map(|p| p.arrived).min().unwrap_or(now);
+        let deadline = oldest + self.max_wait;
+        if closing || self.pool.len() >= self.max_batch || now >= deadline {
+            return Decision::Flush(self.select(closing));
+        }
+        // Enough tokens held that the anchor's batch is already capped by the token budget.
+        let max_len = self.pool.iter().map(|p| p.tokens).max().unwrap_or(0);
+        if self.pool.len() > 1 && self.pool.len() * max_len > self.max_batch_tokens {
+            let flush = self.select(closing);
+            if flush.reason == FlushReason::Tokens {
+                return Decision::Flush(flush);
+            }
+            // Not capped after all: put it back and wait.
+            self.pool.extend(flush.items);
+        }
+        Decision::Wait(Some(deadline))
+    }
+
+    fn len(&self) -> usize {
+        self.pool.len()
+    }
+
+    fn take_all(&mut self) -> Vec<Pending<T>> {
+        std::mem::take(&mut self.pool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(seq: u64, tokens: usize, priority: u8, at: Instant) -> Pending<u64> {
+        Pending { item: seq, tokens, priority, arrived: at, seq }
+    }
+
+    fn flush(d: Decision<u64>) -> Flush<u64> {
+        match d {
+            Decision::Flush(f) => f,
+            Decision::Wait(w) => panic!("expected a flush, got wait {w:?}"),
+        }
+    }
+
+    fn ids(f: &Flush<u64>) -> Vec<u64> {
+        f.items.iter().map(|p| p.item).collect()
+    }
+
+    #[test]
+    fn a_partial_batch_waits_until_its_deadline() {
+        let t0 = Instant::now();
+        let mut b = LengthBucketing::new(4, Duration::from_millis(100), 10_000);
+        b.push(job(0, 10, 0, t0));
+        match b.decide(t0, false) {
+            Decision::Wait(Some(at)) => assert_eq!(at, t0 + Duration::from_millis(100)),
+            other => panic!("{other:?}"),
+        }
+        let f = flush(b.decide(t0 + Duration::from_millis(100), false));
+        assert_eq!((ids(&f), f.reason), (vec![0], FlushReason::Deadline));
+        assert!(b.is_empty());
+        assert!(matches!(b.decide(t0, false), Decision::Wait(None)));
+    }
+
+    #[test]
+    fn a_full_batch_groups_the_oldest_job_with_its_nearest_lengths() {
+        let t0 = Instant::now();
+        let mut b = LengthBucketing::new(3, Duration::from_secs(10), 10_000);
+        for (seq, tokens) in [(0, 50), (1, 5), (2, 48), (3, 500), (4, 52), (5, 6)] {
+            b.push(job(seq, tokens, 0, t0));
+        }
+        let f = flush(b.decide(t0, false));
+        assert_eq!(f.reason, FlushReason::Full);
+        assert_eq!(ids(&f), vec![2, 0, 4], "sorted by length, around the oldest job");
+        assert!((f.padding_waste() - (1.0 - 150.0 / 156.0)).abs() < 1e-9);
+        let f = flush(b.decide(t0, false));
+        assert_eq!(ids(&f), vec![1, 5, 3]);
+        assert_eq!(b.len(), 0);
+    }
+
+    #[test]
+    fn higher_priority_jobs_are_served_first() {
+        let t0 = Instant::now();
+        let mut b = LengthBucketing::new(2, Duration::from_secs(10), 10_000);
+        b.push(job(0, 10, 0, t0));
+        b.push(job(1, 10, 0, t0));
+        b.push(job(2, 90, 9, t0));
+        b.push(job(3, 80, 9, t0));
+        let f = flush(b.decide(t0, false));
+        assert_eq!(ids(&f), vec![3, 2]);
+        let f = flush(b.decide(t0, true));
+        assert_eq!((ids(&f), f.reason), (vec![0, 1], FlushReason::Full));
+    }
+
+    #[test]
+    fn padded_tokens_never_exceed_the_budget_but_one_long_job_still_runs() {
+        let t0 = Instant::now();
+        let mut b = LengthBucketing::new(8, Duration::from_secs(10), 100);
+        b.push(job(0, 40, 0, t0));
+        b.push(job(1, 30, 0, t0));
+        b.push(job(2, 45, 0, t0));
+        // 3 × 45 > 100: the budget closes a batch of two at once, without waiting for the deadline.
+        let f = flush(b.decide(t0, false));
+        assert_eq!(f.reason, FlushReason::Tokens);
+        assert!(f.padded_tokens() <= 100);
+        assert_eq!(ids(&f), vec![0, 2]);
+        b.push(job(3, 1000, 0, t0));
+        let f = flush(b.decide(t0, true));
+        assert_eq!(ids(&f), vec![1], "the oldest first");
+        let f = flush(b.decide(t0, true));
+        assert_eq!((ids(&f), f.reason), (vec![3], FlushReason::Drain), "over budget alone: runs alone");
+    }
+
+    #[test]
+    fn closing_flushes_everything_and_take_all_returns_the_rest() {
+        let t0 = Instant::now();
+        let mut b = LengthBucketing::new(4, Duration::from_secs(10), 10_000);
+        b.push(job(0, 1, 0, t0));
+        let f = flush(b.decide(t0, true));
+        assert_eq!(f.reason, FlushReason::Drain);
+        b.push(job(1, 1, 0, t0));
+        b.push(job(2, 1, 0, t0));
+        let rest = b.take_all();
+        assert_eq!(rest.len(), 2);
+        assert!(b.is_empty());
+    }
+}

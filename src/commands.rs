@@ -1,0 +1,122 @@
+//! What each CLI command does, as library functions (so tests and the demo call the same code the
+//! binary does). `main.rs` only parses flags, sets up logging and prints.
+//!
+//! Neighbours: everything; this is the top of the library.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+
+use crate::config::Config;
+use crate::db::{Db, DbError};
+use crate::enqueue::{read_jobs, EnqueueError, LineDefaults};
+use crate::model::{ModelError, ModelHandle};
+use crate::queue::{self, Publisher, QueueError};
+use crate::storage::{Storage, StorageError};
+use crate::worker::{self, WorkerError, WorkerOptions, WorkerSummary};
+
+/// Errors of the commands, each with the stage it came from.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Enqueue(#[from] EnqueueError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// Creates the database (if missing), applies migrations, declares the queue topology and creates
+/// the bucket. Idempotent.
+pub async fn migrate(cfg: &Config) -> Result<(), CommandError> {
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    let conn = queue::connect(&cfg.amqp, "voxbatch migrate").await?;
+    let channel = conn.create_channel().await.map_err(|source| QueueError::Amqp { op: "channel.open", source })?;
+    queue::declare_topology(&channel, &cfg.amqp).await?;
+    let _ = conn.close(200, "done".into()).await;
+    let storage = Storage::open(&cfg.storage).await?;
+    storage.ensure_ready(cfg.storage.create_bucket).await?;
+    Ok(())
+}
+
+/// What `enqueue` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnqueueSummary {
+    pub enqueued: usize,
+    /// Jobs per campaign.
+    pub campaigns: BTreeMap<String, usize>,
+}
+
+/// Validates every line of `path`, then publishes all jobs with publisher confirms.
+/// `progress(total, confirmed)` is called as confirms arrive.
+pub async fn enqueue(
+    cfg: &Config,
+    path: &Path,
+    defaults: &LineDefaults,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<EnqueueSummary, CommandError> {
+    let jobs = read_jobs(path, defaults, &cfg.limits)?;
+    let conn = queue::connect(&cfg.amqp, "voxbatch enqueue").await?;
+    let publisher = Publisher::new(&conn, &cfg.amqp).await?;
+    let total = jobs.len();
+    progress(total, 0);
+    publisher.publish(&jobs, |done| progress(total, done)).await?;
+    let _ = conn.close(200, "done".into()).await;
+    let mut campaigns = BTreeMap::new();
+    for j in &jobs {
+        *campaigns.entry(j.campaign.clone()).or_insert(0) += 1;
+    }
+    Ok(EnqueueSummary { enqueued: total, campaigns })
+}
+
+/// Queue depths and job counts.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub queue: String,
+    pub ready: u32,
+    pub dead_letter_queue: String,
+    pub dead: u32,
+    pub jobs_by_status: Vec<(String, i64)>,
+}
+
+pub async fn status(cfg: &Config) -> Result<Status, CommandError> {
+    let conn = queue::connect(&cfg.amqp, "voxbatch status").await?;
+    let channel = conn.create_channel().await.map_err(|source| QueueError::Amqp { op: "channel.open", source })?;
+    let (ready, dead) = queue::queue_depths(&channel, &cfg.amqp).await?;
+    let _ = conn.close(200, "done".into()).await;
+    let db = Db::connect(&cfg.database).await?;
+    let jobs_by_status = db.jobs_by_status(None).await?;
+    Ok(Status {
+        queue: cfg.amqp.queue.clone(),
+        ready,
+        dead_letter_queue: cfg.amqp.dead_letter_queue.clone(),
+        dead,
+        jobs_by_status,
+    })
+}
+
+/// Loads the model and runs a worker until `shutdown` (or, with `drain`, until the queue is empty).
+pub async fn work(
+    cfg: &Config,
+    opts: WorkerOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, CommandError> {
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    let storage = Storage::open(&cfg.storage).await?;
+    storage.ensure_ready(cfg.storage.create_bucket).await?;
+    let m = &cfg.model;
+    let (dir, device, precision, threads) = (m.dir.clone(), m.device, m.precision, m.cpu_threads);
+    let model = tokio::task::spawn_blocking(move || ModelHandle::spawn(&dir, device, precision, threads))
+        .await
+        .map_err(|_| ModelError::ThreadGone)??;
+    Ok(worker::run(cfg.clone(), model, db, storage, opts, shutdown).await?)
+}

@@ -1,0 +1,463 @@
+//! Postgres: the source of truth for what is done. Schema in `migrations/` (embedded).
+//!
+//! Inputs: jobs claimed at the start of a batch, finished batches, rejections, worker heartbeats.
+//! Outputs: claim decisions (proceed / already done / conflict) and the rows reports read.
+//! All SQL uses bound parameters.
+//!
+//! Neighbours: `worker` calls [`Db::claim`] before inference and [`Db::complete_batch`] after the
+//! upload, and acks only after that commit; `report` reads the same tables.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool, Row};
+use uuid::Uuid;
+
+use crate::config::DatabaseConfig;
+use crate::job::{Job, Rejection, RejectionKind};
+
+/// Embedded migrations.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Errors of the database stage. Worker code treats them as transient (retry with backoff).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    #[error("invalid database url {url}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("cannot connect to postgres at {url}")]
+    Connect { url: String, source: sqlx::Error },
+    #[error("migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("query failed: {context}")]
+    Query { context: &'static str, source: sqlx::Error },
+}
+
+fn q(context: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
+    move |source| DbError::Query { context, source }
+}
+
+/// A pool of connections to voxbatch's database.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: PgPool,
+}
+
+/// What the worker should do with a job it has received.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// Synthesize it.
+    Proceed,
+    /// Its audio is already committed: ack without recomputation.
+    AlreadyDone,
+    /// The same job_id was submitted with different content: dead-letter the new message.
+    Conflict(RejectionKind),
+}
+
+/// One finished job of a batch.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    pub job_id: Uuid,
+    pub s3_key: String,
+    pub audio_seconds: f64,
+    pub sha256: String,
+}
+
+/// The row of one finished batch.
+#[derive(Debug, Clone)]
+pub struct BatchRecord {
+    pub batch_id: Uuid,
+    pub worker_id: String,
+    pub model: String,
+    pub device: String,
+    pub precision: String,
+    pub batch_size: i32,
+    pub tokens: i64,
+    pub padded_tokens: i64,
+    pub flush_reason: String,
+    pub queue_ms: f64,
+    pub infer_ms: f64,
+    pub encode_ms: f64,
+    pub upload_ms: f64,
+    pub db_ms: f64,
+    pub audio_seconds: f64,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub padding_waste: Option<f32>,
+}
+
+/// Database name of a URL, and the URL of the maintenance database on the same server.
+fn split_url(url: &str) -> Result<(String, String), DbError> {
+    let bad = |reason: &str| DbError::Url { url: crate::config::SecretUrl::new(url).redacted(), reason: reason.into() };
+    let mut u = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    let name = u.path().trim_start_matches('/').to_string();
+    if name.is_empty() {
+        return Err(bad("no database name in the path"));
+    }
+    if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(bad("database name must be letters, digits, _ or -"));
+    }
+    u.set_path("/postgres");
+    Ok((name, u.to_string()))
+}
+
+impl Db {
+    /// Connects, creating the database first if it does not exist.
+    pub async fn connect(cfg: &DatabaseConfig) -> Result<Db, DbError> {
+        let url = cfg.url.expose();
+        ensure_database(url).await?;
+        let opts: PgConnectOptions = url
+            .parse::<PgConnectOptions>()
+            .map_err(|e| DbError::Url { url: cfg.url.redacted(), reason: e.to_string() })?
+            .disable_statement_logging();
+        let pool = PgPoolOptions::new()
+            .max_connections(cfg.max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(opts)
+            .await
+            .map_err(|source| DbError::Connect { url: cfg.url.redacted(), source })?;
+        Ok(Db { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies pending migrations (idempotent).
+    pub async fn migrate(&self) -> Result<(), DbError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Registers (or re-registers) a worker.
+    pub async fn register_worker(&self, worker_id: &str, device: &str, model: &str, precision: &str) -> Result<(), DbError> {
+        let host = hostname();
+        sqlx::query(
+            "INSERT INTO workers (worker_id, host, pid, device, model, precision) VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (worker_id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, device = EXCLUDED.device,
+               model = EXCLUDED.model, precision = EXCLUDED.precision, started_at = now(), last_heartbeat = now(), stopped_at = NULL",
+        )
+        .bind(worker_id)
+        .bind(host)
+        .bind(std::process::id() as i32)
+        .bind(device)
+        .bind(model)
+        .bind(precision)
+        .execute(&self.pool)
+        .await
+        .map_err(q("register worker"))?;
+        Ok(())
+    }
+
+    pub async fn heartbeat(&self, worker_id: &str) -> Result<(), DbError> {
+        sqlx::query("UPDATE workers SET last_heartbeat = now() WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("heartbeat"))?;
+        Ok(())
+    }
+
+    pub async fn worker_stopped(&self, worker_id: &str) -> Result<(), DbError> {
+        sqlx::query("UPDATE workers SET last_heartbeat = now(), stopped_at = now() WHERE worker_id = $1")
+            .bind(worker_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("worker stopped"))?;
+        Ok(())
+    }
+
+    async fn insert_new(&self, jobs: &[Job], status: &str) -> Result<(), DbError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
+        let campaigns: Vec<&str> = jobs.iter().map(|j| j.campaign.as_str()).collect();
+        let voices: Vec<&str> = jobs.iter().map(|j| j.voice.as_str()).collect();
+        let texts: Vec<&str> = jobs.iter().map(|j| j.text.as_str()).collect();
+        let priorities: Vec<i16> = jobs.iter().map(|j| i16::from(j.priority)).collect();
+        let metadata: Vec<Option<serde_json::Value>> =
+            jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
+        let chars: Vec<i32> = jobs.iter().map(|j| j.chars() as i32).collect();
+        sqlx::query(
+            "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status)
+             SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, $8
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[])
+               AS t(job_id, campaign, voice, text, priority, metadata, chars)
+             ON CONFLICT (job_id) DO NOTHING",
+        )
+        .bind(&ids)
+        .bind(&campaigns)
+        .bind(&voices)
+        .bind(&texts)
+        .bind(&priorities)
+        .bind(&metadata)
+        .bind(&chars)
+        .bind(status)
+        .execute(&self.pool)
+        .await
+        .map_err(q("insert jobs"))?;
+        Ok(())
+    }
+
+    /// For each job (in order): how its existing row compares.
+    async fn compare_existing(&self, jobs: &[Job]) -> Result<Vec<Claim>, DbError> {
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
+        let rows = sqlx::query("SELECT job_id, status, campaign, voice, text FROM jobs WHERE job_id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("read jobs"))?;
+        let mut existing: HashMap<Uuid, (String, String, String, String)> = HashMap::new();
+        for r in rows {
+            existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4)));
+        }
+        Ok(jobs
+            .iter()
+            .map(|j| match existing.get(&j.job_id) {
+                None => Claim::Proceed,
+                Some((status, _, _, _)) if status == "rejected" => Claim::Proceed,
+                Some((_, campaign, voice, text)) => {
+                    let field = if text != &j.text {
+                        Some("text")
+                    } else if voice != &j.voice {
+                        Some("voice")
+                    } else if campaign != &j.campaign {
+                        Some("campaign")
+                    } else {
+                        None
+                    };
+                    match (field, status_of(existing.get(&j.job_id))) {
+                        (Some(field), _) => Claim::Conflict(RejectionKind::Conflict { job_id: j.job_id, field }),
+                        (None, "done") => Claim::AlreadyDone,
+                        (None, _) => Claim::Proceed,
+                    }
+                }
+            })
+            .collect())
+    }
+
+    /// Claims a batch's jobs: inserts missing rows, decides per job, marks the ones to synthesize
+    /// `running` (attempts + 1). Decisions come back in input order.
+    pub async fn claim(&self, jobs: &[Job], worker_id: &str) -> Result<Vec<Claim>, DbError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.insert_new(jobs, "queued").await?;
+        let decisions = self.compare_existing(jobs).await?;
+        let proceed: Vec<&Job> =
+            jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Proceed).map(|(j, _)| j).collect();
+        if !proceed.is_empty() {
+            let ids: Vec<Uuid> = proceed.iter().map(|j| j.job_id).collect();
+            let campaigns: Vec<&str> = proceed.iter().map(|j| j.campaign.as_str()).collect();
+            let voices: Vec<&str> = proceed.iter().map(|j| j.voice.as_str()).collect();
+            let texts: Vec<&str> = proceed.iter().map(|j| j.text.as_str()).collect();
+            let chars: Vec<i32> = proceed.iter().map(|j| j.chars() as i32).collect();
+            // A `rejected` row is replaced by the valid resubmission's content.
+            sqlx::query(
+                "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, started_at = now(), worker_id = $6,
+                   error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars
+                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[]) AS t(job_id, campaign, voice, text, chars)
+                 WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
+            )
+            .bind(&ids)
+            .bind(&campaigns)
+            .bind(&voices)
+            .bind(&texts)
+            .bind(&chars)
+            .bind(worker_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("mark running"))?;
+        }
+        Ok(decisions)
+    }
+
+    /// Commits a finished batch: its row and every job `done`, in one transaction.
+    pub async fn complete_batch(&self, batch: &BatchRecord, results: &[JobResult]) -> Result<(), DbError> {
+        let mut tx = self.pool.begin().await.map_err(q("begin"))?;
+        sqlx::query(
+            "INSERT INTO batches (batch_id, worker_id, model, device, precision, batch_size, tokens, padded_tokens,
+               flush_reason, queue_ms, infer_ms, encode_ms, upload_ms, db_ms, audio_seconds, started_at, finished_at, padding_waste)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)
+             ON CONFLICT (batch_id) DO NOTHING",
+        )
+        .bind(batch.batch_id)
+        .bind(&batch.worker_id)
+        .bind(&batch.model)
+        .bind(&batch.device)
+        .bind(&batch.precision)
+        .bind(batch.batch_size)
+        .bind(batch.tokens)
+        .bind(batch.padded_tokens)
+        .bind(&batch.flush_reason)
+        .bind(batch.queue_ms)
+        .bind(batch.infer_ms)
+        .bind(batch.encode_ms)
+        .bind(batch.upload_ms)
+        .bind(batch.db_ms)
+        .bind(batch.audio_seconds)
+        .bind(batch.started_at)
+        .bind(batch.finished_at)
+        .bind(batch.padding_waste)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("insert batch"))?;
+        let ids: Vec<Uuid> = results.iter().map(|r| r.job_id).collect();
+        let keys: Vec<&str> = results.iter().map(|r| r.s3_key.as_str()).collect();
+        let secs: Vec<f64> = results.iter().map(|r| r.audio_seconds).collect();
+        let shas: Vec<&str> = results.iter().map(|r| r.sha256.as_str()).collect();
+        sqlx::query(
+            "UPDATE jobs SET status = 'done', s3_key = t.s3_key, audio_seconds = t.secs, audio_sha256 = t.sha,
+               batch_id = $5, finished_at = now(), error = NULL
+             FROM UNNEST($1::uuid[], $2::text[], $3::float8[], $4::text[]) AS t(job_id, s3_key, secs, sha)
+             WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
+        )
+        .bind(&ids)
+        .bind(&keys)
+        .bind(&secs)
+        .bind(&shas)
+        .bind(batch.batch_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("mark done"))?;
+        tx.commit().await.map_err(q("commit batch"))?;
+        Ok(())
+    }
+
+    /// Marks jobs `failed` with a reason (they are dead-lettered by the caller).
+    pub async fn mark_failed(&self, job_ids: &[Uuid], error: &str) -> Result<(), DbError> {
+        sqlx::query(
+            "UPDATE jobs SET status = 'failed', error = $2, finished_at = now() WHERE job_id = ANY($1) AND status <> 'done'",
+        )
+        .bind(job_ids)
+        .bind(error)
+        .execute(&self.pool)
+        .await
+        .map_err(q("mark failed"))?;
+        Ok(())
+    }
+
+    /// Records a rejected message: a `rejections` row always, and a `rejected` job row when the
+    /// job_id could be read and no row exists for it yet (an existing row is never overwritten).
+    pub async fn record_rejection(&self, rejection: &Rejection, payload: &[u8], worker_id: &str) -> Result<(), DbError> {
+        let excerpt: String =
+            String::from_utf8_lossy(&payload[..payload.len().min(1024)]).chars().filter(|c| *c != '\0').take(256).collect();
+        let reason = rejection.to_string().replace('\0', "");
+        let mut tx = self.pool.begin().await.map_err(q("begin"))?;
+        sqlx::query(
+            "INSERT INTO rejections (job_id, code, reason, payload_bytes, payload_excerpt, worker_id) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(rejection.job_id)
+        .bind(rejection.kind.code())
+        .bind(&reason)
+        .bind(payload.len() as i32)
+        .bind(&excerpt)
+        .bind(worker_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("insert rejection"))?;
+        if let Some(job_id) = rejection.job_id {
+            if !matches!(rejection.kind, RejectionKind::Conflict { .. }) {
+                sqlx::query(
+                    "INSERT INTO jobs (job_id, campaign, voice, text, chars, status, error, worker_id, finished_at)
+                     VALUES ($1, 'default', 'default', '', 0, 'rejected', $2, $3, now())
+                     ON CONFLICT (job_id) DO NOTHING",
+                )
+                .bind(job_id)
+                .bind(&reason)
+                .bind(worker_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(q("insert rejected job"))?;
+            }
+        }
+        tx.commit().await.map_err(q("commit rejection"))?;
+        Ok(())
+    }
+
+    /// Job counts by status, optionally for one campaign.
+    pub async fn jobs_by_status(&self, campaign: Option<&str>) -> Result<Vec<(String, i64)>, DbError> {
+        let rows = sqlx::query(
+            "SELECT status, count(*) FROM jobs WHERE ($1::text IS NULL OR campaign = $1) GROUP BY status ORDER BY status",
+        )
+        .bind(campaign)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("count jobs"))?;
+        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}
+
+fn status_of(row: Option<&(String, String, String, String)>) -> &str {
+    row.map(|r| r.0.as_str()).unwrap_or("")
+}
+
+/// Creates the database named in `url` if it does not exist.
+pub async fn ensure_database(url: &str) -> Result<(), DbError> {
+    let (name, admin_url) = split_url(url)?;
+    let redacted = crate::config::SecretUrl::new(url).redacted();
+    let opts: PgConnectOptions = admin_url
+        .parse::<PgConnectOptions>()
+        .map_err(|e| DbError::Url { url: redacted.clone(), reason: e.to_string() })?
+        .disable_statement_logging();
+    let mut conn = match opts.connect().await {
+        Ok(c) => c,
+        // No access to the maintenance database: assume the target exists; connecting will tell.
+        Err(sqlx::Error::Database(_)) => return Ok(()),
+        Err(source) => return Err(DbError::Connect { url: redacted, source }),
+    };
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(q("look up database"))?;
+    if !exists {
+        // Identifiers cannot be bound; `name` was checked to be [A-Za-z0-9_-]+ by split_url.
+        let create = format!("CREATE DATABASE \"{name}\"");
+        if let Err(e) = sqlx::raw_sql(&create).execute(&mut conn).await {
+            // Another process may have created it at the same moment.
+            let duplicate = e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42P04" || c == "23505");
+            if !duplicate {
+                return Err(DbError::Query { context: "create database", source: e });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Drops a database (tests clean up with this).
+pub async fn drop_database(url: &str) -> Result<(), DbError> {
+    let (name, admin_url) = split_url(url)?;
+    let mut conn = admin_url
+        .parse::<PgConnectOptions>()
+        .map_err(|e| DbError::Url { url: admin_url.clone(), reason: e.to_string() })?
+        .connect()
+        .await
+        .map_err(|source| DbError::Connect { url: admin_url.clone(), source })?;
+    let drop = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+    sqlx::raw_sql(&drop).execute(&mut conn).await.map_err(q("drop database"))?;
+    Ok(())
+}
+
+/// This machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls_split_into_name_and_maintenance_url() {
+        let (name, admin) = split_url("postgres://u:p@h:5433/voxbatch?sslmode=require").unwrap();
+        assert_eq!(name, "voxbatch");
+        assert_eq!(admin, "postgres://u:p@h:5433/postgres?sslmode=require");
+        assert!(split_url("postgres://h/").is_err());
+        assert!(split_url("postgres://h/x;drop").is_err());
+    }
+}

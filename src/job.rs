@@ -1,0 +1,330 @@
+//! The job message: the public wire format and its validation.
+//!
+//! Input: the raw bytes of an AMQP message body. Output: a [`Job`], or a [`Rejection`] that says
+//! exactly why the message can never be processed (it is dead-lettered with that reason by the
+//! worker, never retried). The size limit is checked before any parsing. `docs/job.schema.json`
+//! describes the same format for other clients.
+//!
+//! Neighbours: `queue` delivers the bytes and publishes `enqueue`'s jobs; `worker` calls
+//! [`parse_job`] for each delivery.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::config::Limits;
+
+/// Default `voice` and `campaign` when a message leaves them out.
+pub const DEFAULT_VOICE: &str = "default";
+pub const DEFAULT_CAMPAIGN: &str = "default";
+const MAX_NAME_LEN: usize = 128;
+
+/// A validated synthesis job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub job_id: Uuid,
+    pub text: String,
+    pub voice: String,
+    pub campaign: String,
+    pub priority: u8,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+impl Job {
+    /// A new job with a fresh id and defaults.
+    pub fn new(text: impl Into<String>) -> Job {
+        Job {
+            job_id: Uuid::new_v4(),
+            text: text.into(),
+            voice: DEFAULT_VOICE.to_string(),
+            campaign: DEFAULT_CAMPAIGN.to_string(),
+            priority: 0,
+            metadata: None,
+        }
+    }
+
+    /// Characters (Unicode scalar values) of the text.
+    pub fn chars(&self) -> usize {
+        self.text.chars().count()
+    }
+
+    /// The JSON body published to the queue.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising a struct of strings, integers and a JSON map cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// Why a message was rejected. `job_id` is set whenever one could be read, so that a `rejected`
+/// row can be written for it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{kind}")]
+pub struct Rejection {
+    pub job_id: Option<Uuid>,
+    pub kind: RejectionKind,
+}
+
+/// The reasons a message can never be processed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    #[error("message is {bytes} bytes, over the limit of {limit}")]
+    TooLarge { bytes: usize, limit: usize },
+    #[error("message is not valid UTF-8 (at byte {at})")]
+    NotUtf8 { at: usize },
+    #[error("message is not JSON: {0}")]
+    NotJson(String),
+    #[error("message is JSON but not an object")]
+    NotObject,
+    #[error("`job_id` is missing")]
+    MissingJobId,
+    #[error("`job_id` is not a UUID string: {0}")]
+    InvalidJobId(String),
+    #[error("`text` is missing")]
+    MissingText,
+    #[error("`text` is not a string")]
+    TextNotString,
+    #[error("`text` is empty or only whitespace")]
+    EmptyText,
+    #[error("`text` contains a NUL character (at char {at})")]
+    NulInText { at: usize },
+    #[error("`text` has {chars} characters, over the limit of {limit}")]
+    TextTooLong { chars: usize, limit: usize },
+    #[error("`{field}` is invalid: {reason}")]
+    InvalidField { field: &'static str, reason: String },
+    #[error("unknown voice `{voice}` (this model has: {known})")]
+    UnknownVoice { voice: String, known: String },
+    #[error("job {job_id} was already submitted with a different {field}")]
+    Conflict { job_id: Uuid, field: &'static str },
+}
+
+impl RejectionKind {
+    /// A short machine-readable code, stored beside the human-readable reason.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RejectionKind::TooLarge { .. } => "too_large",
+            RejectionKind::NotUtf8 { .. } => "not_utf8",
+            RejectionKind::NotJson(_) => "not_json",
+            RejectionKind::NotObject => "not_object",
+            RejectionKind::MissingJobId => "missing_job_id",
+            RejectionKind::InvalidJobId(_) => "invalid_job_id",
+            RejectionKind::MissingText => "missing_text",
+            RejectionKind::TextNotString => "text_not_string",
+            RejectionKind::EmptyText => "empty_text",
+            RejectionKind::NulInText { .. } => "nul_in_text",
+            RejectionKind::TextTooLong { .. } => "text_too_long",
+            RejectionKind::InvalidField { .. } => "invalid_field",
+            RejectionKind::UnknownVoice { .. } => "unknown_voice",
+            RejectionKind::Conflict { .. } => "conflict",
+        }
+    }
+}
+
+/// What a job is checked against besides the limits: the voices the loaded model knows.
+/// `None` accepts any voice name (used by `enqueue`, which does not load the model).
+pub type KnownVoices<'a> = Option<&'a [String]>;
+
+/// Parses and validates one message body. Whether `job_id` is required: on the wire yes; `enqueue`
+/// passes `require_id = false` and generates one.
+pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_id: bool) -> Result<Job, Rejection> {
+    let reject = |job_id, kind| Rejection { job_id, kind };
+    if body.len() > limits.max_message_bytes {
+        return Err(reject(None, RejectionKind::TooLarge { bytes: body.len(), limit: limits.max_message_bytes }));
+    }
+    let text = std::str::from_utf8(body).map_err(|e| reject(None, RejectionKind::NotUtf8 { at: e.valid_up_to() }))?;
+    let value: Value = serde_json::from_str(text).map_err(|e| reject(None, RejectionKind::NotJson(e.to_string())))?;
+    let Value::Object(mut obj) = value else {
+        return Err(reject(None, RejectionKind::NotObject));
+    };
+
+    let job_id = match obj.remove("job_id") {
+        None | Some(Value::Null) if !require_id => Uuid::new_v4(),
+        None | Some(Value::Null) => return Err(reject(None, RejectionKind::MissingJobId)),
+        Some(Value::String(s)) => {
+            Uuid::parse_str(s.trim()).map_err(|_| reject(None, RejectionKind::InvalidJobId(truncate(&s, 64))))?
+        }
+        Some(other) => return Err(reject(None, RejectionKind::InvalidJobId(truncate(&other.to_string(), 64)))),
+    };
+    let id = Some(job_id);
+
+    let text = match obj.remove("text") {
+        None | Some(Value::Null) => return Err(reject(id, RejectionKind::MissingText)),
+        Some(Value::String(s)) => s,
+        Some(_) => return Err(reject(id, RejectionKind::TextNotString)),
+    };
+    if text.trim().is_empty() {
+        return Err(reject(id, RejectionKind::EmptyText));
+    }
+    if let Some(at) = text.chars().position(|c| c == '\0') {
+        return Err(reject(id, RejectionKind::NulInText { at }));
+    }
+    let chars = text.chars().count();
+    if chars > limits.max_text_chars {
+        return Err(reject(id, RejectionKind::TextTooLong { chars, limit: limits.max_text_chars }));
+    }
+
+    let voice = optional_name(&mut obj, "voice", DEFAULT_VOICE).map_err(|k| reject(id, k))?;
+    if let Some(known) = voices {
+        if !known.iter().any(|v| v == &voice) {
+            return Err(reject(id, RejectionKind::UnknownVoice { voice, known: known.join(", ") }));
+        }
+    }
+    let campaign = optional_name(&mut obj, "campaign", DEFAULT_CAMPAIGN).map_err(|k| reject(id, k))?;
+
+    let priority = match obj.remove("priority") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(p) if p <= 9 => p as u8,
+            _ => {
+                return Err(reject(id, RejectionKind::InvalidField { field: "priority", reason: format!("{n} is not an integer 0-9") }))
+            }
+        },
+        Some(_) => {
+            return Err(reject(id, RejectionKind::InvalidField { field: "priority", reason: "must be an integer 0-9".into() }))
+        }
+    };
+    let metadata = match obj.remove("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => {
+            if contains_nul(&Value::Object(m.clone())) {
+                return Err(reject(id, RejectionKind::InvalidField { field: "metadata", reason: "contains a NUL character".into() }));
+            }
+            Some(m)
+        }
+        Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "metadata", reason: "must be a JSON object".into() })),
+    };
+    // Unknown fields are ignored (forward compatibility), except those later issues reserve.
+    Ok(Job { job_id, text, voice, campaign, priority, metadata })
+}
+
+/// `voice` and `campaign`: optional strings of letters, digits, `.`, `_`, `-` (they appear in
+/// object keys and reports).
+fn optional_name(obj: &mut Map<String, Value>, field: &'static str, default: &str) -> Result<String, RejectionKind> {
+    match obj.remove(field) {
+        None | Some(Value::Null) => Ok(default.to_string()),
+        Some(Value::String(s)) => {
+            let ok = !s.is_empty()
+                && s.len() <= MAX_NAME_LEN
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                && !s.starts_with('.');
+            if ok {
+                Ok(s)
+            } else {
+                Err(RejectionKind::InvalidField {
+                    field,
+                    reason: format!(
+                        "`{}` must be 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - (not starting with .)",
+                        truncate(&s, 64)
+                    ),
+                })
+            }
+        }
+        Some(_) => Err(RejectionKind::InvalidField { field, reason: "must be a string".into() }),
+    }
+}
+
+fn contains_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(contains_nul),
+        Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// At most `n` characters of `s`, for error messages.
+pub fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "6f1c1b5e-2f7a-4b8e-9a43-0c1d2e3f4a5b";
+
+    fn parse(body: &str) -> Result<Job, Rejection> {
+        parse_job(body.as_bytes(), &Limits::default(), None, true)
+    }
+
+    fn kind(body: &str) -> RejectionKind {
+        parse(body).unwrap_err().kind
+    }
+
+    #[test]
+    fn a_minimal_job_gets_the_documented_defaults() {
+        let j = parse(&format!(r#"{{"job_id":"{ID}","text":"Hello"}}"#)).unwrap();
+        assert_eq!(j.job_id.to_string(), ID);
+        assert_eq!((j.voice.as_str(), j.campaign.as_str(), j.priority), ("default", "default", 0));
+        assert!(j.metadata.is_none());
+    }
+
+    #[test]
+    fn all_fields_are_read() {
+        let j = parse(&format!(
+            r#"{{"job_id":"{ID}","text":"你好","voice":"narrator","campaign":"book-1","priority":7,"metadata":{{"chapter":3}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(j.text, "你好");
+        assert_eq!(j.chars(), 2);
+        assert_eq!((j.voice.as_str(), j.campaign.as_str(), j.priority), ("narrator", "book-1", 7));
+        assert_eq!(j.metadata.unwrap()["chapter"], 3);
+    }
+
+    #[test]
+    fn poison_messages_are_rejected_with_their_reason() {
+        assert!(matches!(kind("not json"), RejectionKind::NotJson(_)));
+        assert_eq!(kind("[1,2]"), RejectionKind::NotObject);
+        assert_eq!(kind(r#"{"text":"x"}"#), RejectionKind::MissingJobId);
+        assert!(matches!(kind(r#"{"job_id":"nope","text":"x"}"#), RejectionKind::InvalidJobId(_)));
+        assert!(matches!(kind(r#"{"job_id":7,"text":"x"}"#), RejectionKind::InvalidJobId(_)));
+        assert_eq!(kind(&format!(r#"{{"job_id":"{ID}"}}"#)), RejectionKind::MissingText);
+        assert_eq!(kind(&format!(r#"{{"job_id":"{ID}","text":""}}"#)), RejectionKind::EmptyText);
+        assert_eq!(kind(&format!(r#"{{"job_id":"{ID}","text":" \n\t "}}"#)), RejectionKind::EmptyText);
+        assert_eq!(kind(&format!(r#"{{"job_id":"{ID}","text":42}}"#)), RejectionKind::TextNotString);
+        assert_eq!(kind(&format!(r#"{{"job_id":"{ID}","text":"a\u0000b"}}"#)), RejectionKind::NulInText { at: 1 });
+        assert!(matches!(kind(&format!(r#"{{"job_id":"{ID}","text":"x","priority":10}}"#)), RejectionKind::InvalidField { field: "priority", .. }));
+        assert!(matches!(kind(&format!(r#"{{"job_id":"{ID}","text":"x","campaign":"a/b"}}"#)), RejectionKind::InvalidField { field: "campaign", .. }));
+        assert!(matches!(kind(&format!(r#"{{"job_id":"{ID}","text":"x","metadata":[1]}}"#)), RejectionKind::InvalidField { field: "metadata", .. }));
+        let r = parse(&format!(r#"{{"job_id":"{ID}","text":""}}"#)).unwrap_err();
+        assert_eq!(r.job_id.unwrap().to_string(), ID, "the id is kept for the rejected row");
+    }
+
+    #[test]
+    fn invalid_utf8_and_oversized_messages_are_rejected_before_parsing() {
+        let r = parse_job(b"{\"text\":\"\xff\"}", &Limits::default(), None, true).unwrap_err();
+        assert_eq!(r.kind, RejectionKind::NotUtf8 { at: 9 });
+        let limits = Limits { max_text_chars: 5, max_message_bytes: 40 };
+        let big = format!(r#"{{"job_id":"{ID}","text":"hello"}}"#);
+        assert!(matches!(parse_job(big.as_bytes(), &limits, None, true).unwrap_err().kind, RejectionKind::TooLarge { .. }));
+        let limits = Limits { max_text_chars: 5, max_message_bytes: 1000 };
+        let long = format!(r#"{{"job_id":"{ID}","text":"héllo!"}}"#);
+        assert_eq!(
+            parse_job(long.as_bytes(), &limits, None, true).unwrap_err().kind,
+            RejectionKind::TextTooLong { chars: 6, limit: 5 }
+        );
+    }
+
+    #[test]
+    fn unknown_voice_is_rejected_when_the_model_is_known() {
+        let voices = vec!["default".to_string(), "narrator".to_string()];
+        let body = format!(r#"{{"job_id":"{ID}","text":"x","voice":"robot"}}"#);
+        let r = parse_job(body.as_bytes(), &Limits::default(), Some(&voices), true).unwrap_err();
+        assert!(matches!(r.kind, RejectionKind::UnknownVoice { .. }));
+        assert!(r.to_string().contains("default, narrator"));
+    }
+
+    #[test]
+    fn enqueue_generates_missing_ids_and_round_trips() {
+        let j = parse_job(br#"{"text":"hi"}"#, &Limits::default(), None, false).unwrap();
+        let back = parse_job(&j.to_json(), &Limits::default(), None, true).unwrap();
+        assert_eq!(j, back);
+    }
+}

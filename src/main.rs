@@ -1,0 +1,261 @@
+//! `voxbatch`: the command line. Parses flags, sets up logging, calls `voxbatch::commands`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tracing_subscriber::EnvFilter;
+
+use voxbatch::commands;
+use voxbatch::config::Config;
+use voxbatch::db::Db;
+use voxbatch::enqueue::LineDefaults;
+use voxbatch::report::{self, Format};
+use voxbatch::storage::Storage;
+use voxbatch::worker::WorkerOptions;
+
+/// Job-queue batch worker for bulk text-to-speech on GPUs.
+///
+/// Configuration: built-in defaults (config/default.toml) < --config FILE < environment
+/// (VOXBATCH_SECTION__KEY, AMQP_URL, DATABASE_URL, S3_ENDPOINT, AWS_*) < flags.
+#[derive(Parser, Debug)]
+#[command(name = "voxbatch", version, about, long_about = None)]
+struct Cli {
+    /// TOML file overriding config/default.toml (any subset of its keys).
+    #[arg(long, global = true, env = "VOXBATCH_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format: text or json. Levels come from RUST_LOG (default info).
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create the database if missing, apply migrations, declare the queues, create the bucket.
+    Migrate,
+    /// Publish jobs from FILE: .txt (one job per non-empty line) or .jsonl (one job object per line).
+    Enqueue {
+        /// The job file.
+        file: PathBuf,
+        /// Campaign for jobs that do not name one.
+        #[arg(long)]
+        campaign: Option<String>,
+        /// Voice for jobs that do not name one.
+        #[arg(long)]
+        voice: Option<String>,
+    },
+    /// Consume jobs and synthesize them until stopped (SIGINT/SIGTERM finish the current batch).
+    Work(WorkArgs),
+    /// Queue depth, dead-letter depth and jobs by status.
+    Status,
+    /// Jobs, audio hours, batches and real-time factor per campaign.
+    Report {
+        /// Only this campaign.
+        #[arg(long)]
+        campaign: Option<String>,
+        /// table, csv or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
+    /// Migrate, enqueue the bundled sample corpus, drain it with a worker, print the report.
+    Demo {
+        /// Corpus to enqueue (.txt or .jsonl).
+        #[arg(long, default_value = "corpus/sample.jsonl")]
+        corpus: PathBuf,
+        /// Campaign name for the demo's jobs.
+        #[arg(long, default_value = "demo")]
+        campaign: String,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ModelArgs {
+    /// Model directory (model.toml + weights).
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// cpu or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    /// fp32, tf32, fp16 or bf16.
+    #[arg(long)]
+    precision: Option<String>,
+    /// Hard cap on jobs per batch.
+    #[arg(long)]
+    max_batch: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct WorkArgs {
+    /// Exit 0 once the queue is empty and every job taken is committed.
+    #[arg(long)]
+    drain: bool,
+    /// Worker id recorded in Postgres (default: host-pid-random).
+    #[arg(long)]
+    worker_id: Option<String>,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+impl ModelArgs {
+    fn apply(&self, cfg: &mut Config) -> Result<()> {
+        if let Some(dir) = &self.model {
+            cfg.model.dir = dir.clone();
+        }
+        if let Some(d) = &self.device {
+            cfg.model.device = d.parse().map_err(anyhow::Error::msg).context("--device")?;
+        }
+        if let Some(p) = &self.precision {
+            cfg.model.precision = p.parse().map_err(anyhow::Error::msg).context("--precision")?;
+        }
+        if let Some(b) = self.max_batch {
+            anyhow::ensure!(b > 0, "--max-batch must be > 0");
+            cfg.batching.max_batch = b;
+        }
+        Ok(())
+    }
+}
+
+fn init_logging(format: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested: finishing the current batch, returning the rest to the queue");
+}
+
+fn progress_bar(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(&format!("{{spinner}} {what} [{{bar:40}}] {{pos}}/{{len}} ({{per_sec}}, eta {{eta}})"))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+async fn enqueue(cfg: &Config, file: &std::path::Path, defaults: &LineDefaults) -> Result<commands::EnqueueSummary> {
+    let started = Instant::now();
+    let pb = progress_bar(0, "publishing");
+    let summary = commands::enqueue(cfg, file, defaults, |total, done| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })
+    .await
+    .with_context(|| format!("enqueue {}", file.display()))?;
+    pb.finish_and_clear();
+    let campaigns: Vec<String> = summary.campaigns.iter().map(|(c, n)| format!("{c} ({n})")).collect();
+    println!(
+        "enqueued {} job(s) to {} in {:.1}s, campaign: {}",
+        summary.enqueued,
+        cfg.amqp.queue,
+        started.elapsed().as_secs_f64(),
+        campaigns.join(", ")
+    );
+    Ok(summary)
+}
+
+async fn print_report(cfg: &Config, campaign: Option<&str>, format: Format) -> Result<()> {
+    let db = Db::connect(&cfg.database).await.context("connect to postgres")?;
+    let rows = report::campaign_report(&db, campaign).await.context("report")?;
+    println!("{}", report::render(&rows, format));
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let mut cfg = Config::load(cli.config.as_deref(), &env).context("configuration")?;
+
+    match cli.command {
+        Command::Migrate => {
+            commands::migrate(&cfg).await.context("migrate")?;
+            println!("migrated: database, queue topology ({} → {}), storage ready", cfg.amqp.exchange, cfg.amqp.queue);
+        }
+        Command::Enqueue { file, campaign, voice } => {
+            enqueue(&cfg, &file, &LineDefaults { campaign, voice }).await?;
+        }
+        Command::Work(args) => {
+            args.model.apply(&mut cfg)?;
+            let opts = WorkerOptions { drain: args.drain, worker_id: args.worker_id };
+            let summary = commands::work(&cfg, opts, shutdown_signal()).await.context("worker")?;
+            println!(
+                "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} rejected, {:.1} s of audio",
+                summary.worker_id,
+                summary.batches,
+                summary.jobs_done,
+                summary.jobs_failed,
+                summary.already_done,
+                summary.rejected,
+                summary.audio_seconds
+            );
+        }
+        Command::Status => {
+            let s = commands::status(&cfg).await.context("status")?;
+            println!("queue {}: {} ready", s.queue, s.ready);
+            println!("dead-letter queue {}: {} message(s)", s.dead_letter_queue, s.dead);
+            println!("jobs by status:");
+            if s.jobs_by_status.is_empty() {
+                println!("  (none)");
+            }
+            for (status, n) in s.jobs_by_status {
+                println!("  {status:<9} {n}");
+            }
+        }
+        Command::Report { campaign, format } => {
+            print_report(&cfg, campaign.as_deref(), format).await?;
+        }
+        Command::Demo { corpus, campaign, model } => {
+            model.apply(&mut cfg)?;
+            commands::migrate(&cfg).await.context("migrate")?;
+            println!("migrated");
+            let defaults = LineDefaults { campaign: Some(campaign.clone()), voice: None };
+            enqueue(&cfg, &corpus, &defaults).await?;
+            let opts = WorkerOptions { drain: true, worker_id: None };
+            let summary = commands::work(&cfg, opts, shutdown_signal()).await.context("worker")?;
+            println!(
+                "worker drained the queue: {} batch(es), {} job(s), {:.1} s of audio",
+                summary.batches, summary.jobs_done, summary.audio_seconds
+            );
+            print_report(&cfg, Some(&campaign), Format::Table).await?;
+            let storage = Storage::open(&cfg.storage).await.context("storage")?;
+            let prefix = storage.key(&campaign, uuid::Uuid::nil());
+            let prefix = prefix.trim_end_matches(&format!("{}.wav", uuid::Uuid::nil())).to_string();
+            let keys = storage.list(&prefix).await.context("list audio")?;
+            println!("audio: {} file(s) under {}", keys.len(), storage.url(&prefix));
+            for k in keys.iter().take(3) {
+                println!("  {}", storage.url(k));
+            }
+            println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
+        }
+    }
+    Ok(())
+}

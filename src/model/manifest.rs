@@ -1,0 +1,164 @@
+//! `model.toml`: what a model directory holds and how to feed it.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::ModelError;
+
+/// The kinds of model voxbatch can load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[non_exhaustive]
+pub enum ModelKind {
+    /// `model.pt`: a TorchScript module `forward(tokens[B,T] i64, lengths[B] i64, speakers[B] i64)
+    /// -> (audio[B,S] f32, audio_lengths[B] i64)`.
+    #[serde(rename = "torchscript")]
+    TorchScript,
+}
+
+/// How text becomes token ids.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", deny_unknown_fields)]
+pub enum TokenizerSpec {
+    /// One token per Unicode scalar value: id = 1 + (codepoint mod (vocab_size − 1)); 0 is padding.
+    #[serde(rename = "codepoint")]
+    Codepoint { vocab_size: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signature {
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// A model directory's manifest.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub name: String,
+    pub kind: ModelKind,
+    #[serde(default)]
+    pub description: String,
+    pub sample_rate: u32,
+    /// Output frames per input token (the length regulator's factor).
+    pub frames_per_token: u32,
+    /// Waveform samples per frame (the vocoder's total upsampling).
+    pub samples_per_frame: u32,
+    /// Voice names; a job's `voice` must be one of these.
+    pub voices: Vec<String>,
+    pub tokenizer: TokenizerSpec,
+    pub signature: Signature,
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+const TORCHSCRIPT_INPUTS: [&str; 3] = ["tokens:int64[B,T]", "lengths:int64[B]", "speakers:int64[B]"];
+const TORCHSCRIPT_OUTPUTS: [&str; 2] = ["audio:float32[B,S]", "audio_lengths:int64[B]"];
+
+impl Manifest {
+    /// Reads and checks `dir/model.toml` and that the weights it needs exist.
+    pub fn load(dir: &Path) -> Result<Manifest, ModelError> {
+        let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
+        let path = dir.join("model.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            err(format!(
+                "cannot read model.toml ({e}); a model directory holds model.toml and its weights \
+                 (make models, or tools/export_reference_model.py, writes the reference model)"
+            ))
+        })?;
+        let mut m: Manifest = toml::from_str(&text).map_err(|e| err(format!("model.toml is invalid: {e}")))?;
+        m.dir = dir.to_path_buf();
+        if m.sample_rate == 0 || m.frames_per_token == 0 || m.samples_per_frame == 0 {
+            return Err(err("sample_rate, frames_per_token and samples_per_frame must be > 0".into()));
+        }
+        if m.voices.is_empty() {
+            return Err(err("`voices` must name at least one voice".into()));
+        }
+        let TokenizerSpec::Codepoint { vocab_size } = m.tokenizer;
+        if vocab_size < 2 {
+            return Err(err("tokenizer.vocab_size must be >= 2".into()));
+        }
+        match m.kind {
+            ModelKind::TorchScript => {
+                if m.signature.inputs != TORCHSCRIPT_INPUTS || m.signature.outputs != TORCHSCRIPT_OUTPUTS {
+                    return Err(err(format!(
+                        "kind torchscript needs signature inputs {TORCHSCRIPT_INPUTS:?} and outputs {TORCHSCRIPT_OUTPUTS:?}"
+                    )));
+                }
+                if !dir.join("model.pt").is_file() {
+                    return Err(err("model.pt is missing".into()));
+                }
+            }
+        }
+        Ok(m)
+    }
+
+    /// Token ids of `text`.
+    pub fn tokenize(&self, text: &str) -> Vec<i64> {
+        let TokenizerSpec::Codepoint { vocab_size } = self.tokenizer;
+        let modulus = i64::from(vocab_size) - 1;
+        text.chars().map(|c| 1 + i64::from(u32::from(c)) % modulus).collect()
+    }
+
+    /// Index of `voice` in [`Manifest::voices`].
+    pub fn voice_index(&self, voice: &str) -> Option<i64> {
+        self.voices.iter().position(|v| v == voice).map(|i| i as i64)
+    }
+
+    /// Output samples for an input of `tokens` tokens.
+    pub fn predicted_samples(&self, tokens: usize) -> u64 {
+        tokens as u64 * u64::from(self.frames_per_token) * u64::from(self.samples_per_frame)
+    }
+
+    /// Output seconds for an input of `tokens` tokens.
+    pub fn predicted_seconds(&self, tokens: usize) -> f64 {
+        self.predicted_samples(tokens) as f64 / f64::from(self.sample_rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "m"
+kind = "torchscript"
+sample_rate = 24000
+frames_per_token = 6
+samples_per_frame = 240
+voices = ["default"]
+[tokenizer]
+kind = "codepoint"
+vocab_size = 4096
+[signature]
+inputs = ["tokens:int64[B,T]", "lengths:int64[B]", "speakers:int64[B]"]
+outputs = ["audio:float32[B,S]", "audio_lengths:int64[B]"]
+"#;
+
+    #[test]
+    fn a_valid_manifest_loads_and_tokenizes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("model.toml"), GOOD).unwrap();
+        std::fs::write(dir.path().join("model.pt"), b"x").unwrap();
+        let m = Manifest::load(dir.path()).unwrap();
+        assert_eq!(m.tokenize("a你"), vec![1 + 97, 1 + (0x4f60 % 4095)]);
+        assert_eq!(m.predicted_samples(2), 2 * 6 * 240);
+        assert_eq!(m.voice_index("default"), Some(0));
+    }
+
+    #[test]
+    fn a_broken_model_directory_gives_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Manifest::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("model.toml"), "{e}");
+        std::fs::write(dir.path().join("model.toml"), GOOD).unwrap();
+        let e = Manifest::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("model.pt is missing"), "{e}");
+        std::fs::write(dir.path().join("model.toml"), GOOD.replace("24000", "0")).unwrap();
+        assert!(Manifest::load(dir.path()).is_err());
+        std::fs::write(dir.path().join("model.toml"), GOOD.replace("speakers", "spk")).unwrap();
+        let e = Manifest::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("signature"), "{e}");
+    }
+}

@@ -1,0 +1,263 @@
+//! RabbitMQ: the queue topology, publishing jobs with publisher confirms, dead-lettering with a
+//! reason, and queue depths.
+//!
+//! Topology (declared idempotently by `migrate`, `enqueue` and `work`): durable direct exchange
+//! `voxbatch` → quorum queue `voxbatch.jobs` (routing key `jobs`, `x-delivery-limit`,
+//! dead-letter exchange `voxbatch.dlx`) and direct exchange `voxbatch.dlx` → quorum queue
+//! `voxbatch.jobs.dead` (same routing key). Names come from [`AmqpConfig`].
+//!
+//! Neighbours: `job` defines the message body; `worker` consumes from the queue this module
+//! declares and calls [`dead_letter`] for poison messages.
+
+use std::time::Duration;
+
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use uuid::Uuid;
+
+use crate::config::AmqpConfig;
+use crate::job::Job;
+
+/// Errors of the queue stage.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    #[error("cannot connect to RabbitMQ at {url}")]
+    Connect { url: String, source: lapin::Error },
+    #[error("RabbitMQ {op} failed")]
+    Amqp { op: &'static str, source: lapin::Error },
+    #[error(
+        "queue {queue} exists with different arguments (it must be a quorum queue with x-delivery-limit and \
+         dead-letter exchange as configured); delete it or change amqp.queue"
+    )]
+    TopologyMismatch { queue: String, source: lapin::Error },
+    #[error("RabbitMQ {op} timed out")]
+    Timeout { op: &'static str },
+    #[error("the broker did not confirm publishing job {job_id} (nack or returned as unroutable)")]
+    NotConfirmed { job_id: Uuid },
+}
+
+fn amqp(op: &'static str) -> impl FnOnce(lapin::Error) -> QueueError {
+    move |source| QueueError::Amqp { op, source }
+}
+
+/// Opens a connection named `name` (shown in the management UI).
+pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, QueueError> {
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    Connection::connect(cfg.url.expose(), props)
+        .await
+        .map_err(|source| QueueError::Connect { url: cfg.url.redacted(), source })
+}
+
+/// Declares the exchanges, queues and bindings (idempotent). Uses (and may close, on a
+/// mismatch) `channel`.
+pub async fn declare_topology(channel: &Channel, cfg: &AmqpConfig) -> Result<(), QueueError> {
+    let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    for exchange in [&cfg.exchange, &cfg.dead_letter_exchange] {
+        channel
+            .exchange_declare(exchange.as_str().into(), ExchangeKind::Direct, durable, FieldTable::default())
+            .await
+            .map_err(amqp("exchange.declare"))?;
+    }
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(i64::from(cfg.delivery_limit)));
+    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(cfg.dead_letter_exchange.as_str().into()));
+    let qopts = QueueDeclareOptions { durable: true, ..Default::default() };
+    channel
+        .queue_declare(cfg.queue.as_str().into(), qopts, args)
+        .await
+        .map_err(|source| QueueError::TopologyMismatch { queue: cfg.queue.clone(), source })?;
+    let mut dargs = FieldTable::default();
+    dargs.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    channel
+        .queue_declare(cfg.dead_letter_queue.as_str().into(), qopts, dargs)
+        .await
+        .map_err(|source| QueueError::TopologyMismatch { queue: cfg.dead_letter_queue.clone(), source })?;
+    for (queue, exchange) in [(&cfg.queue, &cfg.exchange), (&cfg.dead_letter_queue, &cfg.dead_letter_exchange)] {
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                cfg.routing_key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(amqp("queue.bind"))?;
+    }
+    Ok(())
+}
+
+/// Deletes the queues and exchanges of a topology (tests clean up with this).
+pub async fn delete_topology(channel: &Channel, cfg: &AmqpConfig) -> Result<(), QueueError> {
+    for queue in [&cfg.queue, &cfg.dead_letter_queue] {
+        channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.map_err(amqp("queue.delete"))?;
+    }
+    for exchange in [&cfg.exchange, &cfg.dead_letter_exchange] {
+        channel
+            .exchange_delete(exchange.as_str().into(), Default::default())
+            .await
+            .map_err(amqp("exchange.delete"))?;
+    }
+    Ok(())
+}
+
+/// Ready messages in the job queue and in the dead-letter queue.
+pub async fn queue_depths(channel: &Channel, cfg: &AmqpConfig) -> Result<(u32, u32), QueueError> {
+    let passive = QueueDeclareOptions { passive: true, ..Default::default() };
+    let jobs = channel
+        .queue_declare(cfg.queue.as_str().into(), passive, FieldTable::default())
+        .await
+        .map_err(amqp("queue.declare passive"))?;
+    let dead = channel
+        .queue_declare(cfg.dead_letter_queue.as_str().into(), passive, FieldTable::default())
+        .await
+        .map_err(amqp("queue.declare passive"))?;
+    Ok((jobs.message_count(), dead.message_count()))
+}
+
+fn job_properties(job_id: Option<Uuid>) -> BasicProperties {
+    let props = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_timestamp(chrono::Utc::now().timestamp().max(0) as u64);
+    match job_id {
+        Some(id) => props.with_message_id(id.to_string().as_str().into()),
+        None => props,
+    }
+}
+
+/// Publishes jobs with publisher confirms: every job is confirmed by the broker (persisted and
+/// routed to the queue) before [`Publisher::publish`] returns, or it is an error.
+pub struct Publisher {
+    channel: Channel,
+    exchange: ShortString,
+    routing_key: ShortString,
+}
+
+/// Confirms awaited together (throughput without an unbounded number in flight).
+const CONFIRM_WINDOW: usize = 256;
+
+impl Publisher {
+    pub async fn new(conn: &Connection, cfg: &AmqpConfig) -> Result<Publisher, QueueError> {
+        let channel = conn.create_channel().await.map_err(amqp("channel.open"))?;
+        declare_topology(&channel, cfg).await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("confirm.select"))?;
+        Ok(Publisher { channel, exchange: cfg.exchange.as_str().into(), routing_key: cfg.routing_key.as_str().into() })
+    }
+
+    /// Publishes `jobs` and waits for every confirm; `progress` is called with the number
+    /// confirmed so far. On error, jobs before the failing window are confirmed, the rest may or
+    /// may not be (publish again: job ids make it idempotent).
+    pub async fn publish(&self, jobs: &[Job], mut progress: impl FnMut(usize)) -> Result<(), QueueError> {
+        let mut done = 0;
+        for window in jobs.chunks(CONFIRM_WINDOW) {
+            let mut confirms = Vec::with_capacity(window.len());
+            for job in window {
+                let confirm = self
+                    .channel
+                    .basic_publish(
+                        self.exchange.clone(),
+                        self.routing_key.clone(),
+                        BasicPublishOptions { mandatory: true, ..Default::default() },
+                        &job.to_json(),
+                        job_properties(Some(job.job_id)),
+                    )
+                    .await
+                    .map_err(amqp("basic.publish"))?;
+                confirms.push((job.job_id, confirm));
+            }
+            for (job_id, confirm) in confirms {
+                let confirmation = confirm.await.map_err(amqp("publisher confirm"))?;
+                // A mandatory message that could not be routed comes back acked *with* the message.
+                if !confirmation.is_ack() || confirmation.take_message().is_some() {
+                    return Err(QueueError::NotConfirmed { job_id });
+                }
+            }
+            done += window.len();
+            progress(done);
+        }
+        Ok(())
+    }
+
+    /// Publishes one raw body (tests and other clients' formats); confirmed like [`Publisher::publish`].
+    pub async fn publish_raw(&self, body: &[u8]) -> Result<(), QueueError> {
+        let confirmation = self
+            .channel
+            .basic_publish(
+                self.exchange.clone(),
+                self.routing_key.clone(),
+                BasicPublishOptions { mandatory: true, ..Default::default() },
+                body,
+                job_properties(None),
+            )
+            .await
+            .map_err(amqp("basic.publish"))?
+            .await
+            .map_err(amqp("publisher confirm"))?;
+        if !confirmation.is_ack() || confirmation.take_message().is_some() {
+            return Err(QueueError::NotConfirmed { job_id: Uuid::nil() });
+        }
+        Ok(())
+    }
+}
+
+/// Header carrying the reason a worker dead-lettered a message.
+pub const REASON_HEADER: &str = "x-voxbatch-reason";
+/// Header carrying the machine-readable rejection code.
+pub const CODE_HEADER: &str = "x-voxbatch-code";
+
+/// Publishes `body` to the dead-letter exchange with the reason in headers and waits for the
+/// confirm. The caller acks the original afterwards: at-least-once into the dead-letter queue
+/// (plain broker dead-lettering would be at-most-once). `channel` must be in confirm mode.
+pub async fn dead_letter(
+    channel: &Channel,
+    cfg: &AmqpConfig,
+    body: &[u8],
+    code: &str,
+    reason: &str,
+    job_id: Option<Uuid>,
+) -> Result<(), QueueError> {
+    let mut headers = FieldTable::default();
+    headers.insert(REASON_HEADER.into(), AMQPValue::LongString(LongString::from(reason)));
+    headers.insert(CODE_HEADER.into(), AMQPValue::LongString(LongString::from(code)));
+    headers.insert("x-voxbatch-dead-lettered-at".into(), AMQPValue::LongString(chrono::Utc::now().to_rfc3339().as_str().into()));
+    let props = job_properties(job_id).with_headers(headers);
+    let confirmation = tokio::time::timeout(
+        Duration::from_secs(30),
+        async {
+            channel
+                .basic_publish(
+                    cfg.dead_letter_exchange.as_str().into(),
+                    cfg.routing_key.as_str().into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    body,
+                    props,
+                )
+                .await?
+                .await
+        },
+    )
+    .await
+    .map_err(|_| QueueError::Timeout { op: "dead-letter confirm" })?
+    .map_err(amqp("dead-letter publish"))?;
+    if !confirmation.is_ack() || confirmation.take_message().is_some() {
+        return Err(QueueError::NotConfirmed { job_id: job_id.unwrap_or_else(Uuid::nil) });
+    }
+    Ok(())
+}
+
+/// The reason header of a dead-lettered delivery, if a worker set one.
+pub fn reason_of(props: &BasicProperties) -> Option<String> {
+    let headers = props.headers().as_ref()?;
+    match headers.inner().get(REASON_HEADER)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).to_string()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
+        _ => None,
+    }
+}

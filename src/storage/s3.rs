@@ -1,0 +1,143 @@
+//! `s3://BUCKET`: aws-sdk-s3 against AWS or any S3-compatible store (SeaweedFS, MinIO).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_sdk_s3::config::{
+    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
+use aws_sdk_s3::error::DisplayErrorContext;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+
+use super::{AudioMeta, StorageError};
+use crate::config::StorageConfig;
+
+#[derive(Clone, Debug)]
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    key_prefix: String,
+}
+
+fn s3_err<E: std::error::Error>(op: &'static str, key: &str, e: E) -> StorageError {
+    StorageError::S3 { op, key: key.to_string(), message: DisplayErrorContext(&e).to_string() }
+}
+
+impl S3Store {
+    /// Builds the client. Static keys from the config (or `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`,
+    /// which override them) when set, else the standard AWS credential chain.
+    pub async fn new(cfg: &StorageConfig, bucket: &str) -> S3Store {
+        let timeouts = aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .operation_attempt_timeout(Duration::from_secs(60))
+            .build();
+        let mut builder = if cfg.access_key_id.is_empty() || cfg.secret_access_key.is_empty() {
+            let shared = aws_config::defaults(BehaviorVersion::latest())
+                .region(Region::new(cfg.region.clone()))
+                .load()
+                .await;
+            aws_sdk_s3::config::Builder::from(&shared)
+        } else {
+            aws_sdk_s3::config::Builder::new().behavior_version(BehaviorVersion::latest()).credentials_provider(Credentials::new(
+                cfg.access_key_id.clone(),
+                cfg.secret_access_key.expose().to_string(),
+                None,
+                None,
+                "voxbatch-config",
+            ))
+        };
+        builder = builder
+            .region(Region::new(cfg.region.clone()))
+            .force_path_style(cfg.force_path_style)
+            .timeout_config(timeouts)
+            .retry_config(aws_sdk_s3::config::retry::RetryConfig::standard().with_max_attempts(2))
+            // Some S3-compatible stores mishandle the SDK's default trailing checksums.
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        if let Some(endpoint) = &cfg.endpoint {
+            builder = builder.endpoint_url(endpoint.clone());
+        }
+        S3Store { client: Client::from_conf(builder.build()), bucket: bucket.to_string(), key_prefix: cfg.key_prefix.clone() }
+    }
+
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    pub async fn ensure_bucket(&self, create: bool) -> Result<(), StorageError> {
+        match self.client.head_bucket().bucket(&self.bucket).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if create && e.as_service_error().is_some_and(|se| se.is_not_found()) => {
+                match self.client.create_bucket().bucket(&self.bucket).send().await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.as_service_error().is_some_and(|se| se.is_bucket_already_owned_by_you()) => Ok(()),
+                    Err(e) => Err(s3_err("create_bucket", &self.bucket, e)),
+                }
+            }
+            Err(e) => Err(s3_err("head_bucket", &self.bucket, e)),
+        }
+    }
+
+    pub async fn put(&self, key: &str, body: Vec<u8>, meta: &AudioMeta) -> Result<(), StorageError> {
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type("audio/wav")
+            .body(ByteStream::from(body));
+        for (k, v) in meta.to_map() {
+            req = req.metadata(k, v);
+        }
+        req.send().await.map_err(|e| s3_err("put", key, e))?;
+        Ok(())
+    }
+
+    pub async fn get(&self, key: &str) -> Result<(Vec<u8>, BTreeMap<String, String>), StorageError> {
+        let out = match self.client.get_object().bucket(&self.bucket).key(key).send().await {
+            Ok(o) => o,
+            Err(e) if e.as_service_error().is_some_and(|se| se.is_no_such_key()) => {
+                return Err(StorageError::NotFound(key.to_string()))
+            }
+            Err(e) => return Err(s3_err("get", key, e)),
+        };
+        let meta: BTreeMap<String, String> = out.metadata().cloned().unwrap_or_default().into_iter().collect();
+        let body = out.body.collect().await.map_err(|e| s3_err("get", key, e))?.into_bytes().to_vec();
+        Ok((body, meta))
+    }
+
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let out = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(prefix)
+                .set_continuation_token(token.take())
+                .send()
+                .await
+                .map_err(|e| s3_err("list", prefix, e))?;
+            keys.extend(out.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+            match out.next_continuation_token() {
+                Some(t) if out.is_truncated().unwrap_or(false) => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize, StorageError> {
+        let keys = self.list(prefix).await?;
+        for k in &keys {
+            self.client.delete_object().bucket(&self.bucket).key(k).send().await.map_err(|e| s3_err("delete", k, e))?;
+        }
+        Ok(keys.len())
+    }
+}

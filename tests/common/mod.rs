@@ -1,0 +1,157 @@
+//! Shared set-up for integration tests: each test gets its own queue names, database and S3 key
+//! prefix (so tests run concurrently against the real RabbitMQ, Postgres and SeaweedFS), and
+//! removes them at the end. `scripts/test.sh` sweeps leftovers of crashed runs (`vbt` names).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use voxbatch::commands;
+use voxbatch::config::{Config, StorageTarget};
+use voxbatch::db::{self, Db};
+use voxbatch::job::Job;
+use voxbatch::model::{Device, ModelHandle, Precision};
+use voxbatch::queue::{self, Publisher};
+use voxbatch::storage::Storage;
+use voxbatch::worker::{self, WorkerOptions, WorkerSummary};
+
+pub struct TestEnv {
+    pub id: String,
+    pub cfg: Config,
+    pub db: Db,
+    pub storage: Storage,
+}
+
+/// The reference model tests run (bootstrap exports it).
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("VOXBATCH_TEST_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/reference-tiny"))
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// Test configuration with unique names for `id`: queues `vbt-<id>…`, database `vbt_<id>`,
+/// S3 keys under `vbt-<id>/` in the default bucket; short timeouts.
+pub fn test_config(id: &str) -> Config {
+    let mut cfg = Config::defaults().expect("default config is valid");
+    cfg.amqp.exchange = format!("vbt-{id}");
+    cfg.amqp.queue = format!("vbt-{id}.jobs");
+    cfg.amqp.dead_letter_exchange = format!("vbt-{id}.dlx");
+    cfg.amqp.dead_letter_queue = format!("vbt-{id}.jobs.dead");
+    cfg.amqp.reconnect_min = Duration::from_millis(100);
+    cfg.amqp.reconnect_max = Duration::from_secs(2);
+    cfg.database.url = voxbatch::config::SecretUrl::new(format!("postgres://postgres@127.0.0.1:5432/vbt_{id}"));
+    cfg.database.max_connections = 4;
+    cfg.storage.key_prefix = format!("vbt-{id}/");
+    cfg.model.dir = model_dir();
+    cfg.model.cpu_threads = 1;
+    cfg.batching.max_wait = Duration::from_millis(50);
+    cfg.worker.retry_min = Duration::from_millis(50);
+    cfg.worker.retry_max = Duration::from_millis(500);
+    cfg.worker.drain_poll = Duration::from_millis(100);
+    cfg.worker.heartbeat = Duration::from_secs(1);
+    cfg
+}
+
+impl TestEnv {
+    /// Creates and migrates the test's database, queues and bucket.
+    pub async fn new(name: &str) -> TestEnv {
+        let id = format!("{}_{}", name.chars().take(24).collect::<String>(), &uuid::Uuid::new_v4().simple().to_string()[..8]).replace('-', "_");
+        let cfg = test_config(&id);
+        commands::migrate(&cfg).await.expect("migrate (are RabbitMQ, Postgres and SeaweedFS up? run scripts/bootstrap.sh)");
+        let db = Db::connect(&cfg.database).await.expect("connect");
+        let storage = Storage::open(&cfg.storage).await.expect("storage");
+        TestEnv { id, cfg, db, storage }
+    }
+
+    pub fn key_prefix(&self) -> String {
+        self.cfg.storage.key_prefix.clone()
+    }
+
+    pub async fn publish(&self, jobs: &[Job]) {
+        let conn = queue::connect(&self.cfg.amqp, "test publisher").await.expect("connect");
+        let p = Publisher::new(&conn, &self.cfg.amqp).await.expect("publisher");
+        p.publish(jobs, |_| {}).await.expect("publish");
+        let _ = conn.close(200, "done".into()).await;
+    }
+
+    pub async fn publish_raw(&self, bodies: &[&[u8]]) {
+        let conn = queue::connect(&self.cfg.amqp, "test publisher").await.expect("connect");
+        let p = Publisher::new(&conn, &self.cfg.amqp).await.expect("publisher");
+        for b in bodies {
+            p.publish_raw(b).await.expect("publish");
+        }
+        let _ = conn.close(200, "done".into()).await;
+    }
+
+    /// (ready in the job queue, messages in the dead-letter queue)
+    pub async fn depths(&self) -> (u32, u32) {
+        let conn = queue::connect(&self.cfg.amqp, "test depths").await.expect("connect");
+        let ch = conn.create_channel().await.expect("channel");
+        let d = queue::queue_depths(&ch, &self.cfg.amqp).await.expect("depths");
+        let _ = conn.close(200, "done".into()).await;
+        d
+    }
+
+    pub fn model(&self) -> ModelHandle {
+        ModelHandle::spawn(&self.cfg.model.dir, Device::Cpu, Precision::Fp32, 1).expect("load the tiny reference model")
+    }
+
+    /// Runs a worker with `cfg` until the queue is drained.
+    pub async fn drain_with(&self, cfg: &Config) -> WorkerSummary {
+        let opts = WorkerOptions { drain: true, worker_id: None };
+        tokio::time::timeout(
+            Duration::from_secs(300),
+            worker::run(cfg.clone(), self.model(), self.db.clone(), Storage::open(&cfg.storage).await.unwrap(), opts, std::future::pending()),
+        )
+        .await
+        .expect("worker drained within 5 minutes")
+        .expect("worker ran")
+    }
+
+    pub async fn drain(&self) -> WorkerSummary {
+        self.drain_with(&self.cfg).await
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(self.db.pool()).await.expect(sql)
+    }
+
+    pub async fn objects(&self) -> Vec<String> {
+        self.storage.list(&self.key_prefix()).await.expect("list objects")
+    }
+
+    /// Removes the test's queues, database and objects.
+    pub async fn cleanup(self) {
+        if let Ok(conn) = queue::connect(&self.cfg.amqp, "test cleanup").await {
+            if let Ok(ch) = conn.create_channel().await {
+                let _ = queue::delete_topology(&ch, &self.cfg.amqp).await;
+            }
+            let _ = conn.close(200, "done".into()).await;
+        }
+        if matches!(self.cfg.storage.target, StorageTarget::S3 { .. }) {
+            let _ = self.storage.delete_prefix(&self.key_prefix()).await;
+        }
+        self.db.pool().close().await;
+        let _ = db::drop_database(self.cfg.database.url.expose()).await;
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
