@@ -1,0 +1,105 @@
+//! The `voxbatch` binary: help, configuration through the environment, enqueue and status.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::TestEnv;
+
+fn voxbatch(env: &[(&str, String)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxbatch"));
+    cmd.args(args).env("RUST_LOG", "info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run voxbatch")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Environment variables that point the binary at a test's own queues, database and prefix.
+fn test_env_vars(env: &TestEnv) -> Vec<(&'static str, String)> {
+    vec![
+        ("VOXBATCH_AMQP__EXCHANGE", env.cfg.amqp.exchange.clone()),
+        ("VOXBATCH_AMQP__QUEUE", env.cfg.amqp.queue.clone()),
+        ("VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE", env.cfg.amqp.dead_letter_exchange.clone()),
+        ("VOXBATCH_AMQP__DEAD_LETTER_QUEUE", env.cfg.amqp.dead_letter_queue.clone()),
+        ("DATABASE_URL", env.cfg.database.url.expose().to_string()),
+        ("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix()),
+        ("VOXBATCH_MODEL__DIR", env.cfg.model.dir.display().to_string()),
+    ]
+}
+
+#[test]
+fn every_command_has_help() {
+    for cmd in [vec!["--help"], vec!["migrate", "--help"], vec!["enqueue", "--help"], vec!["work", "--help"], vec!["status", "--help"], vec!["report", "--help"], vec!["demo", "--help"]] {
+        let o = voxbatch(&[], &cmd);
+        assert!(o.status.success(), "{cmd:?}: {}", text(&o));
+        assert!(text(&o).contains("Usage: voxbatch"), "{cmd:?}");
+    }
+}
+
+#[tokio::test]
+async fn enqueue_publishes_every_line_and_status_and_work_see_them() {
+    let env = TestEnv::new("cli").await;
+    let vars = test_env_vars(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.txt");
+    std::fs::write(&file, "First line.\n\nSecond line.\n第三行。\n").unwrap();
+
+    let o = voxbatch(&vars, &["enqueue", file.to_str().unwrap(), "--campaign", "cli-test", "--voice", "narrator"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("enqueued 3 job(s)"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("cli-test (3)"), "{}", text(&o));
+    assert_eq!(env.depths().await, (3, 0));
+
+    let o = voxbatch(&vars, &["status"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("queue {}: 3 ready", env.cfg.amqp.queue)), "{}", text(&o));
+
+    let o = voxbatch(&vars, &["work", "--drain"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("3 job(s) done"), "{}", text(&o));
+
+    let o = voxbatch(&vars, &["report", "--campaign", "cli-test", "--format", "csv"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(csv.lines().nth(1).unwrap_or("").starts_with("cli-test,3,3,0,0,0,"), "{csv}");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_file_with_a_bad_line_is_refused_whole_and_nothing_is_enqueued() {
+    let env = TestEnv::new("clibad").await;
+    let vars = test_env_vars(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(&file, "{\"text\":\"ok\"}\n{\"text\":42}\n").unwrap();
+    let o = voxbatch(&vars, &["enqueue", file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("line 2") && text(&o).contains("not a string"), "{}", text(&o));
+    assert_eq!(env.depths().await, (0, 0));
+    env.cleanup().await;
+}
+
+#[test]
+fn credentials_never_appear_in_logs_or_errors() {
+    let secret_pw = "pw-Zq81sEcReT";
+    let secret_key = "key-Wx44sEcReT";
+    let o = voxbatch(
+        &[
+            ("RUST_LOG", "trace".to_string()),
+            ("AMQP_URL", format!("amqp://guest:{secret_pw}@127.0.0.1:5672/%2f")),
+            ("DATABASE_URL", format!("postgres://postgres:{secret_pw}@127.0.0.1:5432/vbt_never")),
+            ("AWS_SECRET_ACCESS_KEY", secret_key.to_string()),
+        ],
+        &["status"],
+    );
+    let out = text(&o);
+    assert!(!o.status.success(), "the broker refuses the wrong password");
+    assert!(out.contains("127.0.0.1:5672"), "the error names the broker: {out}");
+    assert!(!out.contains(secret_pw), "password leaked: {out}");
+    assert!(!out.contains(secret_key), "secret key leaked: {out}");
+}
