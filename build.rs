@@ -11,7 +11,8 @@ use std::path::PathBuf;
 fn build_shim(lib: &std::path::Path) {
     println!("cargo:rerun-if-changed=csrc/torch_shim.cpp");
     let include = lib.join("..").join("include");
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .file("csrc/torch_shim.cpp")
         .include(&include)

@@ -1,8 +1,17 @@
-// voxbatch's shim over libtorch for what tch does not expose: the autocast dtype (tch only toggles
-// autocast, always fp16, through deprecated calls) and the TF32 switch. Autocast state is
-// thread-local in libtorch: call these on the inference thread.
+// voxbatch's shim over libtorch for what tch does not expose:
+// - the autocast dtype (tch only toggles autocast, always fp16, through deprecated calls);
+// - the TF32 switch;
+// - CUDA caching-allocator statistics (peak allocated, reset), emptying the cache, and
+//   used by calibration and the memory-aware batch policy.
+// Autocast state is thread-local in libtorch: call those on the inference thread.
+// The CUDA functions go through c10's device-agnostic DeviceAllocator interface, so no CUDA
+// headers are needed; where no CUDA allocator is registered (CPU-only libtorch) or no device
+// exists they return -1.
 #include <ATen/autocast_mode.h>
 #include <ATen/Context.h>
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <cstdint>
 
 extern "C" {
 
@@ -20,6 +29,56 @@ void voxbatch_autocast_clear_cache() { at::autocast::clear_cache(); }
 void voxbatch_set_tf32(int enabled) {
   at::globalContext().setAllowTF32CuBLAS(enabled != 0);
   at::globalContext().setAllowTF32CuDNN(enabled != 0);
+}
+
+// Caching-allocator statistics of `device` in bytes: what = 0 current allocated, 1 peak allocated
+// (since the last reset), 2 current reserved, 3 peak reserved. -1 when unavailable.
+int64_t voxbatch_cuda_memory_stat(int device, int what) {
+  try {
+    const auto stats = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    switch (what) {
+      case 0: return stats.allocated_bytes[agg].current;
+      case 1: return stats.allocated_bytes[agg].peak;
+      case 2: return stats.reserved_bytes[agg].current;
+      case 3: return stats.reserved_bytes[agg].peak;
+      default: return -1;
+    }
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Resets the peak statistics of `device`. 0 on success, -1 when unavailable.
+int voxbatch_cuda_reset_peak(int device) {
+  try {
+    c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Returns cached, unused blocks to the driver. 0 on success, -1 when unavailable.
+int voxbatch_cuda_empty_cache() {
+  try {
+    c10::getDeviceAllocator(c10::DeviceType::CUDA)->emptyCache();
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Free and total memory of `device` as the driver sees it (all processes). 0 on success.
+int voxbatch_cuda_mem_info(int device, int64_t* free_bytes, int64_t* total_bytes) {
+  try {
+    const auto info = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+    *free_bytes = static_cast<int64_t>(info.first);
+    *total_bytes = static_cast<int64_t>(info.second);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
 }
 
 }  // extern "C"

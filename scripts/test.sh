@@ -23,8 +23,6 @@ sweep
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast "$@" || status=$?
-  # nextest does not run doctests
-  cargo test --doc --quiet || status=$?
 else
   cargo test --no-fail-fast "$@" || status=$?
 fi

@@ -31,6 +31,10 @@ pub enum CommandError {
     Enqueue(#[from] EnqueueError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    #[error(transparent)]
+    Calibrate(#[from] crate::calibrate::CalibrateError),
+    #[error("cannot {what}")]
+    Io { what: &'static str, source: std::io::Error },
 }
 
 /// Creates the database (if missing), applies migrations, declares the queue topology and creates
@@ -114,9 +118,60 @@ pub async fn work(
     let storage = Storage::open(&cfg.storage).await?;
     storage.ensure_ready(cfg.storage.create_bucket).await?;
     let m = &cfg.model;
-    let (dir, device, precision, threads) = (m.dir.clone(), m.device, m.precision, m.cpu_threads);
-    let model = tokio::task::spawn_blocking(move || ModelHandle::spawn(&dir, device, precision, threads))
-        .await
-        .map_err(|_| ModelError::ThreadGone)??;
+    let model = ModelHandle::load(&m.dir, m.device, m.precision, m.cpu_threads).await?;
     Ok(worker::run(cfg.clone(), model, db, storage, opts, shutdown).await?)
+}
+
+/// Calibrates the configured model on the configured device and precision, saves the profile
+/// under `memory.calibration_dir`, and records it in Postgres unless `record` is false.
+pub async fn calibrate(
+    cfg: &Config,
+    opts: &crate::calibrate::CalibrateOptions,
+    record: bool,
+    progress: impl FnMut(&crate::batch::memory::CalibrationPoint),
+) -> Result<(crate::batch::memory::Profile, std::path::PathBuf), CommandError> {
+    let m = &cfg.model;
+    let model = ModelHandle::load(&m.dir, m.device, m.precision, m.cpu_threads).await?;
+    let profile = crate::calibrate::calibrate(&model, opts, progress).await?;
+    let path = profile
+        .save(&cfg.memory.calibration_dir)
+        .map_err(|source| CommandError::Io { what: "write calibration profile", source })?;
+    if record {
+        let db = Db::connect(&cfg.database).await?;
+        db.migrate().await?;
+        db.record_calibration(&profile).await?;
+    }
+    Ok((profile, path))
+}
+
+/// Runs the policy benchmark with the configured model, device and memory settings; writes the
+/// results under `out_root/policy-<timestamp>/`.
+pub async fn bench_policy(
+    cfg: &Config,
+    jobs: usize,
+    seed: u64,
+    out_root: &Path,
+    progress: impl FnMut(&crate::bench::policy::RunResult),
+) -> Result<(crate::bench::policy::PolicyReport, Vec<std::path::PathBuf>), CommandError> {
+    let m = &cfg.model;
+    let model = ModelHandle::load(&m.dir, m.device, m.precision, m.cpu_threads).await?;
+    let manifest = model.manifest().clone();
+    let admission = worker::memory_admission(cfg, &manifest, m.device, m.precision)?;
+    let gpu = crate::gpu::memory_info(m.device).map(|i| i.name).unwrap_or_else(|_| m.device.to_string());
+    let source = match crate::batch::memory::Profile::load_matching(&cfg.memory.calibration_dir, &manifest.name, &gpu, &m.precision.to_string()) {
+        Ok(Some(p)) => format!("calibrated {} (R² {:.4}, worst error {:.1}%)", p.created_at, p.fit.r2, p.fit.worst_rel_error * 100.0),
+        _ => "built-in (no calibration)".to_string(),
+    };
+    let opts = crate::bench::policy::PolicyBenchOptions {
+        jobs,
+        seed,
+        max_batch: cfg.batching.max_batch,
+        gpu_name: gpu,
+        profile_source: source,
+        max_length_ratio: cfg.batching.max_length_ratio,
+    };
+    let report = crate::bench::policy::run(&model, admission, &opts, progress).await;
+    let dir = crate::bench::results_dir(out_root, "policy").map_err(|source| CommandError::Io { what: "create results dir", source })?;
+    let paths = crate::bench::policy::write(&report, &dir).map_err(|source| CommandError::Io { what: "write results", source })?;
+    Ok((report, paths))
 }

@@ -109,6 +109,7 @@ pub struct RawConfig {
     pub batching: RawBatching,
     pub limits: RawLimits,
     pub worker: RawWorker,
+    pub memory: RawMemory,
 }
 
 #[derive(Debug, Deserialize)]
@@ -162,6 +163,7 @@ pub struct RawBatching {
     pub max_batch: i64,
     pub max_wait_ms: i64,
     pub max_batch_tokens: i64,
+    pub max_length_ratio: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,6 +171,20 @@ pub struct RawBatching {
 pub struct RawLimits {
     pub max_text_chars: i64,
     pub max_message_bytes: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMemory {
+    pub policy: String,
+    pub vram_fraction: f64,
+    pub budget_bytes: i64,
+    pub safety_margin_bytes: i64,
+    pub safety_initial: f64,
+    pub oom_backoff: f64,
+    pub recover_step: f64,
+    pub recover_after: i64,
+    pub calibration_dir: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -191,6 +207,28 @@ pub struct Config {
     pub batching: BatchingConfig,
     pub limits: Limits,
     pub worker: WorkerConfig,
+    pub memory: MemoryConfig,
+}
+
+/// How batches are sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizingPolicy {
+    /// Predicted peak memory under a budget.
+    Memory,
+    /// Padded tokens only.
+    Tokens,
+}
+
+/// The memory-aware batch policy's settings.
+#[derive(Debug, Clone)]
+pub struct MemoryConfig {
+    pub policy: SizingPolicy,
+    pub vram_fraction: f64,
+    /// Fixed budget instead of the fraction.
+    pub budget_bytes: Option<u64>,
+    pub safety_margin_bytes: u64,
+    pub aimd: crate::batch::memory::Aimd,
+    pub calibration_dir: PathBuf,
 }
 
 /// Broker connection and queue topology names.
@@ -248,6 +286,7 @@ pub struct BatchingConfig {
     pub max_batch: usize,
     pub max_wait: Duration,
     pub max_batch_tokens: usize,
+    pub max_length_ratio: f64,
 }
 
 /// Limits on accepted input.
@@ -461,6 +500,11 @@ impl RawConfig {
                     .map_err(|_| ConfigError::Invalid { key: "batching.max_wait_ms", reason: "must be >= 0".into() })?,
             ),
             max_batch_tokens: positive("batching.max_batch_tokens", b.max_batch_tokens)?,
+            max_length_ratio: if b.max_length_ratio >= 1.0 && b.max_length_ratio.is_finite() {
+                b.max_length_ratio
+            } else {
+                return Err(ConfigError::Invalid { key: "batching.max_length_ratio", reason: format!("must be >= 1, got {}", b.max_length_ratio) });
+            },
         };
 
         let l = self.limits;
@@ -477,7 +521,38 @@ impl RawConfig {
             retry_max: seconds("worker.retry_max_secs", w.retry_max_secs)?,
             drain_poll: Duration::from_millis(positive("worker.drain_poll_ms", w.drain_poll_ms)? as u64),
         };
-        Ok(Config { amqp, database, storage, model, batching, limits, worker })
+        let m = self.memory;
+        let fraction = |key: &'static str, v: f64| {
+            if v > 0.0 && v <= 1.0 {
+                Ok(v)
+            } else {
+                Err(ConfigError::Invalid { key, reason: format!("must be in (0, 1], got {v}") })
+            }
+        };
+        let memory = MemoryConfig {
+            policy: match m.policy.as_str() {
+                "memory" => SizingPolicy::Memory,
+                "tokens" => SizingPolicy::Tokens,
+                other => return Err(ConfigError::Invalid { key: "memory.policy", reason: format!("`{other}`: use memory or tokens") }),
+            },
+            vram_fraction: fraction("memory.vram_fraction", m.vram_fraction)?,
+            budget_bytes: match m.budget_bytes {
+                0 => None,
+                b if b > 0 => Some(b as u64),
+                b => return Err(ConfigError::Invalid { key: "memory.budget_bytes", reason: format!("must be >= 0, got {b}") }),
+            },
+            safety_margin_bytes: u64::try_from(m.safety_margin_bytes)
+                .map_err(|_| ConfigError::Invalid { key: "memory.safety_margin_bytes", reason: "must be >= 0".into() })?,
+            aimd: crate::batch::memory::Aimd {
+                initial: fraction("memory.safety_initial", m.safety_initial)?,
+                backoff: fraction("memory.oom_backoff", m.oom_backoff)?,
+                step: fraction("memory.recover_step", m.recover_step)?,
+                recover_after: u32::try_from(positive("memory.recover_after", m.recover_after)?).unwrap_or(u32::MAX),
+                floor: 0.2,
+            },
+            calibration_dir: m.calibration_dir,
+        };
+        Ok(Config { amqp, database, storage, model, batching, limits, worker, memory })
     }
 }
 

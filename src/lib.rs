@@ -21,10 +21,13 @@
 
 pub mod audio;
 pub mod batch;
+pub mod bench;
+pub mod calibrate;
 pub mod commands;
 pub mod config;
 pub mod db;
 pub mod enqueue;
+pub mod gpu;
 pub mod job;
 pub mod model;
 pub mod queue;

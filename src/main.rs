@@ -62,6 +62,29 @@ enum Command {
         #[arg(long, default_value = "table")]
         format: Format,
     },
+    /// Measure peak memory over batch size × length and fit the model the batch policy uses.
+    Calibrate {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Ceiling as a fraction of device memory (host memory on CPU).
+        #[arg(long, default_value_t = 0.8)]
+        vram_fraction: f64,
+        /// Shortest padded length swept, in input tokens (powers of two from here).
+        #[arg(long, default_value_t = 16)]
+        min_tokens: usize,
+        /// Longest padded length swept, in input tokens.
+        #[arg(long, default_value_t = 4096)]
+        max_tokens: usize,
+        /// Stop the sweep after this many seconds and fit what was measured.
+        #[arg(long, default_value_t = 600)]
+        max_seconds: u64,
+        /// Do not record the profile in Postgres (the JSON file is always written).
+        #[arg(long)]
+        no_db: bool,
+    },
+    /// Benchmarks (print a table, write JSON and plots under bench/results/).
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Migrate, enqueue the bundled sample corpus, drain it with a worker, print the report.
     Demo {
         /// Corpus to enqueue (.txt or .jsonl).
@@ -72,6 +95,27 @@ enum Command {
         campaign: String,
         #[command(flatten)]
         model: ModelArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// The memory-aware policy against fixed batch sizes 1, 2, 4, … on a mixed-length corpus.
+    Policy {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Jobs in the synthetic corpus.
+        #[arg(long, default_value_t = 400)]
+        jobs: usize,
+        /// Corpus seed.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Budget as a fraction of device memory (overrides memory.vram_fraction).
+        #[arg(long)]
+        vram_fraction: Option<f64>,
+        /// Where results go.
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
     },
 }
 
@@ -236,6 +280,50 @@ async fn main() -> Result<()> {
         }
         Command::Report { campaign, format } => {
             print_report(&cfg, campaign.as_deref(), format).await?;
+        }
+        Command::Calibrate { model, vram_fraction, min_tokens, max_tokens, max_seconds, no_db } => {
+            model.apply(&mut cfg)?;
+            anyhow::ensure!(vram_fraction > 0.0 && vram_fraction <= 1.0, "--vram-fraction must be in (0, 1]");
+            let opts = voxbatch::calibrate::CalibrateOptions {
+                vram_fraction,
+                min_tokens,
+                max_tokens,
+                max_batch: model.max_batch.unwrap_or(1024),
+                time_budget: std::time::Duration::from_secs(max_seconds),
+                seed: 7,
+            };
+            println!("{:>6} {:>7} {:>8} {:>12} {:>11}", "batch", "tokens", "frames", "peak MiB", "latency ms");
+            let (profile, path) = commands::calibrate(&cfg, &opts, !no_db, |p| {
+                println!("{:>6} {:>7} {:>8} {:>12.1} {:>11.1}", p.batch, p.len_tokens, p.len_frames, p.peak_bytes as f64 / 1048576.0, p.latency_ms);
+            })
+            .await
+            .context("calibrate")?;
+            let f = &profile.fit;
+            println!(
+                "fit: peak(B, L) = {:.3} GiB + B·({:.1}·L + {:.4}·L²) bytes, L = longest output in frames\n     R² = {:.5}, worst relative error = {:.2}% over {} points",
+                f.model.m0 / (1u64 << 30) as f64,
+                f.model.a,
+                f.model.b,
+                f.r2,
+                f.worst_rel_error * 100.0,
+                profile.points.len()
+            );
+            println!("profile for {} on {} {}: {}{}", profile.model, profile.gpu, profile.precision, path.display(), if no_db { "" } else { " (and table calibrations)" });
+        }
+        Command::Bench(BenchCommand::Policy { model, jobs, seed, vram_fraction, out }) => {
+            model.apply(&mut cfg)?;
+            if let Some(f) = vram_fraction {
+                cfg.memory.vram_fraction = f;
+            }
+            let (report, paths) = commands::bench_policy(&cfg, jobs, seed, &out, |r| {
+                eprintln!("  {}: {:.1} audio-s/s, {} OOM, peak {:.2} GiB", r.config, r.audio_seconds_per_second, r.ooms, r.peak_memory_bytes as f64 / (1u64 << 30) as f64);
+            })
+            .await
+            .context("bench policy")?;
+            println!("{}", voxbatch::bench::policy::table(&report));
+            for p in paths {
+                println!("wrote {}", p.display());
+            }
         }
         Command::Demo { corpus, campaign, model } => {
             model.apply(&mut cfg)?;

@@ -37,9 +37,11 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use uuid::Uuid;
 
 use crate::audio::encode_wav;
-use crate::batch::{BatchPolicy, Decision, Flush, LengthBucketing, Pending};
-use crate::config::Config;
-use crate::db::{BatchRecord, Claim, Db, JobResult};
+use crate::batch::memory::{MemoryBudget, Profile};
+use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
+use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, LengthBucketing, Pending};
+use crate::config::{Config, SizingPolicy};
+use crate::db::{BatchEvent, BatchRecord, Claim, Db, JobResult};
 use crate::job::{parse_job, Job, Rejection};
 use crate::model::{ModelError, ModelHandle, SynthItem};
 use crate::queue::{self, QueueError};
@@ -55,6 +57,8 @@ pub enum WorkerError {
     Db(#[from] crate::db::DbError),
     #[error("a pipeline stage stopped unexpectedly: {0}")]
     Stage(String),
+    #[error("cannot size batches by memory: {0}")]
+    Sizing(String),
 }
 
 /// How a worker runs.
@@ -143,6 +147,8 @@ struct InferredBatch {
     tokens: usize,
     padded_tokens: usize,
     padding_waste: f64,
+    predicted_peak: Option<f64>,
+    measured_peak: Option<u64>,
     /// Jobs with their audio, in batch order.
     done: Vec<(Received, Vec<f32>)>,
     /// Extra deliveries of a job in `done` (same job_id twice in one batch): acked with it.
@@ -192,13 +198,15 @@ pub async fn run(
         dlq_channel: tokio::sync::RwLock::new(None),
     });
 
-    let (infer_tx, infer_rx) = mpsc::channel::<Flush<Received>>(1);
+    let (policy, prefetch) = build_policy(&shared.cfg, shared.model.manifest(), shared.model.device(), shared.model.precision())?;
+    let (infer_tx, infer_rx) = mpsc::channel::<Assembled>(1);
+    let (outcome_tx, outcome_rx) = mpsc::unbounded_channel::<BatchOutcome>();
     let (post_tx, post_rx) = mpsc::channel::<InferredBatch>(1);
-    let infer_task = tokio::spawn(infer_stage(shared.clone(), infer_rx, post_tx));
+    let infer_task = tokio::spawn(infer_stage(shared.clone(), infer_rx, post_tx, outcome_tx));
     let post_task = tokio::spawn(post_stage(shared.clone(), post_rx));
     let heartbeat = tokio::spawn(heartbeat_loop(shared.clone()));
 
-    let intake = intake_loop(shared.clone(), infer_tx, opts.drain, shutdown).await;
+    let intake = intake_loop(shared.clone(), policy, prefetch, infer_tx, outcome_rx, opts.drain, shutdown).await;
 
     // The intake has stopped and dropped its sender: the stages finish what they hold.
     let infer_res = infer_task.await;
@@ -222,6 +230,95 @@ pub async fn run(
     };
     info!(?summary, "worker stopped");
     Ok(summary)
+}
+
+/// A batch as assembled, with the peak memory the policy predicted for it.
+struct Assembled {
+    flush: Flush<Received>,
+    predicted_peak: Option<f64>,
+}
+
+/// The batch policy the configuration asks for, and the prefetch it needs (three batches of the
+/// largest size it would admit for short jobs).
+fn build_policy(
+    cfg: &Config,
+    manifest: &crate::model::Manifest,
+    device: crate::model::Device,
+    precision: crate::model::Precision,
+) -> Result<(Box<dyn BatchPolicy<Received>>, u16), WorkerError> {
+    let b = &cfg.batching;
+    let admission = match cfg.memory.policy {
+        SizingPolicy::Tokens => {
+            info!(max_batch = b.max_batch, max_batch_tokens = b.max_batch_tokens, "batch sizing: padded-token cap");
+            let policy = LengthBucketing::new(b.max_batch, b.max_wait, b.max_batch_tokens).with_max_length_ratio(b.max_length_ratio);
+            return Ok((Box::new(policy), cfg.amqp.effective_prefetch(b.max_batch)));
+        }
+        SizingPolicy::Memory => memory_admission(cfg, manifest, device, precision)?,
+    };
+    let short_batch = admission.largest_batch(16, b.max_batch);
+    let prefetch = if cfg.amqp.prefetch > 0 { cfg.amqp.prefetch } else { cfg.amqp.effective_prefetch(short_batch) };
+    let policy = LengthBucketing::with_admission(b.max_batch, b.max_wait, admission).with_max_length_ratio(b.max_length_ratio);
+    Ok((Box::new(policy), prefetch))
+}
+
+/// The memory budget for `device` and the matching calibration profile (or the built-in).
+pub fn memory_admission(
+    cfg: &Config,
+    manifest: &crate::model::Manifest,
+    device: crate::model::Device,
+    precision: crate::model::Precision,
+) -> Result<MemoryBudget, WorkerError> {
+    let m = &cfg.memory;
+    let info = crate::gpu::memory_info(device);
+    let gpu_name = match (&info, device) {
+        (Ok(i), _) => i.name.clone(),
+        (Err(_), crate::model::Device::Cpu) => "cpu".to_string(),
+        (Err(e), _) if m.budget_bytes.is_none() => {
+            return Err(WorkerError::Sizing(format!(
+                "{e}; set memory.budget_bytes, or memory.policy = \"tokens\""
+            )))
+        }
+        (Err(_), _) => "unknown-gpu".to_string(),
+    };
+    let budget = match (m.budget_bytes, &info) {
+        (Some(bytes), _) => bytes as f64,
+        (None, Ok(i)) => m.vram_fraction * i.total_bytes as f64 - i.used_by_others_bytes as f64 - m.safety_margin_bytes as f64,
+        (None, Err(e)) => return Err(WorkerError::Sizing(e.to_string())),
+    };
+    if budget <= 0.0 {
+        return Err(WorkerError::Sizing(format!(
+            "no memory left for batches on {gpu_name}: {:.0}% of {} bytes minus other processes ({} bytes) minus the margin is {budget:.0}",
+            m.vram_fraction * 100.0,
+            info.as_ref().map(|i| i.total_bytes).unwrap_or(0),
+            info.as_ref().map(|i| i.used_by_others_bytes).unwrap_or(0),
+        )));
+    }
+    let precision = precision.to_string();
+    let profile = match Profile::load_matching(&m.calibration_dir, &manifest.name, &gpu_name, &precision) {
+        Ok(Some(p)) => {
+            info!(model = %manifest.name, gpu = %gpu_name, %precision, r2 = p.fit.r2, worst_rel_error = p.fit.worst_rel_error, "using calibration profile");
+            p
+        }
+        Ok(None) | Err(_) => {
+            warn!(
+                "no calibration profile for model {} on {gpu_name} {precision} in {}; using a conservative built-in. \
+                 Run `voxbatch calibrate --model {} --device {device} --precision {precision}` for full batches",
+                manifest.name,
+                m.calibration_dir.display(),
+                manifest.dir.display()
+            );
+            Profile::builtin(&manifest.name, &gpu_name, &precision, manifest.frames_per_token, manifest.samples_per_frame, manifest.weights_bytes())
+        }
+    };
+    let admission = MemoryBudget::new(
+        profile.fit.model,
+        manifest.frames_per_token as usize,
+        budget,
+        cfg.batching.max_batch_tokens,
+        m.aimd,
+    );
+    info!(budget_bytes = budget as u64, gpu = %gpu_name, source = %profile.source, "batch sizing: predicted peak memory under budget");
+    Ok(admission)
 }
 
 async fn heartbeat_loop(shared: Arc<Shared>) {
@@ -278,7 +375,7 @@ where
 }
 
 /// Connects to the broker, retrying with backoff until it works or the worker stops.
-async fn connect_consumer(shared: &Shared) -> Option<(Connection, Channel, lapin::Consumer)> {
+async fn connect_consumer(shared: &Shared, prefetch: u16) -> Option<(Connection, Channel, lapin::Consumer)> {
     let cfg = &shared.cfg.amqp;
     let mut attempt = 0;
     loop {
@@ -289,7 +386,6 @@ async fn connect_consumer(shared: &Shared) -> Option<(Connection, Channel, lapin
             let conn = queue::connect(cfg, &format!("voxbatch-worker {}", shared.worker_id)).await?;
             let channel = conn.create_channel().await.map_err(|source| QueueError::Amqp { op: "channel.open", source })?;
             queue::declare_topology(&channel, cfg).await?;
-            let prefetch = cfg.effective_prefetch(shared.cfg.batching.max_batch);
             channel
                 .basic_qos(prefetch, BasicQosOptions { global: false })
                 .await
@@ -313,7 +409,7 @@ async fn connect_consumer(shared: &Shared) -> Option<(Connection, Channel, lapin
         match result {
             Ok((conn, channel, dlq, consumer)) => {
                 *shared.dlq_channel.write().await = Some(dlq);
-                info!(queue = %cfg.queue, prefetch = cfg.effective_prefetch(shared.cfg.batching.max_batch), "consuming");
+                info!(queue = %cfg.queue, prefetch, "consuming");
                 return Some((conn, channel, consumer));
             }
             Err(e @ QueueError::TopologyMismatch { .. }) => {
@@ -334,14 +430,16 @@ async fn connect_consumer(shared: &Shared) -> Option<(Connection, Channel, lapin
 
 /// Consumes deliveries, validates them, and feeds the batch policy; flushes batches to the
 /// inference stage. Returns when shutdown resolves (or the drain finds nothing left).
+#[allow(clippy::too_many_arguments)]
 async fn intake_loop(
     shared: Arc<Shared>,
-    infer_tx: mpsc::Sender<Flush<Received>>,
+    mut policy: Box<dyn BatchPolicy<Received>>,
+    prefetch: u16,
+    infer_tx: mpsc::Sender<Assembled>,
+    mut outcomes: mpsc::UnboundedReceiver<BatchOutcome>,
     drain: bool,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), WorkerError> {
-    let b = &shared.cfg.batching;
-    let mut policy: LengthBucketing<Received> = LengthBucketing::new(b.max_batch, b.max_wait, b.max_batch_tokens);
     let manifest = shared.model.manifest().clone();
     let mut seq = 0u64;
     tokio::pin!(shutdown);
@@ -351,16 +449,21 @@ async fn intake_loop(
 
     'connection: while !shutdown_fired {
         let connected = tokio::select! {
-            c = connect_consumer(&shared) => c,
+            c = connect_consumer(&shared, prefetch) => c,
             _ = &mut shutdown => { shutdown_fired = true; None }
         };
         let Some((conn, channel, mut consumer)) = connected else {
             break;
         };
         loop {
+            while let Ok(outcome) = outcomes.try_recv() {
+                policy.observe(&outcome);
+            }
             let deadline = match policy.decide(Instant::now(), false) {
-                Decision::Flush(batch) => {
-                    send_batch(&infer_tx, batch).await?;
+                Decision::Flush(flush) => {
+                    let max_tokens = flush.items.iter().map(|p| p.tokens).max().unwrap_or(0);
+                    let predicted_peak = policy.predicted_peak(flush.items.len(), max_tokens);
+                    send_batch(&infer_tx, Assembled { flush, predicted_peak }).await?;
                     continue;
                 }
                 Decision::Wait(at) => at,
@@ -388,13 +491,13 @@ async fn intake_loop(
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer failed; reconnecting (unacked messages will be redelivered)");
-                        drop_held(&mut policy);
+                        drop_held(policy.as_mut());
                         let _ = conn.close(0, "reconnecting".into()).await;
                         continue 'connection;
                     }
                     None => {
                         warn!("the broker cancelled the consumer; re-subscribing");
-                        drop_held(&mut policy);
+                        drop_held(policy.as_mut());
                         let _ = conn.close(0, "re-subscribing".into()).await;
                         continue 'connection;
                     }
@@ -444,7 +547,7 @@ async fn intake_loop(
 }
 
 /// Jobs received on a dead channel cannot be acked; the broker redelivers them.
-fn drop_held(policy: &mut LengthBucketing<Received>) {
+fn drop_held(policy: &mut dyn BatchPolicy<Received>) {
     let lost = policy.take_all();
     if !lost.is_empty() {
         info!(count = lost.len(), "dropping jobs of the closed channel; the broker redelivers them");
@@ -458,7 +561,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-async fn send_batch(tx: &mpsc::Sender<Flush<Received>>, batch: Flush<Received>) -> Result<(), WorkerError> {
+async fn send_batch(tx: &mpsc::Sender<Assembled>, batch: Assembled) -> Result<(), WorkerError> {
     tx.send(batch).await.map_err(|_| WorkerError::Stage("inference stage stopped".into()))
 }
 
@@ -490,8 +593,13 @@ async fn reject(shared: &Shared, rejection: Rejection, body: Vec<u8>, held: Held
 }
 
 /// Claims each batch in Postgres and runs it on the model.
-async fn infer_stage(shared: Arc<Shared>, mut rx: mpsc::Receiver<Flush<Received>>, post_tx: mpsc::Sender<InferredBatch>) {
-    while let Some(flush) = rx.recv().await {
+async fn infer_stage(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Assembled>,
+    post_tx: mpsc::Sender<InferredBatch>,
+    outcomes: mpsc::UnboundedSender<BatchOutcome>,
+) {
+    while let Some(Assembled { flush, predicted_peak }) = rx.recv().await {
         let batch_id = Uuid::new_v4();
         if shared.stop.is_cancelled() {
             // Not started: back to the queue.
@@ -501,7 +609,7 @@ async fn infer_stage(shared: Arc<Shared>, mut rx: mpsc::Receiver<Flush<Received>
             continue;
         }
         let span = info_span!("batch", %batch_id, size = flush.items.len(), reason = flush.reason.as_str());
-        if let Some(batch) = run_batch(&shared, batch_id, flush).instrument(span.clone()).await {
+        if let Some(batch) = run_batch(&shared, batch_id, flush, predicted_peak, &outcomes).instrument(span.clone()).await {
             if post_tx.send(batch).await.is_err() {
                 error!(parent: &span, "post stage stopped; the batch's messages go back to the queue");
             }
@@ -510,7 +618,13 @@ async fn infer_stage(shared: Arc<Shared>, mut rx: mpsc::Receiver<Flush<Received>
 }
 
 /// Claim + inference for one batch. Returns `None` when nothing is left to upload.
-async fn run_batch(shared: &Shared, batch_id: Uuid, flush: Flush<Received>) -> Option<InferredBatch> {
+async fn run_batch(
+    shared: &Shared,
+    batch_id: Uuid,
+    flush: Flush<Received>,
+    predicted_peak: Option<f64>,
+    outcomes: &mpsc::UnboundedSender<BatchOutcome>,
+) -> Option<InferredBatch> {
     let reason = flush.reason.as_str();
     let oldest = flush.items.iter().map(|p| p.arrived).min().unwrap_or_else(Instant::now);
     let queue_ms = oldest.elapsed().as_secs_f64() * 1000.0;
@@ -575,11 +689,19 @@ async fn run_batch(shared: &Shared, batch_id: Uuid, flush: Flush<Received>) -> O
     let padded_tokens = max_len * to_run.len();
     let padding_waste = if padded_tokens == 0 { 0.0 } else { 1.0 - tokens as f64 / padded_tokens as f64 };
     let infer_started = Instant::now();
-    let (done, failed) = synthesize_splitting(shared, to_run).await;
+    let run = synthesize_splitting(shared, to_run).await;
     let infer_ms = infer_started.elapsed().as_secs_f64() * 1000.0;
-    if !failed.is_empty() {
-        fail_jobs(shared, failed).await;
+    let oom = run.events.iter().any(|e| matches!(e, SplitEvent::OutOfMemory { .. }));
+    let _ = outcomes.send(if oom { BatchOutcome::OutOfMemory } else { BatchOutcome::Clean });
+    record_events(shared, batch_id, &run.events).await;
+    for r in run.given_back {
+        r.delivery.requeue().await;
     }
+    if !run.failed.is_empty() {
+        fail_jobs(shared, run.failed).await;
+    }
+    let measured_peak = run.peak;
+    let done = run.done;
     if done.is_empty() {
         return None;
     }
@@ -599,48 +721,88 @@ async fn run_batch(shared: &Shared, batch_id: Uuid, flush: Flush<Received>) -> O
         tokens,
         padded_tokens,
         padding_waste,
+        predicted_peak,
+        measured_peak,
         done,
         duplicates,
     })
 }
 
-type Synthesized = (Vec<(Received, Vec<f32>)>, Vec<(Received, String)>);
+/// The outcome of running one batch with splitting.
+struct BatchRun {
+    done: Vec<(Received, Vec<f32>)>,
+    failed: Vec<(Received, String)>,
+    given_back: Vec<Received>,
+    events: Vec<SplitEvent>,
+    /// Highest peak memory over the forward passes.
+    peak: Option<u64>,
+}
 
-/// Runs the batch; on failure splits it in two and retries each half, down to single jobs, so
-/// one bad job (or a batch too big for memory) never fails the others. A single job that fails
-/// is returned with its reason.
-async fn synthesize_splitting(shared: &Shared, batch: Vec<Received>) -> Synthesized {
-    let mut done = Vec::new();
-    let mut failed = Vec::new();
-    let mut stack = vec![batch];
-    while let Some(part) = stack.pop() {
+/// Runs the batch on the model; on an out-of-memory error (cached memory is released by the
+/// model thread) or any inference error, splits it in two and retries each half, down to single
+/// jobs (see `batch::split`).
+async fn synthesize_splitting(shared: &Shared, batch: Vec<Received>) -> BatchRun {
+    let peak = Arc::new(AtomicU64::new(0));
+    let run = run_splitting(batch, |r: &Received| r.tokens.len(), |part: &[Received]| {
         let items: Vec<SynthItem> = part.iter().map(|r| SynthItem { tokens: r.tokens.clone(), voice: r.voice }).collect();
-        match shared.model.synthesize(items).await {
-            Ok(out) if out.audio.len() == part.len() => done.extend(part.into_iter().zip(out.audio)),
-            Ok(out) => {
-                let reason = format!("model returned {} outputs for {} inputs", out.audio.len(), part.len());
-                failed.extend(part.into_iter().map(|r| (r, reason.clone())));
-            }
-            Err(ModelError::ThreadGone) => {
-                error!("inference thread is gone; requeueing");
-                for r in part {
-                    r.delivery.requeue().await;
+        let model = shared.model.clone();
+        let peak = peak.clone();
+        async move {
+            match model.synthesize(items).await {
+                Ok(out) => {
+                    if let Some(p) = out.peak_bytes {
+                        peak.fetch_max(p, Ordering::SeqCst);
+                    }
+                    Ok(out.audio)
                 }
-            }
-            Err(e) if part.len() > 1 => {
-                warn!(error = %e, size = part.len(), oom = e.is_oom(), "batch failed; splitting it in two");
-                let mut left = part;
-                let right = left.split_off(left.len() / 2);
-                stack.push(right);
-                stack.push(left);
-            }
-            Err(e) => {
-                let reason = format!("synthesis failed: {e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default());
-                failed.push((part.into_iter().next().expect("part has one job"), reason));
+                Err(ModelError::ThreadGone) => Err(AttemptError::Fatal("the inference thread is gone".into())),
+                Err(e) if e.is_oom() => Err(AttemptError::OutOfMemory(error_chain(&e))),
+                Err(e) => Err(AttemptError::Failed(error_chain(&e))),
             }
         }
+    })
+    .await;
+    for e in &run.events {
+        match e {
+            SplitEvent::OutOfMemory { size, max_tokens } => warn!(size, max_tokens, "out of memory; splitting the batch"),
+            SplitEvent::Split { size, into } => debug!(size, ?into, "split"),
+            SplitEvent::FailedAlone { reason } => warn!(%reason, "a job failed alone"),
+        }
     }
-    (done, failed)
+    let peak = peak.load(Ordering::SeqCst);
+    BatchRun { done: run.done, failed: run.failed, given_back: run.given_back, events: run.events, peak: (peak > 0).then_some(peak) }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+/// Records a batch's OOM/split/failure events (best effort: they are also in the logs).
+async fn record_events(shared: &Shared, batch_id: Uuid, events: &[SplitEvent]) {
+    let rows: Vec<BatchEvent> = events
+        .iter()
+        .map(|e| match e {
+            SplitEvent::OutOfMemory { size, max_tokens } => {
+                BatchEvent { kind: "oom", batch_size: *size as i32, max_tokens: Some(*max_tokens as i32), detail: None }
+            }
+            SplitEvent::Split { size, into } => {
+                BatchEvent { kind: "split", batch_size: *size as i32, max_tokens: None, detail: Some(format!("{} + {}", into.0, into.1)) }
+            }
+            SplitEvent::FailedAlone { reason } => {
+                BatchEvent { kind: "failed_alone", batch_size: 1, max_tokens: None, detail: Some(reason.clone()) }
+            }
+        })
+        .collect();
+    if let Err(e) = shared.db.record_batch_events(batch_id, &shared.worker_id, &rows).await {
+        warn!(error = %e, "batch events not recorded");
+    }
 }
 
 /// Marks jobs `failed` and dead-letters them with the reason.
@@ -748,6 +910,8 @@ async fn commit_batch(shared: &Arc<Shared>, batch: InferredBatch) {
         started_at: batch.started_at,
         finished_at: Utc::now(),
         padding_waste: Some(batch.padding_waste as f32),
+        predicted_peak_bytes: batch.predicted_peak.map(|p| p as i64),
+        measured_peak_bytes: batch.measured_peak.map(|p| p as i64),
     };
     let committed = retry(shared, "record batch", || {
         record.finished_at = Utc::now();

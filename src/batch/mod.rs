@@ -5,13 +5,16 @@
 //! batch, for this reason". The worker owns the clock and the channel plumbing, so every rule
 //! here is unit-tested with plain values.
 //!
-//! v1 ([`LengthBucketing`]): serve the highest priority, oldest job first; fill its batch with the
+//! [`LengthBucketing`]: serve the highest priority, oldest job first; fill its batch with the
 //! jobs of the same priority closest to it in length (sorted by length, minimal spread, so little
-//! padding); cap by `max_batch` and by padded tokens (`max_batch_tokens`); a partial batch waits
-//! at most `max_wait`. The memory-aware policy (GPU peak-memory model) replaces it behind the
-//! same trait.
+//! padding); cap by `max_batch` and by an [`Admission`] rule; a partial batch waits at most
+//! `max_wait`. Two admission rules: [`TokenBudget`] (padded tokens ≤ `max_batch_tokens`) and
+//! [`memory::MemoryBudget`] (predicted peak memory ≤ budget, with AIMD after out-of-memory errors).
 //!
 //! Neighbours: `worker` feeds it parsed jobs and runs what it flushes on `model`.
+
+pub mod memory;
+pub mod split;
 
 use std::time::{Duration, Instant};
 
@@ -35,6 +38,10 @@ pub enum FlushReason {
     Full,
     /// Adding the next job would exceed the padded-token budget.
     Tokens,
+    /// Adding the next job would exceed the predicted-memory budget.
+    Memory,
+    /// No more held jobs of a similar length (`max_length_ratio`).
+    Bucket,
     /// The oldest job waited `max_wait`.
     Deadline,
     /// No more input is coming (drain or shutdown).
@@ -46,6 +53,8 @@ impl FlushReason {
         match self {
             FlushReason::Full => "full",
             FlushReason::Tokens => "tokens",
+            FlushReason::Memory => "memory",
+            FlushReason::Bucket => "bucket",
             FlushReason::Deadline => "deadline",
             FlushReason::Drain => "drain",
         }
@@ -80,12 +89,47 @@ impl<T> Flush<T> {
     }
 }
 
+/// Default bound on longest/shortest input length within one batch.
+pub const DEFAULT_MAX_LENGTH_RATIO: f64 = 1.5;
+/// Absolute slack on that bound, so that very short jobs still batch together.
+const LENGTH_SLACK_TOKENS: f64 = 8.0;
+
 /// What to do now.
 #[derive(Debug)]
 pub enum Decision<T> {
     /// Nothing to run yet; decide again at this instant (or when a job arrives; `None` = only then).
     Wait(Option<Instant>),
     Flush(Flush<T>),
+}
+
+/// What happened to a batch, fed back to the admission rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchOutcome {
+    Clean,
+    OutOfMemory,
+}
+
+/// Whether a batch of `batch` jobs, the longest `max_tokens` tokens long, may run.
+pub trait Admission: Send {
+    /// `None` when admitted, else why not.
+    fn check(&self, batch: usize, max_tokens: usize) -> Option<FlushReason>;
+    /// Predicted peak memory in bytes, when the rule has a memory model.
+    fn predicted_peak(&self, _batch: usize, _max_tokens: usize) -> Option<f64> {
+        None
+    }
+    fn observe(&mut self, _outcome: &BatchOutcome) {}
+}
+
+/// Padded tokens (batch size × longest input) at most `max_batch_tokens`.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBudget {
+    pub max_batch_tokens: usize,
+}
+
+impl Admission for TokenBudget {
+    fn check(&self, batch: usize, max_tokens: usize) -> Option<FlushReason> {
+        (batch * max_tokens > self.max_batch_tokens).then_some(FlushReason::Tokens)
+    }
 }
 
 /// A batch assembly policy.
@@ -100,20 +144,41 @@ pub trait BatchPolicy<T>: Send {
     }
     /// Takes every held job out (shutdown returns them to the queue).
     fn take_all(&mut self) -> Vec<Pending<T>>;
+    /// Feeds back a batch's outcome.
+    fn observe(&mut self, _outcome: &BatchOutcome) {}
+    /// Predicted peak memory of a batch, when the policy has a memory model.
+    fn predicted_peak(&self, _batch: usize, _max_tokens: usize) -> Option<f64> {
+        None
+    }
 }
 
-/// v1 policy: length bucketing under a batch-size and padded-token cap, with a deadline.
+/// Length bucketing under a batch-size cap and an admission rule, with a deadline.
 #[derive(Debug)]
-pub struct LengthBucketing<T> {
+pub struct LengthBucketing<T, A = TokenBudget> {
     pub max_batch: usize,
     pub max_wait: Duration,
-    pub max_batch_tokens: usize,
+    /// Longest job at most this × the shortest in one batch (bounds padding waste).
+    pub max_length_ratio: f64,
+    pub admission: A,
     pool: Vec<Pending<T>>,
 }
 
-impl<T> LengthBucketing<T> {
+impl<T> LengthBucketing<T, TokenBudget> {
+    /// Bucketing with the padded-token cap only.
     pub fn new(max_batch: usize, max_wait: Duration, max_batch_tokens: usize) -> Self {
-        LengthBucketing { max_batch: max_batch.max(1), max_wait, max_batch_tokens: max_batch_tokens.max(1), pool: Vec::new() }
+        LengthBucketing::with_admission(max_batch, max_wait, TokenBudget { max_batch_tokens: max_batch_tokens.max(1) })
+    }
+}
+
+impl<T, A: Admission> LengthBucketing<T, A> {
+    pub fn with_admission(max_batch: usize, max_wait: Duration, admission: A) -> Self {
+        LengthBucketing { max_batch: max_batch.max(1), max_wait, max_length_ratio: DEFAULT_MAX_LENGTH_RATIO, admission, pool: Vec::new() }
+    }
+
+    /// Sets the bound on the longest/shortest length ratio within a batch.
+    pub fn with_max_length_ratio(mut self, ratio: f64) -> Self {
+        self.max_length_ratio = ratio.max(1.0);
+        self
     }
 
     /// Index in `pool` of the job to serve first: highest priority, then oldest.
@@ -145,15 +210,41 @@ impl<T> LengthBucketing<T> {
             .min_by_key(|&s| self.pool[class[s + k - 1]].tokens - self.pool[class[s]].tokens)
             .unwrap_or(lo);
         let mut window: Vec<usize> = class[start..start + k].to_vec();
-        // Enforce the padded-token cap by dropping the job farthest in length from the anchor.
-        let mut limited_by_tokens = false;
         let anchor_tokens = self.pool[anchor].tokens;
+        // Bound padding: the longest job at most `max_length_ratio` × the shortest (plus a few
+        // tokens of slack for very short jobs); drop the job farthest in length from the anchor.
+        let spread_ok = |w: &[usize], pool: &[Pending<T>]| {
+            let lo = w.iter().map(|&i| pool[i].tokens).min().unwrap_or(0) as f64;
+            let hi = w.iter().map(|&i| pool[i].tokens).max().unwrap_or(0) as f64;
+            hi <= lo * self.max_length_ratio + LENGTH_SLACK_TOKENS
+        };
+        let mut bucket_limited = false;
+        while window.len() > 1 && !spread_ok(&window, &self.pool) {
+            bucket_limited = true;
+            let far = window
+                .iter()
+                .enumerate()
+                .filter(|(_, &i)| self.pool[i].seq != anchor_seq)
+                .max_by(|(_, &a), (_, &b)| {
+                    let d = |i: usize| ((self.pool[i].tokens.max(1) as f64) / (anchor_tokens.max(1) as f64)).ln().abs();
+                    d(a).total_cmp(&d(b))
+                })
+                .map(|(w, _)| w);
+            match far {
+                Some(w) => {
+                    window.remove(w);
+                }
+                None => break,
+            }
+        }
+        // Enforce the admission rule by dropping the job farthest in length from the anchor.
+        let mut limited_by: Option<FlushReason> = None;
         while window.len() > 1 {
             let max_len = window.iter().map(|&i| self.pool[i].tokens).max().unwrap_or(0);
-            if window.len() * max_len <= self.max_batch_tokens {
+            let Some(reason) = self.admission.check(window.len(), max_len) else {
                 break;
-            }
-            limited_by_tokens = true;
+            };
+            limited_by = Some(reason);
             let (far, _) = window
                 .iter()
                 .enumerate()
@@ -163,10 +254,12 @@ impl<T> LengthBucketing<T> {
                 .unwrap_or((0, window[0]));
             window.remove(far);
         }
-        let reason = if limited_by_tokens {
-            FlushReason::Tokens
+        let reason = if let Some(reason) = limited_by {
+            reason
         } else if window.len() == self.max_batch {
             FlushReason::Full
+        } else if bucket_limited {
+            FlushReason::Bucket
         } else if closing {
             FlushReason::Drain
         } else {
@@ -181,7 +274,7 @@ impl<T> LengthBucketing<T> {
     }
 }
 
-impl<T: Send> BatchPolicy<T> for LengthBucketing<T> {
+impl<T: Send, A: Admission> BatchPolicy<T> for LengthBucketing<T, A> {
     fn push(&mut self, job: Pending<T>) {
         self.pool.push(job);
     }
@@ -195,11 +288,11 @@ impl<T: Send> BatchPolicy<T> for LengthBucketing<T> {
         if closing || self.pool.len() >= self.max_batch || now >= deadline {
             return Decision::Flush(self.select(closing));
         }
-        // Enough tokens held that the anchor's batch is already capped by the token budget.
+        // Enough held that the anchor's batch is already capped by the admission rule.
         let max_len = self.pool.iter().map(|p| p.tokens).max().unwrap_or(0);
-        if self.pool.len() > 1 && self.pool.len() * max_len > self.max_batch_tokens {
+        if self.pool.len() > 1 && self.admission.check(self.pool.len(), max_len).is_some() {
             let flush = self.select(closing);
-            if flush.reason == FlushReason::Tokens {
+            if matches!(flush.reason, FlushReason::Tokens | FlushReason::Memory) {
                 return Decision::Flush(flush);
             }
             // Not capped after all: put it back and wait.
@@ -214,6 +307,14 @@ impl<T: Send> BatchPolicy<T> for LengthBucketing<T> {
 
     fn take_all(&mut self) -> Vec<Pending<T>> {
         std::mem::take(&mut self.pool)
+    }
+
+    fn observe(&mut self, outcome: &BatchOutcome) {
+        self.admission.observe(outcome);
+    }
+
+    fn predicted_peak(&self, batch: usize, max_tokens: usize) -> Option<f64> {
+        self.admission.predicted_peak(batch, max_tokens)
     }
 }
 
@@ -263,8 +364,8 @@ mod tests {
         assert_eq!(ids(&f), vec![2, 0, 4], "sorted by length, around the oldest job");
         assert!((f.padding_waste() - (1.0 - 150.0 / 156.0)).abs() < 1e-9);
         let f = flush(b.decide(t0, false));
-        assert_eq!(ids(&f), vec![1, 5, 3]);
-        assert_eq!(b.len(), 0);
+        assert_eq!((ids(&f), f.reason), (vec![1, 5], FlushReason::Bucket), "500 tokens is no bucket-mate of 5");
+        assert_eq!(b.len(), 1);
     }
 
     #[test]
@@ -298,6 +399,20 @@ mod tests {
         assert_eq!(ids(&f), vec![1], "the oldest first");
         let f = flush(b.decide(t0, true));
         assert_eq!((ids(&f), f.reason), (vec![3], FlushReason::Drain), "over budget alone: runs alone");
+    }
+
+    #[test]
+    fn a_batch_never_mixes_lengths_beyond_the_ratio() {
+        let t0 = Instant::now();
+        let mut b = LengthBucketing::new(8, Duration::from_secs(10), 1_000_000).with_max_length_ratio(1.5);
+        for (seq, tokens) in [(0, 100), (1, 10), (2, 140), (3, 160), (4, 90), (5, 400), (6, 12), (7, 70)] {
+            b.push(job(seq, tokens, 0, t0));
+        }
+        let f = flush(b.decide(t0, false));
+        assert_eq!(ids(&f), vec![4, 0, 2], "lengths 90..140 around the oldest (100); 160 and 70 break the 1.5 ratio");
+        assert_eq!(f.reason, FlushReason::Bucket);
+        let f = flush(b.decide(t0, true));
+        assert_eq!(ids(&f), vec![1, 6], "short jobs batch together (slack)");
     }
 
     #[test]

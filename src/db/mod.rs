@@ -86,6 +86,17 @@ pub struct BatchRecord {
     pub started_at: DateTime<Utc>,
     pub finished_at: DateTime<Utc>,
     pub padding_waste: Option<f32>,
+    pub predicted_peak_bytes: Option<i64>,
+    pub measured_peak_bytes: Option<i64>,
+}
+
+/// One out-of-memory error, split or lone failure of a batch.
+#[derive(Debug, Clone)]
+pub struct BatchEvent {
+    pub kind: &'static str,
+    pub batch_size: i32,
+    pub max_tokens: Option<i32>,
+    pub detail: Option<String>,
 }
 
 /// Database name of a URL, and the URL of the maintenance database on the same server.
@@ -277,8 +288,9 @@ impl Db {
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         sqlx::query(
             "INSERT INTO batches (batch_id, worker_id, model, device, precision, batch_size, tokens, padded_tokens,
-               flush_reason, queue_ms, infer_ms, encode_ms, upload_ms, db_ms, audio_seconds, started_at, finished_at, padding_waste)
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18)
+               flush_reason, queue_ms, infer_ms, encode_ms, upload_ms, db_ms, audio_seconds, started_at, finished_at, padding_waste,
+               predicted_peak_bytes, measured_peak_bytes)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20)
              ON CONFLICT (batch_id) DO NOTHING",
         )
         .bind(batch.batch_id)
@@ -299,6 +311,8 @@ impl Db {
         .bind(batch.started_at)
         .bind(batch.finished_at)
         .bind(batch.padding_waste)
+        .bind(batch.predicted_peak_bytes)
+        .bind(batch.measured_peak_bytes)
         .execute(&mut *tx)
         .await
         .map_err(q("insert batch"))?;
@@ -372,6 +386,57 @@ impl Db {
             }
         }
         tx.commit().await.map_err(q("commit rejection"))?;
+        Ok(())
+    }
+
+    /// Records a batch's out-of-memory errors, splits and lone failures.
+    pub async fn record_batch_events(&self, batch_id: Uuid, worker_id: &str, events: &[BatchEvent]) -> Result<(), DbError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
+        let sizes: Vec<i32> = events.iter().map(|e| e.batch_size).collect();
+        let lens: Vec<Option<i32>> = events.iter().map(|e| e.max_tokens).collect();
+        let details: Vec<Option<String>> = events.iter().map(|e| e.detail.clone()).collect();
+        sqlx::query(
+            "INSERT INTO batch_events (batch_id, worker_id, kind, batch_size, max_tokens, detail)
+             SELECT $1, $2, t.kind, t.size, t.len, t.detail
+             FROM UNNEST($3::text[], $4::int[], $5::int[], $6::text[]) AS t(kind, size, len, detail)",
+        )
+        .bind(batch_id)
+        .bind(worker_id)
+        .bind(&kinds)
+        .bind(&sizes)
+        .bind(&lens)
+        .bind(&details)
+        .execute(&self.pool)
+        .await
+        .map_err(q("record batch events"))?;
+        Ok(())
+    }
+
+    /// Stores a calibration profile.
+    pub async fn record_calibration(&self, p: &crate::batch::memory::Profile) -> Result<(), DbError> {
+        sqlx::query(
+            "INSERT INTO calibrations (model, gpu_name, precision, m0_bytes, a_bytes_per_frame, b_bytes_per_frame2, r2,
+               worst_rel_error, points, total_memory_bytes, vram_fraction, profile)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
+        )
+        .bind(&p.model)
+        .bind(&p.gpu)
+        .bind(&p.precision)
+        .bind(p.fit.model.m0)
+        .bind(p.fit.model.a)
+        .bind(p.fit.model.b)
+        .bind(p.fit.r2)
+        .bind(p.fit.worst_rel_error)
+        .bind(p.points.len() as i32)
+        .bind(p.total_memory_bytes as i64)
+        .bind(p.vram_fraction)
+        .bind(serde_json::to_value(p).unwrap_or_default())
+        .execute(&self.pool)
+        .await
+        .map_err(q("record calibration"))?;
         Ok(())
     }
 

@@ -94,6 +94,13 @@ impl Manifest {
         Ok(m)
     }
 
+    /// Bytes of the weights on disk.
+    pub fn weights_bytes(&self) -> u64 {
+        match self.kind {
+            ModelKind::TorchScript => std::fs::metadata(self.dir.join("model.pt")).map(|m| m.len()).unwrap_or(0),
+        }
+    }
+
     /// Token ids of `text`.
     pub fn tokenize(&self, text: &str) -> Vec<i64> {
         let TokenizerSpec::Codepoint { vocab_size } = self.tokenizer;

@@ -10,6 +10,7 @@
 //! `worker` sends each batch here and hands the audio to `audio` for encoding.
 
 mod manifest;
+pub mod memory;
 mod shim;
 mod torchscript;
 
@@ -139,6 +140,8 @@ pub struct SynthOutput {
     pub audio: Vec<Vec<f32>>,
     /// Wall time of the forward pass, device synchronised.
     pub infer: Duration,
+    /// Peak memory of the forward pass (CUDA: allocated bytes; CPU: process resident bytes).
+    pub peak_bytes: Option<u64>,
 }
 
 /// A loaded model that turns a batch of token sequences into waveforms.
@@ -189,15 +192,30 @@ impl ModelHandle {
                         return;
                     }
                 };
+                let probe = memory::MemoryProbe::new(device);
                 while let Ok((items, reply)) = rx.recv() {
+                    probe.reset();
                     let started = Instant::now();
-                    let result = model.synthesize(&items).map(|audio| SynthOutput { audio, infer: started.elapsed() });
-                    let _ = reply.send(result);
+                    let result = model.synthesize(&items);
+                    let infer = started.elapsed();
+                    let peak_bytes = probe.peak();
+                    if matches!(result, Err(ModelError::OutOfMemory { .. })) {
+                        probe.release_cached();
+                    }
+                    let _ = reply.send(result.map(|audio| SynthOutput { audio, infer, peak_bytes }));
                 }
             })
             .map_err(|e| ModelError::DeviceUnavailable { device, reason: format!("cannot start inference thread: {e}") })?;
         let manifest = ready_rx.recv().map_err(|_| ModelError::ThreadGone)??;
         Ok(ModelHandle { tx, manifest: std::sync::Arc::new(manifest), device, precision })
+    }
+
+    /// [`ModelHandle::spawn`] from async code.
+    pub async fn load(dir: &std::path::Path, device: Device, precision: Precision, cpu_threads: usize) -> Result<ModelHandle, ModelError> {
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || ModelHandle::spawn(&dir, device, precision, cpu_threads))
+            .await
+            .map_err(|_| ModelError::ThreadGone)?
     }
 
     pub fn manifest(&self) -> &Manifest {

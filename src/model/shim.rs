@@ -50,3 +50,48 @@ pub fn set_tf32(enabled: bool) {
     // SAFETY: sets two booleans in libtorch's global context.
     unsafe { voxbatch_set_tf32(i32::from(enabled)) }
 }
+
+extern "C" {
+    fn voxbatch_cuda_memory_stat(device: i32, what: i32) -> i64;
+    fn voxbatch_cuda_reset_peak(device: i32) -> i32;
+    fn voxbatch_cuda_empty_cache() -> i32;
+}
+
+/// Caching-allocator statistics.
+#[derive(Debug, Clone, Copy)]
+pub enum CudaStat {
+    Allocated = 0,
+    PeakAllocated = 1,
+    Reserved = 2,
+}
+
+/// A caching-allocator statistic of CUDA device `device`, in bytes; `None` without CUDA.
+pub fn cuda_memory_stat(device: usize, stat: CudaStat) -> Option<u64> {
+    // SAFETY: reads allocator statistics; returns -1 when CUDA is unavailable.
+    let v = unsafe { voxbatch_cuda_memory_stat(device as i32, stat as i32) };
+    u64::try_from(v).ok()
+}
+
+/// Resets the peak statistics of `device` (no-op without CUDA).
+pub fn cuda_reset_peak(device: usize) {
+    // SAFETY: as above.
+    unsafe { voxbatch_cuda_reset_peak(device as i32) };
+}
+
+/// Returns unused cached blocks to the driver (no-op without CUDA).
+pub fn cuda_empty_cache() {
+    // SAFETY: as above.
+    unsafe { voxbatch_cuda_empty_cache() };
+}
+
+extern "C" {
+    fn voxbatch_cuda_mem_info(device: i32, free_bytes: *mut i64, total_bytes: *mut i64) -> i32;
+}
+
+/// (free, total) bytes of CUDA device `device` as the driver sees them; `None` without CUDA.
+pub fn cuda_mem_info(device: usize) -> Option<(u64, u64)> {
+    let (mut free, mut total) = (0i64, 0i64);
+    // SAFETY: writes two integers through valid pointers; returns non-zero on failure.
+    let rc = unsafe { voxbatch_cuda_mem_info(device as i32, &mut free, &mut total) };
+    (rc == 0).then(|| (free.max(0) as u64, total.max(0) as u64))
+}

@@ -53,6 +53,8 @@ pub fn test_config(id: &str) -> Config {
     cfg.worker.retry_max = Duration::from_millis(500);
     cfg.worker.drain_poll = Duration::from_millis(100);
     cfg.worker.heartbeat = Duration::from_secs(1);
+    // No calibration profile: the conservative built-in memory model (deterministic across machines).
+    cfg.memory.calibration_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-calibration");
     cfg
 }
 

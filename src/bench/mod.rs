@@ -1,0 +1,19 @@
+//! Benchmarks: they print a table and write JSON (and plots) under `bench/results/`; they are not
+//! tests and never assert on time. Every figure quoted in docs/PERFORMANCE.md comes from here.
+//!
+//! - [`policy`]: the memory-aware batch policy against fixed batch sizes on a mixed-length corpus.
+//!
+//! Neighbours: `model` runs the passes, `batch` decides the batches, `calibrate` fits the profile.
+
+pub mod corpus;
+pub mod plot;
+pub mod policy;
+
+use std::path::{Path, PathBuf};
+
+/// `bench/results/<name>-<UTC timestamp>/`, created.
+pub fn results_dir(root: &Path, name: &str) -> std::io::Result<PathBuf> {
+    let dir = root.join(format!("{name}-{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ")));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

@@ -1,0 +1,111 @@
+//! Minimal SVG line charts for benchmark reports (no plotting dependency).
+
+use std::fmt::Write as _;
+
+/// One line of a chart.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    /// (x, y) points; x is plotted on a log2 axis.
+    pub points: Vec<(f64, f64)>,
+    /// Drawn dashed and horizontal across the chart when it has one point and this is set.
+    pub horizontal: bool,
+}
+
+/// A chart panel.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    pub y_label: String,
+    pub series: Vec<Series>,
+}
+
+const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+
+/// Renders panels side by side, sharing the log2 x axis named `x_label`.
+pub fn svg(panels: &[Panel], x_label: &str) -> String {
+    let (pw, ph, m) = (460.0, 320.0, 56.0);
+    let width = pw * panels.len() as f64;
+    let mut out = String::new();
+    let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{ph}" font-family="sans-serif" font-size="11">"#);
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    for (i, panel) in panels.iter().enumerate() {
+        let ox = pw * i as f64;
+        let all: Vec<(f64, f64)> = panel.series.iter().flat_map(|s| s.points.iter().copied()).collect();
+        if all.is_empty() {
+            continue;
+        }
+        let xs: Vec<f64> = all.iter().filter(|p| p.0 > 0.0).map(|p| p.0.log2()).collect();
+        let (x0, x1) = (xs.iter().copied().fold(f64::MAX, f64::min).min(0.0), xs.iter().copied().fold(f64::MIN, f64::max).max(1.0));
+        let y1 = all.iter().map(|p| p.1).fold(0.0, f64::max) * 1.1;
+        let y1 = if y1 > 0.0 { y1 } else { 1.0 };
+        let px = |x: f64| ox + m + (x.max(1e-9).log2() - x0) / (x1 - x0) * (pw - 1.5 * m);
+        let py = |y: f64| ph - m + 10.0 - y / y1 * (ph - 1.6 * m);
+        let _ = writeln!(out, r#"<text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#, ox + m, esc(&panel.title));
+        let _ = writeln!(out, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, ox + m, py(0.0), ox + pw - m / 2.0, py(0.0));
+        let _ = writeln!(out, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, ox + m, py(0.0), ox + m, py(y1));
+        for k in (x0 as i64)..=(x1 as i64) {
+            let x = 2f64.powi(k as i32);
+            let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, px(x), py(0.0) + 14.0, x);
+        }
+        for k in 0..=4 {
+            let y = y1 * k as f64 / 4.0;
+            let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#, ox + m - 4.0, py(y) + 4.0, fmt_num(y));
+            let _ = writeln!(out, r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#eee"/>"##, ox + m, py(y), ox + pw - m / 2.0, py(y));
+        }
+        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, ox + pw / 2.0, ph - 8.0, esc(x_label));
+        let _ = writeln!(out, r#"<text x="12" y="{:.1}" transform="rotate(-90 12 {:.1})" text-anchor="middle">{}</text>"#, ph / 2.0, ph / 2.0, esc(&panel.y_label));
+        for (j, s) in panel.series.iter().enumerate() {
+            let color = COLORS[j % COLORS.len()];
+            if s.horizontal && s.points.len() == 1 {
+                let y = py(s.points[0].1);
+                let _ = writeln!(out, r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-dasharray="6 4" stroke-width="2"/>"#, ox + m, ox + pw - m / 2.0);
+            } else {
+                let pts: Vec<String> = s.points.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y))).collect();
+                let _ = writeln!(out, r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#, pts.join(" "));
+                for (x, y) in &s.points {
+                    let _ = writeln!(out, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#, px(*x), py(*y));
+                }
+            }
+            let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"#, ox + m + 8.0, 34.0 + 13.0 * j as f64, esc(&s.name));
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn svg_has_one_polyline_per_series_and_escapes_text() {
+        let p = Panel {
+            title: "a < b".into(),
+            y_label: "y".into(),
+            series: vec![
+                Series { name: "fixed".into(), points: vec![(1.0, 1.0), (2.0, 3.0), (4.0, 4.0)], horizontal: false },
+                Series { name: "policy".into(), points: vec![(1.0, 5.0)], horizontal: true },
+            ],
+        };
+        let s = svg(&[p.clone(), p], "batch size");
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("<polyline").count(), 2);
+        assert_eq!(s.matches("stroke-dasharray").count(), 2);
+        assert!(s.contains("a &lt; b"));
+    }
+}

@@ -1,0 +1,88 @@
+//! Measuring a forward pass's peak memory: the CUDA caching allocator's peak allocated bytes
+//! (reset before each forward, through the libtorch shim), or on CPU the process's peak resident
+//! set (VmHWM, reset through /proc/self/clear_refs).
+
+use super::shim;
+use super::Device;
+
+/// Peak-memory probe for one device, used on the inference thread.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryProbe {
+    device: Device,
+}
+
+impl MemoryProbe {
+    pub fn new(device: Device) -> MemoryProbe {
+        MemoryProbe { device }
+    }
+
+    /// Starts a new measurement window.
+    pub fn reset(&self) {
+        match self.device {
+            Device::Cuda(n) => shim::cuda_reset_peak(n),
+            Device::Cpu => {
+                // Give freed heap back first, so the window starts from what is really in use.
+                // SAFETY: glibc's malloc_trim only releases free memory.
+                unsafe { libc::malloc_trim(0) };
+                // "5" resets the peak RSS (VmHWM) to the current RSS (Linux >= 4.0).
+                let _ = std::fs::write("/proc/self/clear_refs", "5");
+            }
+        }
+    }
+
+    /// Peak bytes since [`MemoryProbe::reset`]: allocated by libtorch on CUDA, resident on CPU.
+    pub fn peak(&self) -> Option<u64> {
+        match self.device {
+            Device::Cuda(n) => shim::cuda_memory_stat(n, shim::CudaStat::PeakAllocated),
+            Device::Cpu => proc_status_kib("VmHWM:").map(|k| k * 1024),
+        }
+    }
+
+    /// Bytes held right now (allocated on CUDA, resident on CPU).
+    pub fn current(&self) -> Option<u64> {
+        match self.device {
+            Device::Cuda(n) => shim::cuda_memory_stat(n, shim::CudaStat::Allocated),
+            Device::Cpu => proc_status_kib("VmRSS:").map(|k| k * 1024),
+        }
+    }
+
+    /// Returns cached blocks to the driver (after an out-of-memory error).
+    pub fn release_cached(&self) {
+        if let Device::Cuda(_) = self.device {
+            shim::cuda_empty_cache();
+        }
+    }
+}
+
+/// Memory of CUDA device `index` as libtorch sees it: (free, total, reserved by this process's
+/// caching allocator). `None` without CUDA.
+pub fn cuda_device_memory(index: usize) -> Option<(u64, u64, u64)> {
+    let (free, total) = shim::cuda_mem_info(index)?;
+    let reserved = shim::cuda_memory_stat(index, shim::CudaStat::Reserved).unwrap_or(0);
+    Some((free, total, reserved))
+}
+
+/// A `kB` field of /proc/self/status.
+pub fn proc_status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_peak_rss_grows_with_an_allocation_and_resets() {
+        let p = MemoryProbe::new(Device::Cpu);
+        p.reset();
+        let before = p.peak().unwrap();
+        let big = vec![1u8; 64 << 20];
+        std::hint::black_box(&big);
+        let during = p.peak().unwrap();
+        assert!(during >= before + (60 << 20), "{before} -> {during}");
+        drop(big);
+        p.reset();
+        assert!(p.peak().unwrap() < during);
+    }
+}
