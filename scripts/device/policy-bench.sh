@@ -18,7 +18,12 @@ mkdir -p "$OUT"
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 export RUST_LOG=${RUST_LOG:-info}
-export VOXBATCH_MEMORY__CALIBRATION_DIR="$OUT/calibration"
+# SKIP_CAL=1 uses the profiles committed under calibration/ instead of calibrating again.
+if [ "${SKIP_CAL:-0}" = 1 ]; then
+  export VOXBATCH_MEMORY__CALIBRATION_DIR="$PWD/calibration"
+else
+  export VOXBATCH_MEMORY__CALIBRATION_DIR="$OUT/calibration"
+fi
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || echo "no nvidia-smi"
@@ -28,6 +33,6 @@ cat "$OUT/machine.txt"
 MODEL=/tmp/voxbatch-models/reference-$SIZE
 [ -f "$MODEL/model.pt" ] || $PY tools/export_reference_model.py --size "$SIZE" --out "$MODEL"
 echo "== calibrate"
-$BIN calibrate --model "$MODEL" --device "$DEVICE" --precision "$PRECISION" --no-db ${CAL_ARGS:-} 2>&1 | tee "$OUT/calibrate.log"
+[ "${SKIP_CAL:-0}" = 1 ] || $BIN calibrate --model "$MODEL" --device "$DEVICE" --precision "$PRECISION" --no-db ${CAL_ARGS:-} 2>&1 | tee "$OUT/calibrate.log"
 echo "== bench policy"
 $BIN bench policy --model "$MODEL" --device "$DEVICE" --precision "$PRECISION" --jobs "$JOBS" --max-batch ${MAX_BATCH:-1024} --out "$OUT/bench" 2>&1 | tee "$OUT/bench-policy.log"
