@@ -110,6 +110,17 @@ pub struct RawConfig {
     pub limits: RawLimits,
     pub worker: RawWorker,
     pub memory: RawMemory,
+    pub cost: RawCost,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCost {
+    pub gpu_hourly_usd: BTreeMap<String, f64>,
+    pub cpu_hourly_usd: f64,
+    pub default_gpu_hourly_usd: f64,
+    pub energy_usd_per_kwh: f64,
+    pub sample_interval_ms: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -208,6 +219,14 @@ pub struct Config {
     pub limits: Limits,
     pub worker: WorkerConfig,
     pub memory: MemoryConfig,
+    pub cost: CostConfig,
+}
+
+/// Prices and metric sampling.
+#[derive(Debug, Clone)]
+pub struct CostConfig {
+    pub prices: crate::cost::Prices,
+    pub sample_interval: Duration,
 }
 
 /// How batches are sized.
@@ -552,7 +571,27 @@ impl RawConfig {
             },
             calibration_dir: m.calibration_dir,
         };
-        Ok(Config { amqp, database, storage, model, batching, limits, worker, memory })
+        let c = self.cost;
+        let price = |key: &'static str, v: f64| {
+            if v >= 0.0 && v.is_finite() {
+                Ok(v)
+            } else {
+                Err(ConfigError::Invalid { key, reason: format!("must be a price >= 0, got {v}") })
+            }
+        };
+        for v in c.gpu_hourly_usd.values() {
+            price("cost.gpu_hourly_usd", *v)?;
+        }
+        let cost = CostConfig {
+            prices: crate::cost::Prices {
+                gpu_hourly_usd: c.gpu_hourly_usd,
+                cpu_hourly_usd: price("cost.cpu_hourly_usd", c.cpu_hourly_usd)?,
+                default_gpu_hourly_usd: price("cost.default_gpu_hourly_usd", c.default_gpu_hourly_usd)?,
+                energy_usd_per_kwh: price("cost.energy_usd_per_kwh", c.energy_usd_per_kwh)?,
+            },
+            sample_interval: Duration::from_millis(positive("cost.sample_interval_ms", c.sample_interval_ms)? as u64),
+        };
+        Ok(Config { amqp, database, storage, model, batching, limits, worker, memory, cost })
     }
 }
 

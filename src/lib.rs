@@ -25,6 +25,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod commands;
 pub mod config;
+pub mod cost;
 pub mod db;
 pub mod enqueue;
 pub mod gpu;

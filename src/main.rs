@@ -13,7 +13,7 @@ use voxbatch::commands;
 use voxbatch::config::Config;
 use voxbatch::db::Db;
 use voxbatch::enqueue::LineDefaults;
-use voxbatch::report::{self, Format};
+use voxbatch::report::{self, Dimension, Format};
 use voxbatch::storage::Storage;
 use voxbatch::worker::WorkerOptions;
 
@@ -53,14 +53,24 @@ enum Command {
     Work(WorkArgs),
     /// Queue depth, dead-letter depth and jobs by status.
     Status,
-    /// Jobs, audio hours, batches and real-time factor per campaign.
+    /// Throughput and cost: jobs, characters, audio hours, GPU hours, real-time factor,
+    /// audio-seconds per GPU-second, $ per audio hour and per million characters, utilisation, energy.
     Report {
+        /// Group by campaign, day, batch_size, precision, gpu or model.
+        #[arg(long, default_value = "campaign")]
+        by: Dimension,
+        /// Only jobs finished at or after this time (RFC 3339, e.g. 2026-12-01T18:00:00Z, or a date).
+        #[arg(long)]
+        since: Option<String>,
         /// Only this campaign.
         #[arg(long)]
         campaign: Option<String>,
         /// table, csv or json.
         #[arg(long, default_value = "table")]
         format: Format,
+        /// Also write a chart ($ per audio hour, audio-seconds per GPU-second) to this .svg file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
     },
     /// Measure peak memory over batch size × length and fit the model the batch policy uses.
     Calibrate {
@@ -229,10 +239,25 @@ async fn enqueue(cfg: &Config, file: &std::path::Path, defaults: &LineDefaults) 
     Ok(summary)
 }
 
-async fn print_report(cfg: &Config, campaign: Option<&str>, format: Format) -> Result<()> {
+/// `--since`: RFC 3339 or a plain date (midnight UTC).
+fn parse_since(s: &str) -> Result<chrono::DateTime<chrono::Utc>> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    let d = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").with_context(|| format!("--since {s}: use RFC 3339 or YYYY-MM-DD"))?;
+    Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc())
+}
+
+async fn print_report(cfg: &Config, by: Dimension, since: Option<&str>, campaign: Option<&str>, format: Format, plot: Option<&std::path::Path>) -> Result<()> {
+    let since = since.map(parse_since).transpose()?;
     let db = Db::connect(&cfg.database).await.context("connect to postgres")?;
-    let rows = report::campaign_report(&db, campaign).await.context("report")?;
-    println!("{}", report::render(&rows, format));
+    let r = report::report(&db, by, since, campaign).await.context("report")?;
+    println!("{}", report::render(&r, format));
+    if let Some(path) = plot {
+        anyhow::ensure!(path.extension().is_some_and(|e| e == "svg"), "--plot writes SVG: name the file .svg");
+        std::fs::write(path, report::plot(&r)).with_context(|| format!("write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }
 
@@ -278,8 +303,8 @@ async fn main() -> Result<()> {
                 println!("  {status:<9} {n}");
             }
         }
-        Command::Report { campaign, format } => {
-            print_report(&cfg, campaign.as_deref(), format).await?;
+        Command::Report { by, since, campaign, format, plot } => {
+            print_report(&cfg, by, since.as_deref(), campaign.as_deref(), format, plot.as_deref()).await?;
         }
         Command::Calibrate { model, vram_fraction, min_tokens, max_tokens, max_seconds, no_db } => {
             model.apply(&mut cfg)?;
@@ -337,7 +362,7 @@ async fn main() -> Result<()> {
                 "worker drained the queue: {} batch(es), {} job(s), {:.1} s of audio",
                 summary.batches, summary.jobs_done, summary.audio_seconds
             );
-            print_report(&cfg, Some(&campaign), Format::Table).await?;
+            print_report(&cfg, Dimension::Campaign, None, Some(&campaign), Format::Table, None).await?;
             let storage = Storage::open(&cfg.storage).await.context("storage")?;
             let prefix = storage.key(&campaign, uuid::Uuid::nil());
             let prefix = prefix.trim_end_matches(&format!("{}.wav", uuid::Uuid::nil())).to_string();

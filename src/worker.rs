@@ -41,7 +41,8 @@ use crate::batch::memory::{MemoryBudget, Profile};
 use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
 use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, LengthBucketing, Pending};
 use crate::config::{Config, SizingPolicy};
-use crate::db::{BatchEvent, BatchRecord, Claim, Db, JobResult};
+use crate::db::{BatchEvent, BatchRecord, Claim, Db, JobResult, WorkerRow};
+use crate::gpu::sampler::{GpuSampler, GpuStats};
 use crate::job::{parse_job, Job, Rejection};
 use crate::model::{ModelError, ModelHandle, SynthItem};
 use crate::queue::{self, QueueError};
@@ -149,6 +150,7 @@ struct InferredBatch {
     padding_waste: f64,
     predicted_peak: Option<f64>,
     measured_peak: Option<u64>,
+    gpu: Option<GpuStats>,
     /// Jobs with their audio, in batch order.
     done: Vec<(Received, Vec<f32>)>,
     /// Extra deliveries of a job in `done` (same job_id twice in one batch): acked with it.
@@ -166,6 +168,20 @@ struct Shared {
     held: Arc<AtomicUsize>,
     /// A channel in confirm mode for dead-lettering, replaced on reconnect.
     dlq_channel: tokio::sync::RwLock<Option<Channel>>,
+    /// NVML sampler (None on CPU or without NVML).
+    sampler: Option<GpuSampler>,
+    /// Price of an hour of this worker's device.
+    hourly_usd: f64,
+    started: Instant,
+    /// Inference time so far (the rest of `started.elapsed()` is idle).
+    busy_us: AtomicU64,
+}
+
+impl Shared {
+    /// (busy, alive) milliseconds so far.
+    fn busy_alive_ms(&self) -> (f64, f64) {
+        (self.busy_us.load(Ordering::SeqCst) as f64 / 1000.0, self.started.elapsed().as_secs_f64() * 1000.0)
+    }
 }
 
 /// Runs a worker until `shutdown` resolves (or, with `drain`, until the queue is empty).
@@ -183,7 +199,18 @@ pub async fn run(
         .or_else(|| cfg.worker.id.clone())
         .unwrap_or_else(|| format!("{}-{}-{}", crate::db::hostname(), std::process::id(), &Uuid::new_v4().to_string()[..8]));
     let manifest = model.manifest().clone();
-    db.register_worker(&worker_id, &model.device().to_string(), &manifest.name, &model.precision().to_string()).await?;
+    let sampler = GpuSampler::start(model.device(), cfg.cost.sample_interval);
+    let gpu_name = sampler.as_ref().map(|s| s.name().to_string());
+    let hourly_usd = cfg.cost.prices.hourly(model.device(), gpu_name.as_deref());
+    db.register_worker(&WorkerRow {
+        worker_id: &worker_id,
+        device: &model.device().to_string(),
+        model: &manifest.name,
+        precision: &model.precision().to_string(),
+        gpu_name: gpu_name.as_deref(),
+        hourly_usd,
+    })
+    .await?;
     info!(worker_id, model = %manifest.name, device = %model.device(), precision = %model.precision(), "worker started");
 
     let shared = Arc::new(Shared {
@@ -196,6 +223,10 @@ pub async fn run(
         counters: Counters::default(),
         held: Arc::new(AtomicUsize::new(0)),
         dlq_channel: tokio::sync::RwLock::new(None),
+        sampler,
+        hourly_usd,
+        started: Instant::now(),
+        busy_us: AtomicU64::new(0),
     });
 
     let (policy, prefetch) = build_policy(&shared.cfg, shared.model.manifest(), shared.model.device(), shared.model.precision())?;
@@ -212,7 +243,8 @@ pub async fn run(
     let infer_res = infer_task.await;
     let post_res = post_task.await;
     heartbeat.abort();
-    if let Err(e) = shared.db.worker_stopped(&worker_id).await {
+    let (busy, alive) = shared.busy_alive_ms();
+    if let Err(e) = shared.db.worker_stopped(&worker_id, busy, alive).await {
         warn!(error = %e, "could not record worker stop");
     }
     intake?;
@@ -325,7 +357,8 @@ async fn heartbeat_loop(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(shared.cfg.worker.heartbeat);
     loop {
         tick.tick().await;
-        if let Err(e) = shared.db.heartbeat(&shared.worker_id).await {
+        let (busy, alive) = shared.busy_alive_ms();
+        if let Err(e) = shared.db.heartbeat(&shared.worker_id, busy, alive).await {
             warn!(error = %e, "heartbeat failed");
         }
     }
@@ -688,9 +721,15 @@ async fn run_batch(
     let max_len = to_run.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
     let padded_tokens = max_len * to_run.len();
     let padding_waste = if padded_tokens == 0 { 0.0 } else { 1.0 - tokens as f64 / padded_tokens as f64 };
+    if let Some(s) = &shared.sampler {
+        s.begin();
+    }
     let infer_started = Instant::now();
     let run = synthesize_splitting(shared, to_run).await;
-    let infer_ms = infer_started.elapsed().as_secs_f64() * 1000.0;
+    let infer_elapsed = infer_started.elapsed();
+    let gpu = shared.sampler.as_ref().map(|s| s.end());
+    shared.busy_us.fetch_add(infer_elapsed.as_micros() as u64, Ordering::SeqCst);
+    let infer_ms = infer_elapsed.as_secs_f64() * 1000.0;
     let oom = run.events.iter().any(|e| matches!(e, SplitEvent::OutOfMemory { .. }));
     let _ = outcomes.send(if oom { BatchOutcome::OutOfMemory } else { BatchOutcome::Clean });
     record_events(shared, batch_id, &run.events).await;
@@ -723,6 +762,7 @@ async fn run_batch(
         padding_waste,
         predicted_peak,
         measured_peak,
+        gpu,
         done,
         duplicates,
     })
@@ -891,6 +931,7 @@ async fn commit_batch(shared: &Arc<Shared>, batch: InferredBatch) {
         .collect();
     let audio_seconds: f64 = results.iter().map(|r| r.audio_seconds).sum();
     let db_started = Instant::now();
+    let cost = shared.cfg.cost.prices.batch_cost(shared.hourly_usd, batch.infer_ms, batch.gpu.as_ref().and_then(|g| g.energy_j));
     let mut record = BatchRecord {
         batch_id: batch.batch_id,
         worker_id: shared.worker_id.clone(),
@@ -912,6 +953,15 @@ async fn commit_batch(shared: &Arc<Shared>, batch: InferredBatch) {
         padding_waste: Some(batch.padding_waste as f32),
         predicted_peak_bytes: batch.predicted_peak.map(|p| p as i64),
         measured_peak_bytes: batch.measured_peak.map(|p| p as i64),
+        process_mem_max_bytes: match shared.model.device() {
+            // On CPU the measured peak is the process's resident set.
+            crate::model::Device::Cpu => batch.measured_peak.map(|p| p as i64),
+            crate::model::Device::Cuda(_) => batch.gpu.as_ref().and_then(|g| g.process_mem_max_bytes).map(|b| b as i64),
+        },
+        hourly_usd: Some(cost.hourly_usd),
+        cost_usd: Some(cost.cost_usd),
+        energy_usd: cost.energy_usd,
+        gpu: batch.gpu,
     };
     let committed = retry(shared, "record batch", || {
         record.finished_at = Utc::now();

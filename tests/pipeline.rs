@@ -55,12 +55,15 @@ async fn sample_corpus_becomes_one_valid_wav_and_one_done_row_per_job() {
         assert!((row.1 - info.samples as f64 / info.sample_rate as f64).abs() < 1e-9);
     }
 
-    let report = voxbatch::report::campaign_report(&env.db, Some("demo")).await.unwrap();
-    assert_eq!(report[0].campaign, "demo");
-    assert_eq!(report[0].done, jobs.len() as i64);
-    assert!(report[0].real_time_factor.is_some());
-    let batches = env.count("SELECT count(*) FROM batches").await;
-    assert_eq!(report[0].batches, batches);
+    let report = voxbatch::report::report(&env.db, voxbatch::report::Dimension::Campaign, None, Some("demo")).await.unwrap();
+    assert_eq!(report.rows.len(), 1);
+    assert_eq!(report.rows[0].key, "demo");
+    assert_eq!(report.rows[0].jobs, jobs.len() as i64);
+    assert!(report.rows[0].real_time_factor.is_some());
+    assert!(report.rows[0].cost_usd.unwrap() > 0.0, "CPU time is priced");
+    let infer_hours: f64 = sqlx::query_scalar("SELECT sum(infer_ms) / 3.6e6 FROM batches").fetch_one(env.db.pool()).await.unwrap();
+    assert!((report.rows[0].gpu_hours - infer_hours).abs() < 1e-9, "every batch's time is attributed");
+    assert_eq!(report.workers.workers, 1);
     env.cleanup().await;
 }
 

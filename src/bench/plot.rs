@@ -74,6 +74,34 @@ pub fn svg(panels: &[Panel], x_label: &str) -> String {
     out
 }
 
+/// Side-by-side bar charts, one panel per (title, values), sharing category `labels`.
+pub fn bars(panels: &[(String, Vec<f64>)], labels: &[String], subtitle: &str) -> String {
+    let (pw, ph, m) = (460.0, 320.0, 56.0);
+    let width = pw * panels.len().max(1) as f64;
+    let mut out = String::new();
+    let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{ph}" font-family="sans-serif" font-size="11">"#);
+    let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    for (i, (title, values)) in panels.iter().enumerate() {
+        let ox = pw * i as f64;
+        let top = values.iter().copied().fold(0.0, f64::max) * 1.1;
+        let top = if top > 0.0 { top } else { 1.0 };
+        let n = values.len().max(1) as f64;
+        let slot = (pw - 1.5 * m) / n;
+        let py = |y: f64| ph - m - y / top * (ph - 1.8 * m);
+        let _ = writeln!(out, r#"<text x="{}" y="18" font-size="13" font-weight="bold">{} ({})</text>"#, ox + m, esc(title), esc(subtitle));
+        let _ = writeln!(out, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, ox + m, py(0.0), ox + pw - m / 2.0, py(0.0));
+        for (j, v) in values.iter().enumerate() {
+            let x = ox + m + slot * j as f64 + slot * 0.15;
+            let _ = writeln!(out, r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/>"#, py(*v), slot * 0.7, py(0.0) - py(*v), COLORS[i % COLORS.len()]);
+            let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, x + slot * 0.35, py(*v) - 4.0, fmt_num(*v));
+            let label = labels.get(j).map(String::as_str).unwrap_or("");
+            let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, x + slot * 0.35, py(0.0) + 14.0, esc(label));
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
 fn fmt_num(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")

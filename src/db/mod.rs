@@ -88,6 +88,23 @@ pub struct BatchRecord {
     pub padding_waste: Option<f32>,
     pub predicted_peak_bytes: Option<i64>,
     pub measured_peak_bytes: Option<i64>,
+    /// NVML figures of the batch (None on CPU or without NVML).
+    pub gpu: Option<crate::gpu::sampler::GpuStats>,
+    pub process_mem_max_bytes: Option<i64>,
+    pub hourly_usd: Option<f64>,
+    pub cost_usd: Option<f64>,
+    pub energy_usd: Option<f64>,
+}
+
+/// A worker's registration row.
+#[derive(Debug, Clone)]
+pub struct WorkerRow<'a> {
+    pub worker_id: &'a str,
+    pub device: &'a str,
+    pub model: &'a str,
+    pub precision: &'a str,
+    pub gpu_name: Option<&'a str>,
+    pub hourly_usd: f64,
 }
 
 /// One out-of-memory error, split or lone failure of a batch.
@@ -143,37 +160,49 @@ impl Db {
     }
 
     /// Registers (or re-registers) a worker.
-    pub async fn register_worker(&self, worker_id: &str, device: &str, model: &str, precision: &str) -> Result<(), DbError> {
+    pub async fn register_worker(&self, w: &WorkerRow<'_>) -> Result<(), DbError> {
         let host = hostname();
         sqlx::query(
-            "INSERT INTO workers (worker_id, host, pid, device, model, precision) VALUES ($1, $2, $3, $4, $5, $6)
+            "INSERT INTO workers (worker_id, host, pid, device, model, precision, gpu_name, hourly_usd)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (worker_id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, device = EXCLUDED.device,
-               model = EXCLUDED.model, precision = EXCLUDED.precision, started_at = now(), last_heartbeat = now(), stopped_at = NULL",
+               model = EXCLUDED.model, precision = EXCLUDED.precision, gpu_name = EXCLUDED.gpu_name,
+               hourly_usd = EXCLUDED.hourly_usd, busy_ms = 0, alive_ms = 0,
+               started_at = now(), last_heartbeat = now(), stopped_at = NULL",
         )
-        .bind(worker_id)
+        .bind(w.worker_id)
         .bind(host)
         .bind(std::process::id() as i32)
-        .bind(device)
-        .bind(model)
-        .bind(precision)
+        .bind(w.device)
+        .bind(w.model)
+        .bind(w.precision)
+        .bind(w.gpu_name)
+        .bind(w.hourly_usd)
         .execute(&self.pool)
         .await
         .map_err(q("register worker"))?;
         Ok(())
     }
 
-    pub async fn heartbeat(&self, worker_id: &str) -> Result<(), DbError> {
-        sqlx::query("UPDATE workers SET last_heartbeat = now() WHERE worker_id = $1")
+    /// Heartbeat with the worker's busy (inference) and alive time so far.
+    pub async fn heartbeat(&self, worker_id: &str, busy_ms: f64, alive_ms: f64) -> Result<(), DbError> {
+        sqlx::query("UPDATE workers SET last_heartbeat = now(), busy_ms = $2, alive_ms = $3 WHERE worker_id = $1")
             .bind(worker_id)
+            .bind(busy_ms)
+            .bind(alive_ms)
             .execute(&self.pool)
             .await
             .map_err(q("heartbeat"))?;
         Ok(())
     }
 
-    pub async fn worker_stopped(&self, worker_id: &str) -> Result<(), DbError> {
-        sqlx::query("UPDATE workers SET last_heartbeat = now(), stopped_at = now() WHERE worker_id = $1")
+    pub async fn worker_stopped(&self, worker_id: &str, busy_ms: f64, alive_ms: f64) -> Result<(), DbError> {
+        sqlx::query(
+            "UPDATE workers SET last_heartbeat = now(), stopped_at = now(), busy_ms = $2, alive_ms = $3 WHERE worker_id = $1",
+        )
             .bind(worker_id)
+            .bind(busy_ms)
+            .bind(alive_ms)
             .execute(&self.pool)
             .await
             .map_err(q("worker stopped"))?;
@@ -289,8 +318,11 @@ impl Db {
         sqlx::query(
             "INSERT INTO batches (batch_id, worker_id, model, device, precision, batch_size, tokens, padded_tokens,
                flush_reason, queue_ms, infer_ms, encode_ms, upload_ms, db_ms, audio_seconds, started_at, finished_at, padding_waste,
-               predicted_peak_bytes, measured_peak_bytes)
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20)
+               predicted_peak_bytes, measured_peak_bytes, gpu_name, gpu_util_mean, gpu_util_max, gpu_mem_used_max_bytes,
+               gpu_power_mean_w, gpu_energy_j, gpu_temp_max_c, gpu_sm_clock_mean_mhz, process_mem_max_bytes,
+               hourly_usd, cost_usd, energy_usd)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
+                     $21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32)
              ON CONFLICT (batch_id) DO NOTHING",
         )
         .bind(batch.batch_id)
@@ -313,6 +345,18 @@ impl Db {
         .bind(batch.padding_waste)
         .bind(batch.predicted_peak_bytes)
         .bind(batch.measured_peak_bytes)
+        .bind(batch.gpu.as_ref().map(|g| g.name.clone()))
+        .bind(batch.gpu.as_ref().and_then(|g| g.util_mean))
+        .bind(batch.gpu.as_ref().and_then(|g| g.util_max))
+        .bind(batch.gpu.as_ref().and_then(|g| g.mem_used_max_bytes).map(|b| b as i64))
+        .bind(batch.gpu.as_ref().and_then(|g| g.power_mean_w))
+        .bind(batch.gpu.as_ref().and_then(|g| g.energy_j))
+        .bind(batch.gpu.as_ref().and_then(|g| g.temp_max_c))
+        .bind(batch.gpu.as_ref().and_then(|g| g.sm_clock_mean_mhz))
+        .bind(batch.process_mem_max_bytes)
+        .bind(batch.hourly_usd)
+        .bind(batch.cost_usd)
+        .bind(batch.energy_usd)
         .execute(&mut *tx)
         .await
         .map_err(q("insert batch"))?;

@@ -7,6 +7,8 @@
 //! Neighbours: `batch::memory` sizes batches from [`MemoryInfo`]; per-batch GPU metrics build on
 //! this module.
 
+pub mod sampler;
+
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 

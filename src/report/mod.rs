@@ -1,14 +1,16 @@
-//! Reports: what was synthesized, how fast, per campaign (first version: jobs, audio hours,
-//! batches, real-time factor; cost and GPU columns come with the metrics work).
+//! Reports: what was synthesized, how fast, and what it cost, grouped by campaign, day, batch
+//! size, precision, GPU or model, as a table, CSV or JSON, optionally with an SVG chart.
 //!
-//! Input: the `jobs` and `batches` tables. Output: rows rendered as a table, CSV or JSON.
-//! A batch can mix campaigns: its inference time is shared among its jobs by audio duration.
+//! Input: the SQL function `cost_by(dimension, since, campaign)` and the view
+//! `worker_utilisation` (migrations/…_cost.sql), which analysts can also query with psql. A batch
+//! can mix campaigns: its inference time, cost and energy are shared among its jobs by audio length.
 //!
 //! Neighbours: `db` owns the tables; `main.rs` prints what [`render`] returns.
 
 use std::fmt::Write as _;
 use std::str::FromStr;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -34,111 +36,185 @@ impl FromStr for Format {
     }
 }
 
-/// One campaign's figures (or the total, with campaign "TOTAL").
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct ReportRow {
-    pub campaign: String,
-    pub jobs: i64,
-    pub done: i64,
-    pub failed: i64,
-    pub rejected: i64,
-    pub pending: i64,
-    pub chars: i64,
-    pub audio_hours: f64,
-    pub batches: i64,
-    /// Inference seconds (this campaign's share of its batches).
-    pub infer_seconds: f64,
-    /// Inference time / audio time: below 1 is faster than real time.
-    pub real_time_factor: Option<f64>,
-    /// Audio seconds per inference second (1 / RTF).
-    pub audio_seconds_per_second: Option<f64>,
+/// What rows are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dimension {
+    Campaign,
+    Day,
+    BatchSize,
+    Precision,
+    Gpu,
+    Model,
 }
 
-const QUERY: &str = "
-WITH per_job AS (
-    SELECT j.campaign, j.status, j.chars, j.audio_seconds, j.batch_id,
-           CASE WHEN j.status = 'done' AND b.audio_seconds > 0
-                THEN b.infer_ms * j.audio_seconds / b.audio_seconds END AS infer_ms_share
-    FROM jobs j LEFT JOIN batches b ON b.batch_id = j.batch_id
-    WHERE ($1::text IS NULL OR j.campaign = $1)
-)
-SELECT campaign,
-       count(*)::bigint AS jobs,
-       count(*) FILTER (WHERE status = 'done')::bigint AS done,
-       count(*) FILTER (WHERE status = 'failed')::bigint AS failed,
-       count(*) FILTER (WHERE status = 'rejected')::bigint AS rejected,
-       count(*) FILTER (WHERE status IN ('queued', 'running'))::bigint AS pending,
-       coalesce(sum(chars) FILTER (WHERE status = 'done'), 0)::bigint AS chars,
-       coalesce(sum(audio_seconds) FILTER (WHERE status = 'done'), 0)::float8 AS audio_seconds,
-       count(DISTINCT batch_id)::bigint AS batches,
-       coalesce(sum(infer_ms_share), 0)::float8 / 1000.0 AS infer_seconds
-FROM per_job
-GROUP BY GROUPING SETS ((campaign), ())
-ORDER BY campaign NULLS LAST";
+impl Dimension {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Campaign => "campaign",
+            Dimension::Day => "day",
+            Dimension::BatchSize => "batch_size",
+            Dimension::Precision => "precision",
+            Dimension::Gpu => "gpu",
+            Dimension::Model => "model",
+        }
+    }
+}
 
-/// Per-campaign rows and a total row (last), optionally for one campaign.
-pub async fn campaign_report(db: &Db, campaign: Option<&str>) -> Result<Vec<ReportRow>, DbError> {
-    let rows = sqlx::query(QUERY)
+impl FromStr for Dimension {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "campaign" => Dimension::Campaign,
+            "day" => Dimension::Day,
+            "batch_size" | "batch-size" => Dimension::BatchSize,
+            "precision" => Dimension::Precision,
+            "gpu" => Dimension::Gpu,
+            "model" => Dimension::Model,
+            other => return Err(format!("`{other}`: use campaign, day, batch_size, precision, gpu or model")),
+        })
+    }
+}
+
+/// One group's figures (the last row of a report is the total, key "TOTAL").
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ReportRow {
+    pub key: String,
+    pub jobs: i64,
+    pub chars: i64,
+    pub audio_hours: f64,
+    pub gpu_hours: f64,
+    /// Inference time / audio time (below 1 is faster than real time).
+    pub real_time_factor: Option<f64>,
+    pub audio_s_per_gpu_s: Option<f64>,
+    pub cost_usd: Option<f64>,
+    pub usd_per_audio_hour: Option<f64>,
+    pub usd_per_million_chars: Option<f64>,
+    /// NVML utilisation during inference, percent (weighted by inference time).
+    pub gpu_util_mean: Option<f64>,
+    pub energy_kwh: Option<f64>,
+}
+
+/// Workers' busy and idle time over the report's window.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IdleSummary {
+    pub workers: i64,
+    pub busy_hours: f64,
+    pub idle_hours: f64,
+    /// busy / (busy + idle)
+    pub utilisation: Option<f64>,
+    pub cost_usd: f64,
+    pub idle_cost_usd: f64,
+}
+
+/// A report: rows, total, and the workers' idle time.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub by: String,
+    pub rows: Vec<ReportRow>,
+    pub total: Option<ReportRow>,
+    pub workers: IdleSummary,
+}
+
+async fn rows(db: &Db, dimension: &str, since: Option<DateTime<Utc>>, campaign: Option<&str>) -> Result<Vec<ReportRow>, DbError> {
+    let rows = sqlx::query("SELECT * FROM cost_by($1, coalesce($2, '-infinity'::timestamptz), $3)")
+        .bind(dimension)
+        .bind(since)
         .bind(campaign)
         .fetch_all(db.pool())
         .await
-        .map_err(|source| DbError::Query { context: "campaign report", source })?;
+        .map_err(|source| DbError::Query { context: "report", source })?;
     Ok(rows
         .into_iter()
-        .map(|r| {
-            let audio_seconds: f64 = r.get("audio_seconds");
-            let infer_seconds: f64 = r.get("infer_seconds");
-            let name: Option<String> = r.get("campaign");
-            ReportRow {
-                campaign: name.unwrap_or_else(|| "TOTAL".to_string()),
-                jobs: r.get("jobs"),
-                done: r.get("done"),
-                failed: r.get("failed"),
-                rejected: r.get("rejected"),
-                pending: r.get("pending"),
-                chars: r.get("chars"),
-                audio_hours: audio_seconds / 3600.0,
-                batches: r.get("batches"),
-                infer_seconds,
-                real_time_factor: (audio_seconds > 0.0).then(|| infer_seconds / audio_seconds),
-                audio_seconds_per_second: (infer_seconds > 0.0).then(|| audio_seconds / infer_seconds),
-            }
+        .map(|r| ReportRow {
+            key: r.get::<Option<String>, _>("key").unwrap_or_default(),
+            jobs: r.get("jobs"),
+            chars: r.get::<Option<i64>, _>("chars").unwrap_or(0),
+            audio_hours: r.get::<Option<f64>, _>("audio_hours").unwrap_or(0.0),
+            gpu_hours: r.get::<Option<f64>, _>("gpu_hours").unwrap_or(0.0),
+            real_time_factor: r.get("real_time_factor"),
+            audio_s_per_gpu_s: r.get("audio_s_per_gpu_s"),
+            cost_usd: r.get("cost_usd"),
+            usd_per_audio_hour: r.get("usd_per_audio_hour"),
+            usd_per_million_chars: r.get("usd_per_million_chars"),
+            gpu_util_mean: r.get("gpu_util_mean"),
+            energy_kwh: r.get("energy_kwh"),
         })
-        .filter(|row| row.jobs > 0)
         .collect())
 }
 
-const HEADERS: [&str; 12] = [
-    "campaign", "jobs", "done", "failed", "rejected", "pending", "chars", "audio_hours", "batches", "infer_seconds",
-    "real_time_factor", "audio_s_per_s",
-];
+/// Builds the report grouped by `by`, for jobs finished since `since`, optionally one campaign.
+pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campaign: Option<&str>) -> Result<Report, DbError> {
+    let grouped = rows(db, by.as_str(), since, campaign).await?;
+    let total = rows(db, "total", since, campaign).await?.into_iter().next();
+    let w = sqlx::query(
+        "SELECT count(*) AS workers, coalesce(sum(busy_hours), 0) AS busy, coalesce(sum(idle_hours), 0) AS idle,
+                coalesce(sum(cost_usd), 0) AS cost, coalesce(sum(idle_cost_usd), 0) AS idle_cost
+         FROM worker_utilisation WHERE coalesce(stopped_at, last_heartbeat) >= coalesce($1, '-infinity'::timestamptz)",
+    )
+    .bind(since)
+    .fetch_one(db.pool())
+    .await
+    .map_err(|source| DbError::Query { context: "worker utilisation", source })?;
+    let (busy, idle): (f64, f64) = (w.get("busy"), w.get("idle"));
+    Ok(Report {
+        by: by.as_str().to_string(),
+        rows: grouped,
+        total,
+        workers: IdleSummary {
+            workers: w.get("workers"),
+            busy_hours: busy,
+            idle_hours: idle,
+            utilisation: (busy + idle > 0.0).then(|| busy / (busy + idle)),
+            cost_usd: w.get("cost"),
+            idle_cost_usd: w.get("idle_cost"),
+        },
+    })
+}
+
+fn headers(by: &str) -> [String; 12] {
+    [
+        by.to_string(),
+        "jobs".into(),
+        "chars".into(),
+        "audio_hours".into(),
+        "gpu_hours".into(),
+        "real_time_factor".into(),
+        "audio_s_per_gpu_s".into(),
+        "cost_usd".into(),
+        "usd_per_audio_hour".into(),
+        "usd_per_million_chars".into(),
+        "gpu_util_pct".into(),
+        "energy_kwh".into(),
+    ]
+}
 
 fn cells(r: &ReportRow) -> [String; 12] {
     let opt = |v: Option<f64>, p: usize| v.map(|v| format!("{v:.p$}")).unwrap_or_else(|| "-".into());
     [
-        r.campaign.clone(),
+        r.key.clone(),
         r.jobs.to_string(),
-        r.done.to_string(),
-        r.failed.to_string(),
-        r.rejected.to_string(),
-        r.pending.to_string(),
         r.chars.to_string(),
         format!("{:.4}", r.audio_hours),
-        r.batches.to_string(),
-        format!("{:.2}", r.infer_seconds),
-        opt(r.real_time_factor, 4),
-        opt(r.audio_seconds_per_second, 1),
+        format!("{:.4}", r.gpu_hours),
+        opt(r.real_time_factor, 5),
+        opt(r.audio_s_per_gpu_s, 1),
+        opt(r.cost_usd, 4),
+        opt(r.usd_per_audio_hour, 4),
+        opt(r.usd_per_million_chars, 2),
+        opt(r.gpu_util_mean, 1),
+        opt(r.energy_kwh, 4),
     ]
 }
 
-/// Renders rows in `format`.
-pub fn render(rows: &[ReportRow], format: Format) -> String {
+/// Renders a report in `format`.
+pub fn render(report: &Report, format: Format) -> String {
+    let all: Vec<&ReportRow> = report.rows.iter().chain(report.total.iter()).collect();
     match format {
-        Format::Json => serde_json::to_string_pretty(rows).unwrap_or_default(),
+        Format::Json => serde_json::to_string_pretty(report).unwrap_or_default(),
         Format::Csv => {
-            let mut out = HEADERS.join(",");
+            let mut out = headers(&report.by).join(",");
             out.push('\n');
-            for r in rows {
+            for r in all {
                 let line: Vec<String> = cells(r)
                     .into_iter()
                     .map(|c| if c.contains([',', '"', '\n']) { format!("\"{}\"", c.replace('"', "\"\"")) } else { c })
@@ -150,44 +226,73 @@ pub fn render(rows: &[ReportRow], format: Format) -> String {
         Format::Table => {
             let mut t = comfy_table::Table::new();
             t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
-            t.set_header(HEADERS);
-            for r in rows {
+            t.set_header(headers(&report.by));
+            for r in all {
                 t.add_row(cells(r));
             }
-            t.to_string()
+            let w = &report.workers;
+            format!(
+                "{t}\nworkers: {}, busy {:.3} h, idle {:.3} h, utilisation {}, cost ${:.4} (idle ${:.4})",
+                w.workers,
+                w.busy_hours,
+                w.idle_hours,
+                w.utilisation.map(|u| format!("{:.1}%", u * 100.0)).unwrap_or_else(|| "-".into()),
+                w.cost_usd,
+                w.idle_cost_usd
+            )
         }
     }
+}
+
+/// An SVG bar chart of $ per audio hour and audio-seconds per GPU-second by key.
+pub fn plot(report: &Report) -> String {
+    let labels: Vec<String> = report.rows.iter().map(|r| r.key.clone()).collect();
+    let cost: Vec<f64> = report.rows.iter().map(|r| r.usd_per_audio_hour.unwrap_or(0.0)).collect();
+    let speed: Vec<f64> = report.rows.iter().map(|r| r.audio_s_per_gpu_s.unwrap_or(0.0)).collect();
+    crate::bench::plot::bars(
+        &[("$ per audio hour".to_string(), cost), ("audio-seconds per GPU-second".to_string(), speed)],
+        &labels,
+        &format!("by {}", report.by),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(name: &str) -> ReportRow {
+    fn row(key: &str) -> ReportRow {
         ReportRow {
-            campaign: name.into(),
+            key: key.into(),
             jobs: 3,
-            done: 2,
-            failed: 1,
-            rejected: 0,
-            pending: 0,
             chars: 120,
             audio_hours: 0.01,
-            batches: 1,
-            infer_seconds: 3.6,
+            gpu_hours: 0.001,
             real_time_factor: Some(0.1),
-            audio_seconds_per_second: Some(10.0),
+            audio_s_per_gpu_s: Some(10.0),
+            cost_usd: Some(0.004),
+            usd_per_audio_hour: Some(0.4),
+            usd_per_million_chars: Some(33.33),
+            gpu_util_mean: None,
+            energy_kwh: None,
         }
     }
 
     #[test]
     fn csv_quotes_fields_and_json_round_trips() {
-        let rows = vec![row("a,b"), row("TOTAL")];
-        let csv = render(&rows, Format::Csv);
-        assert!(csv.starts_with("campaign,jobs,"));
-        assert!(csv.contains("\"a,b\",3,2,1,0,0,120,0.0100,1,3.60,0.1000,10.0"), "{csv}");
-        let json: serde_json::Value = serde_json::from_str(&render(&rows, Format::Json)).unwrap();
-        assert_eq!(json[1]["campaign"], "TOTAL");
-        assert!(render(&rows, Format::Table).contains("TOTAL"));
+        let report = Report {
+            by: "campaign".into(),
+            rows: vec![row("a,b")],
+            total: Some(row("TOTAL")),
+            workers: IdleSummary { workers: 1, busy_hours: 1.0, idle_hours: 1.0, utilisation: Some(0.5), cost_usd: 8.0, idle_cost_usd: 4.0 },
+        };
+        let csv = render(&report, Format::Csv);
+        assert!(csv.starts_with("campaign,jobs,chars,"));
+        assert!(csv.contains("\"a,b\",3,120,0.0100,0.0010,0.10000,10.0,0.0040,0.4000,33.33,-,-"), "{csv}");
+        let json: serde_json::Value = serde_json::from_str(&render(&report, Format::Json)).unwrap();
+        assert_eq!(json["total"]["key"], "TOTAL");
+        let table = render(&report, Format::Table);
+        assert!(table.contains("TOTAL") && table.contains("utilisation 50.0%") && table.contains("idle $4.0000"), "{table}");
+        assert!(plot(&report).contains("<svg"));
+        assert!("batch-size".parse::<Dimension>().is_ok() && "nope".parse::<Dimension>().is_err());
     }
 }
