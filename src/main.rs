@@ -92,9 +92,8 @@ enum Command {
         #[arg(long)]
         no_db: bool,
     },
-    /// Benchmarks (print a table, write JSON and plots under bench/results/).
-    #[command(subcommand)]
-    Bench(BenchCommand),
+    /// The sweet-spot bench (or `bench policy`): tables, JSON and plots under bench/results/.
+    Bench(BenchArgs),
     /// Migrate, enqueue the bundled sample corpus, drain it with a worker, print the report.
     Demo {
         /// Corpus to enqueue (.txt or .jsonl).
@@ -106,6 +105,43 @@ enum Command {
         #[command(flatten)]
         model: ModelArgs,
     },
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    sweet: SweetSpotArgs,
+}
+
+/// Baseline, precision and quality, batch sweep, knee, soak, cost table, recommended config.
+#[derive(Args, Debug)]
+struct SweetSpotArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Precisions to compare (fp32 is always the reference).
+    #[arg(long, value_delimiter = ',', default_value = "fp32,tf32,fp16,bf16")]
+    precisions: Vec<String>,
+    /// Length of each synthetic utterance, in seconds of audio.
+    #[arg(long, default_value_t = 10.0)]
+    utterance_seconds: f64,
+    /// VRAM ceiling as a fraction of device memory.
+    #[arg(long, default_value_t = 0.8)]
+    vram_fraction: f64,
+    /// Soak at the sweet spot for this many minutes (0 = skip).
+    #[arg(long, default_value_t = 2.0)]
+    soak_minutes: f64,
+    /// Timed repetitions per point (median reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Precisions under this SNR against fp32 are not recommended.
+    #[arg(long, default_value_t = 20.0)]
+    min_snr_db: f64,
+    /// Where results go.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]
@@ -335,7 +371,45 @@ async fn main() -> Result<()> {
             );
             println!("profile for {} on {} {}: {}{}", profile.model, profile.gpu, profile.precision, path.display(), if no_db { "" } else { " (and table calibrations)" });
         }
-        Command::Bench(BenchCommand::Policy { model, jobs, seed, vram_fraction, out }) => {
+        Command::Bench(BenchArgs { command: None, sweet }) => {
+            sweet.model.apply(&mut cfg)?;
+            let precisions = sweet
+                .precisions
+                .iter()
+                .map(|p| p.parse().map_err(anyhow::Error::msg))
+                .collect::<Result<Vec<_>>>()
+                .context("--precisions")?;
+            let opts = voxbatch::bench::sweetspot::SweetSpotOptions {
+                model_dir: cfg.model.dir.clone(),
+                device: cfg.model.device,
+                precisions,
+                utterance_seconds: sweet.utterance_seconds,
+                max_batch: sweet.model.max_batch.unwrap_or(1024),
+                vram_fraction: sweet.vram_fraction,
+                soak: std::time::Duration::from_secs_f64(sweet.soak_minutes.max(0.0) * 60.0),
+                repeats: sweet.repeats,
+                knee_gain: 0.05,
+                min_snr_db: sweet.min_snr_db,
+                prices: cfg.cost.prices.clone(),
+                cpu_threads: cfg.model.cpu_threads,
+            };
+            let pb = ProgressBar::new_spinner();
+            pb.enable_steady_tick(std::time::Duration::from_millis(200));
+            let report = voxbatch::bench::sweetspot::run(&opts, |line| {
+                pb.set_message(line.to_string());
+                pb.suspend(|| eprintln!("  {line}"));
+            })
+            .await
+            .context("sweet-spot bench")?;
+            pb.finish_and_clear();
+            let dir = voxbatch::bench::results_dir(&sweet.out, "sweetspot").context("results dir")?;
+            let paths = voxbatch::bench::sweetspot::write(&report, &dir).context("write results")?;
+            println!("{}", voxbatch::bench::sweetspot::markdown(&report));
+            for p in paths {
+                println!("wrote {}", p.display());
+            }
+        }
+        Command::Bench(BenchArgs { command: Some(BenchCommand::Policy { model, jobs, seed, vram_fraction, out }), .. }) => {
             model.apply(&mut cfg)?;
             if let Some(f) = vram_fraction {
                 cfg.memory.vram_fraction = f;

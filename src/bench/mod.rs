@@ -1,6 +1,8 @@
 //! Benchmarks: they print a table and write JSON (and plots) under `bench/results/`; they are not
 //! tests and never assert on time. Every figure quoted in docs/PERFORMANCE.md comes from here.
 //!
+//! - [`sweetspot`]: the expert's checklist: baseline, precision and quality, batch sweep, knee,
+//!   soak, cost table, recommended configuration.
 //! - [`policy`]: the memory-aware batch policy against fixed batch sizes on a mixed-length corpus.
 //!
 //! Neighbours: `model` runs the passes, `batch` decides the batches, `calibrate` fits the profile.
@@ -8,6 +10,8 @@
 pub mod corpus;
 pub mod plot;
 pub mod policy;
+pub mod quality;
+pub mod sweetspot;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,532 @@
+//! `voxbatch bench`: the sweet-spot bench, the expert's checklist automated.
+//!
+//! 1. baseline: batch 1, fp32 — latency, throughput, peak memory;
+//! 2. precision experiment at batch 1 — speed-up, memory saved, quality vs fp32 (SNR, LSD);
+//! 3. batch sweep per precision — powers of two until OOM or the VRAM ceiling;
+//! 4. sweet spot — per precision the knee: the largest batch whose throughput gain over the
+//!    previous size is still ≥ 5 %, under the ceiling; the recommendation is the fastest knee
+//!    among precisions whose quality holds (SNR ≥ `min_snr_db` against fp32);
+//! 5. soak at the sweet spot — throughput stability, memory growth, temperature;
+//! 6. cost table — $ per audio hour at the sweet spot for each price in the table, and a
+//!    recommended config snippet.
+//!
+//! Inputs are fixed-length synthetic utterances (`utterance_seconds` of audio each) with a fixed
+//! seed, the same for every precision.
+
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use serde::Serialize;
+
+use crate::calibrate::synthetic_batch;
+use crate::cost::Prices;
+use crate::gpu::sampler::GpuSampler;
+use crate::model::memory::MemoryProbe;
+use crate::model::{Device, ModelError, ModelHandle, Precision, SynthItem};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SweetSpotOptions {
+    pub model_dir: std::path::PathBuf,
+    pub device: Device,
+    pub precisions: Vec<Precision>,
+    pub utterance_seconds: f64,
+    pub max_batch: usize,
+    pub vram_fraction: f64,
+    pub soak: Duration,
+    /// Timed repetitions per point (the median is reported).
+    pub repeats: usize,
+    pub knee_gain: f64,
+    pub min_snr_db: f64,
+    pub prices: Prices,
+    pub cpu_threads: usize,
+}
+
+/// One measured (precision, batch size).
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub precision: String,
+    pub batch: usize,
+    pub latency_ms: f64,
+    pub audio_s_per_s: f64,
+    pub peak_bytes: Option<u64>,
+    pub oom: bool,
+    pub over_ceiling: bool,
+}
+
+/// Quality of a precision against fp32 at batch 1.
+#[derive(Debug, Clone, Serialize)]
+pub struct Quality {
+    pub precision: String,
+    pub snr_db: f64,
+    pub lsd_db: f64,
+    pub speedup_vs_fp32: f64,
+    pub memory_saved_bytes: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Knee {
+    pub precision: String,
+    pub batch: usize,
+    pub audio_s_per_s: f64,
+    pub peak_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Soak {
+    pub precision: String,
+    pub batch: usize,
+    pub seconds: f64,
+    pub batches: usize,
+    /// Throughput of each ~10 s window.
+    pub window_audio_s_per_s: Vec<f64>,
+    pub mean_audio_s_per_s: f64,
+    /// Coefficient of variation of the windows.
+    pub cv: f64,
+    pub allocated_first_bytes: Option<u64>,
+    pub allocated_last_bytes: Option<u64>,
+    pub temp_max_c: Option<f32>,
+    pub power_mean_w: Option<f32>,
+    pub energy_j: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CostRow {
+    pub gpu: String,
+    pub hourly_usd: f64,
+    /// At the throughput measured here (other GPUs' speed differs: this is what this GPU's speed
+    /// would cost at their price).
+    pub usd_per_audio_hour: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweetSpotReport {
+    pub model: String,
+    pub device: String,
+    pub gpu: String,
+    pub date: String,
+    pub utterance_seconds: f64,
+    pub utterance_tokens: usize,
+    pub total_memory_bytes: u64,
+    pub ceiling_bytes: f64,
+    pub baseline: Option<Point>,
+    pub precision_at_batch_1: Vec<Quality>,
+    pub sweep: Vec<Point>,
+    pub knees: Vec<Knee>,
+    pub recommended: Option<Knee>,
+    pub soak: Option<Soak>,
+    pub cost_table: Vec<CostRow>,
+    pub config_snippet: String,
+    pub notes: Vec<String>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs `items` `repeats` times after one warm-up; (median latency, max peak) or the error.
+async fn measure(model: &ModelHandle, items: &[SynthItem], repeats: usize) -> Result<(f64, Option<u64>, Vec<Vec<f32>>), ModelError> {
+    let warm = model.synthesize(items.to_vec()).await?;
+    let mut peak = warm.peak_bytes;
+    let mut lat = Vec::new();
+    let mut audio = warm.audio;
+    for _ in 0..repeats.max(1) {
+        let t0 = Instant::now();
+        let out = model.synthesize(items.to_vec()).await?;
+        lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+        peak = peak.max(out.peak_bytes);
+        audio = out.audio;
+    }
+    Ok((median(lat), peak, audio))
+}
+
+/// The knee of one precision's sweep (points sorted by batch, under the ceiling, no OOM).
+pub fn knee(points: &[&Point], gain: f64) -> Option<usize> {
+    let ok: Vec<&&Point> = points.iter().filter(|p| !p.oom && !p.over_ceiling).collect();
+    let mut best = ok.first().map(|p| p.batch);
+    for w in ok.windows(2) {
+        if w[1].audio_s_per_s >= w[0].audio_s_per_s * (1.0 + gain) {
+            best = Some(w[1].batch);
+        }
+    }
+    best
+}
+
+/// Runs the bench. `progress(line)` narrates; `bar(done, total)` drives a progress bar.
+pub async fn run(opts: &SweetSpotOptions, mut progress: impl FnMut(&str)) -> Result<SweetSpotReport, ModelError> {
+    let info = crate::gpu::memory_info(opts.device).ok();
+    let total = info.as_ref().map(|i| i.total_bytes).unwrap_or(0);
+    let ceiling = opts.vram_fraction * total as f64;
+    let mut notes = Vec::new();
+    let mut sweep: Vec<Point> = Vec::new();
+    let mut outputs_b1: Vec<(Precision, Vec<Vec<f32>>, f64, Option<u64>)> = Vec::new();
+    let mut model_name = String::new();
+    let mut tokens = 0;
+    let mut precisions = opts.precisions.clone();
+    if !precisions.contains(&Precision::Fp32) {
+        precisions.insert(0, Precision::Fp32);
+    }
+    precisions.sort_by_key(|p| if *p == Precision::Fp32 { 0 } else { 1 });
+
+    for &precision in &precisions {
+        let model = match ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await {
+            Ok(m) => m,
+            Err(e) if precision != Precision::Fp32 => {
+                notes.push(format!("{precision}: not run ({e})"));
+                progress(&format!("{precision}: not supported here: {e}"));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let manifest = model.manifest().clone();
+        model_name = manifest.name.clone();
+        let samples_per_token = f64::from(manifest.frames_per_token) * f64::from(manifest.samples_per_frame);
+        tokens = ((opts.utterance_seconds * f64::from(manifest.sample_rate)) / samples_per_token).round().max(1.0) as usize;
+        let vocab = match manifest.tokenizer {
+            crate::model::TokenizerSpec::Codepoint { vocab_size } => i64::from(vocab_size),
+        };
+        let utterance_s = manifest.predicted_seconds(tokens);
+        // Batch 1 on fixed inputs (quality is compared on these).
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let quality_inputs = synthetic_batch(&mut rng, 4, tokens, vocab, manifest.voices.len());
+        let mut b1_audio = Vec::new();
+        let mut b1_lat = Vec::new();
+        let mut b1_peak = None;
+        let mut failed = None;
+        for item in &quality_inputs {
+            match measure(&model, std::slice::from_ref(item), opts.repeats).await {
+                Ok((lat, peak, mut audio)) => {
+                    b1_lat.push(lat);
+                    b1_peak = b1_peak.max(peak);
+                    b1_audio.push(audio.pop().unwrap_or_default());
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            notes.push(format!("{precision}: failed at batch 1 ({e})"));
+            progress(&format!("{precision}: failed at batch 1: {e}"));
+            continue;
+        }
+        let lat1 = median(b1_lat);
+        outputs_b1.push((precision, b1_audio, lat1, b1_peak));
+        progress(&format!("{precision} batch 1: {lat1:.1} ms, {:.1} audio-s/s", utterance_s / (lat1 / 1000.0)));
+
+        // Sweep.
+        let mut batch = 1;
+        while batch <= opts.max_batch {
+            let items = synthetic_batch(&mut rng, batch, tokens, vocab, manifest.voices.len());
+            let point = match measure(&model, &items, opts.repeats).await {
+                Ok((lat, peak, _)) => Point {
+                    precision: precision.to_string(),
+                    batch,
+                    latency_ms: lat,
+                    audio_s_per_s: batch as f64 * utterance_s / (lat / 1000.0),
+                    peak_bytes: peak,
+                    oom: false,
+                    over_ceiling: total > 0 && peak.is_some_and(|p| p as f64 > ceiling),
+                },
+                Err(e) if e.is_oom() => Point {
+                    precision: precision.to_string(),
+                    batch,
+                    latency_ms: 0.0,
+                    audio_s_per_s: 0.0,
+                    peak_bytes: None,
+                    oom: true,
+                    over_ceiling: true,
+                },
+                Err(e) => return Err(e),
+            };
+            progress(&format!(
+                "{precision} batch {batch}: {:.1} audio-s/s, peak {}{}",
+                point.audio_s_per_s,
+                point.peak_bytes.map(|p| format!("{:.2} GiB", p as f64 / (1u64 << 30) as f64)).unwrap_or_else(|| "-".into()),
+                if point.oom { " (OOM)" } else if point.over_ceiling { " (over the ceiling)" } else { "" }
+            ));
+            let stop = point.oom || point.over_ceiling;
+            sweep.push(point);
+            if stop {
+                break;
+            }
+            batch *= 2;
+        }
+    }
+
+    // Quality and speed at batch 1 against fp32.
+    let mut precision_at_batch_1 = Vec::new();
+    let mut baseline = None;
+    if let Some((_, ref_audio, ref_lat, ref_peak)) = outputs_b1.iter().find(|o| o.0 == Precision::Fp32).cloned() {
+        baseline = sweep.iter().find(|p| p.precision == "fp32" && p.batch == 1).cloned();
+        for (precision, audio, lat, peak) in &outputs_b1 {
+            let snr = ref_audio.iter().zip(audio).map(|(r, x)| super::quality::snr_db(r, x)).fold(f64::INFINITY, f64::min);
+            let lsd = ref_audio.iter().zip(audio).map(|(r, x)| super::quality::log_spectral_distance(r, x, 512)).fold(0.0, f64::max);
+            precision_at_batch_1.push(Quality {
+                precision: precision.to_string(),
+                snr_db: snr,
+                lsd_db: lsd,
+                speedup_vs_fp32: ref_lat / lat,
+                memory_saved_bytes: ref_peak.unwrap_or(0) as i64 - peak.unwrap_or(0) as i64,
+            });
+        }
+    }
+
+    // Knees and the recommendation.
+    let mut knees = Vec::new();
+    for q in &precision_at_batch_1 {
+        let pts: Vec<&Point> = sweep.iter().filter(|p| p.precision == q.precision).collect();
+        if let Some(b) = knee(&pts, opts.knee_gain) {
+            if let Some(p) = pts.iter().find(|p| p.batch == b) {
+                knees.push(Knee { precision: q.precision.clone(), batch: b, audio_s_per_s: p.audio_s_per_s, peak_bytes: p.peak_bytes });
+            }
+        }
+    }
+    let acceptable = |k: &&Knee| {
+        precision_at_batch_1.iter().any(|q| q.precision == k.precision && (q.snr_db >= opts.min_snr_db || q.precision == "fp32"))
+    };
+    let recommended = knees.iter().filter(acceptable).max_by(|a, b| a.audio_s_per_s.total_cmp(&b.audio_s_per_s)).cloned();
+    for q in &precision_at_batch_1 {
+        if q.precision != "fp32" && q.snr_db < opts.min_snr_db {
+            notes.push(format!("{}: SNR {:.1} dB vs fp32 is under {:.0} dB, not recommended", q.precision, q.snr_db, opts.min_snr_db));
+        }
+    }
+
+    // Soak.
+    let mut soak = None;
+    if let (Some(rec), false) = (&recommended, opts.soak.is_zero()) {
+        let precision: Precision = rec.precision.parse().map_err(|e: String| ModelError::BadOutput(e))?;
+        let model = ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await?;
+        let manifest = model.manifest().clone();
+        let vocab = match manifest.tokenizer {
+            crate::model::TokenizerSpec::Codepoint { vocab_size } => i64::from(vocab_size),
+        };
+        let utterance_s = manifest.predicted_seconds(tokens);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let items = synthetic_batch(&mut rng, rec.batch, tokens, vocab, manifest.voices.len());
+        let probe = MemoryProbe::new(opts.device);
+        let sampler = GpuSampler::start(opts.device, Duration::from_millis(100));
+        if let Some(s) = &sampler {
+            s.begin();
+        }
+        model.synthesize(items.clone()).await?;
+        let first = probe.current();
+        let started = Instant::now();
+        let mut window_start = Instant::now();
+        let (mut window_audio, mut batches) = (0.0, 0usize);
+        let mut windows = Vec::new();
+        let window_len = Duration::from_secs(10).min(opts.soak);
+        while started.elapsed() < opts.soak {
+            model.synthesize(items.clone()).await?;
+            batches += 1;
+            window_audio += rec.batch as f64 * utterance_s;
+            if window_start.elapsed() >= window_len {
+                windows.push(window_audio / window_start.elapsed().as_secs_f64());
+                progress(&format!("soak {:.0}/{:.0} s: {:.1} audio-s/s", started.elapsed().as_secs_f64(), opts.soak.as_secs_f64(), windows[windows.len() - 1]));
+                window_audio = 0.0;
+                window_start = Instant::now();
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let stats = sampler.as_ref().map(|s| s.end());
+        let mean = if windows.is_empty() { batches as f64 * rec.batch as f64 * utterance_s / seconds } else { windows.iter().sum::<f64>() / windows.len() as f64 };
+        let sd = if windows.len() > 1 { (windows.iter().map(|w| (w - mean).powi(2)).sum::<f64>() / (windows.len() - 1) as f64).sqrt() } else { 0.0 };
+        soak = Some(Soak {
+            precision: rec.precision.clone(),
+            batch: rec.batch,
+            seconds,
+            batches,
+            window_audio_s_per_s: windows,
+            mean_audio_s_per_s: mean,
+            cv: if mean > 0.0 { sd / mean } else { 0.0 },
+            allocated_first_bytes: first,
+            allocated_last_bytes: probe.current(),
+            temp_max_c: stats.as_ref().and_then(|s| s.temp_max_c),
+            power_mean_w: stats.as_ref().and_then(|s| s.power_mean_w),
+            energy_j: stats.as_ref().and_then(|s| s.energy_j),
+        });
+    }
+
+    // Cost table at the recommended throughput.
+    let gpu = info.as_ref().map(|i| i.name.clone()).unwrap_or_else(|| opts.device.to_string());
+    let mut cost_table = Vec::new();
+    if let Some(rec) = &recommended {
+        let this = opts.prices.hourly(opts.device, Some(&gpu));
+        let mut prices: Vec<(String, f64)> = vec![(format!("{gpu} (this machine's price)"), this)];
+        prices.extend(opts.prices.gpu_hourly_usd.iter().map(|(k, v)| (k.clone(), *v)));
+        for (name, hourly) in prices {
+            // audio-hours per hour = audio-seconds per second
+            cost_table.push(CostRow { gpu: name, hourly_usd: hourly, usd_per_audio_hour: hourly / rec.audio_s_per_s });
+        }
+    }
+    let config_snippet = match &recommended {
+        Some(r) => format!(
+            "[model]\nprecision = \"{}\"\n\n[batching]\n# the sweet spot for {:.0}-second utterances; the memory policy sizes mixed lengths\nmax_batch = {}\n\n[memory]\nvram_fraction = {}\n",
+            r.precision, opts.utterance_seconds, r.batch, opts.vram_fraction
+        ),
+        None => String::new(),
+    };
+    Ok(SweetSpotReport {
+        model: model_name,
+        device: opts.device.to_string(),
+        gpu,
+        date: chrono::Utc::now().to_rfc3339(),
+        utterance_seconds: opts.utterance_seconds,
+        utterance_tokens: tokens,
+        total_memory_bytes: total,
+        ceiling_bytes: ceiling,
+        baseline,
+        precision_at_batch_1,
+        sweep,
+        knees,
+        recommended,
+        soak,
+        cost_table,
+        config_snippet,
+        notes,
+    })
+}
+
+fn gib(b: Option<u64>) -> String {
+    b.map(|b| format!("{:.2}", b as f64 / (1u64 << 30) as f64)).unwrap_or_else(|| "-".into())
+}
+
+/// The report as Markdown.
+pub fn markdown(r: &SweetSpotReport) -> String {
+    let mut s = format!(
+        "# Sweet-spot bench: {} on {} ({})\n\n{}; utterances of {:.1} s ({} tokens); ceiling {:.1} GiB of {:.1} GiB.\n\n",
+        r.model,
+        r.gpu,
+        r.device,
+        r.date,
+        r.utterance_seconds,
+        r.utterance_tokens,
+        r.ceiling_bytes / (1u64 << 30) as f64,
+        r.total_memory_bytes as f64 / (1u64 << 30) as f64
+    );
+    s.push_str("## 1. Baseline (batch 1, fp32)\n\n");
+    if let Some(b) = &r.baseline {
+        s.push_str(&format!("latency {:.1} ms, {:.1} audio-s/s, peak {} GiB\n\n", b.latency_ms, b.audio_s_per_s, gib(b.peak_bytes)));
+    }
+    s.push_str("## 2. Precision at batch 1\n\n| precision | speed-up vs fp32 | memory saved (MiB) | SNR vs fp32 (dB) | LSD (dB) |\n|---|---|---|---|---|\n");
+    for q in &r.precision_at_batch_1 {
+        s.push_str(&format!(
+            "| {} | {:.2}× | {:.0} | {} | {:.3} |\n",
+            q.precision,
+            q.speedup_vs_fp32,
+            q.memory_saved_bytes as f64 / 1048576.0,
+            if q.snr_db.is_infinite() { "∞".to_string() } else { format!("{:.1}", q.snr_db) },
+            q.lsd_db
+        ));
+    }
+    s.push_str("\n## 3. Batch sweep\n\n| precision | batch | latency (ms) | audio-s/s | peak (GiB) | note |\n|---|---|---|---|---|---|\n");
+    for p in &r.sweep {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {} | {} |\n",
+            p.precision,
+            p.batch,
+            p.latency_ms,
+            p.audio_s_per_s,
+            gib(p.peak_bytes),
+            if p.oom { "OOM" } else if p.over_ceiling { "over ceiling" } else { "" }
+        ));
+    }
+    s.push_str("\n## 4. Sweet spot (knee: last batch size with ≥ 5 % gain, under the ceiling)\n\n| precision | batch | audio-s/s | peak (GiB) |\n|---|---|---|---|\n");
+    for k in &r.knees {
+        s.push_str(&format!("| {} | {} | {:.1} | {} |\n", k.precision, k.batch, k.audio_s_per_s, gib(k.peak_bytes)));
+    }
+    if let Some(k) = &r.recommended {
+        s.push_str(&format!("\n**Recommended: {} at batch {} — {:.1} audio-seconds per second.**\n", k.precision, k.batch, k.audio_s_per_s));
+    }
+    if let Some(k) = &r.soak {
+        s.push_str(&format!(
+            "\n## 5. Soak ({} batch {}, {:.0} s, {} batches)\n\nmean {:.1} audio-s/s, window CV {:.2} %, allocated {} → {} GiB, temperature max {}, power mean {}, energy {}\n\nwindows: {}\n",
+            k.precision,
+            k.batch,
+            k.seconds,
+            k.batches,
+            k.mean_audio_s_per_s,
+            k.cv * 100.0,
+            gib(k.allocated_first_bytes),
+            gib(k.allocated_last_bytes),
+            k.temp_max_c.map(|t| format!("{t:.0} °C")).unwrap_or_else(|| "-".into()),
+            k.power_mean_w.map(|p| format!("{p:.0} W")).unwrap_or_else(|| "-".into()),
+            k.energy_j.map(|e| format!("{:.1} kJ", e / 1000.0)).unwrap_or_else(|| "-".into()),
+            k.window_audio_s_per_s.iter().map(|w| format!("{w:.1}")).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    s.push_str("\n## 6. Cost at the sweet spot\n\n| price of | $/GPU-hour | $ per audio hour |\n|---|---|---|\n");
+    for c in &r.cost_table {
+        s.push_str(&format!("| {} | {:.2} | {:.5} |\n", c.gpu, c.hourly_usd, c.usd_per_audio_hour));
+    }
+    if !r.config_snippet.is_empty() {
+        s.push_str(&format!("\nRecommended configuration:\n\n```toml\n{}```\n", r.config_snippet));
+    }
+    if !r.notes.is_empty() {
+        s.push_str("\nNotes:\n");
+        for n in &r.notes {
+            s.push_str(&format!("- {n}\n"));
+        }
+    }
+    s
+}
+
+/// Writes report.md, sweetspot.json, throughput.svg and memory.svg into `dir`.
+pub fn write(r: &SweetSpotReport, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    use super::plot::{svg, Panel, Series};
+    let mut precisions: Vec<String> = r.sweep.iter().map(|p| p.precision.clone()).collect();
+    precisions.dedup();
+    let series = |f: &dyn Fn(&Point) -> Option<f64>| -> Vec<Series> {
+        precisions
+            .iter()
+            .map(|prec| Series {
+                name: prec.clone(),
+                points: r.sweep.iter().filter(|p| &p.precision == prec && !p.oom).filter_map(|p| f(p).map(|v| (p.batch as f64, v))).collect(),
+                horizontal: false,
+            })
+            .collect()
+    };
+    let tput = svg(&[Panel { title: format!("Throughput, {}", r.model), y_label: "audio-seconds per second".into(), series: series(&|p| Some(p.audio_s_per_s)) }], "batch size");
+    let mem = svg(
+        &[Panel {
+            title: format!("Peak memory, {}", r.model),
+            y_label: "GiB".into(),
+            series: series(&|p| p.peak_bytes.map(|b| b as f64 / (1u64 << 30) as f64)),
+        }],
+        "batch size",
+    );
+    let paths = vec![dir.join("report.md"), dir.join("sweetspot.json"), dir.join("throughput.svg"), dir.join("memory.svg")];
+    std::fs::write(&paths[0], markdown(r))?;
+    std::fs::write(&paths[1], serde_json::to_vec_pretty(r).unwrap_or_default())?;
+    std::fs::write(&paths[2], tput)?;
+    std::fs::write(&paths[3], mem)?;
+    Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(batch: usize, tput: f64) -> Point {
+        Point { precision: "bf16".into(), batch, latency_ms: 1.0, audio_s_per_s: tput, peak_bytes: None, oom: false, over_ceiling: false }
+    }
+
+    #[test]
+    fn the_knee_is_the_last_size_that_still_gains_five_percent() {
+        let pts = [p(1, 100.0), p(2, 190.0), p(4, 300.0), p(8, 310.0), p(16, 312.0)];
+        let refs: Vec<&Point> = pts.iter().collect();
+        assert_eq!(knee(&refs, 0.05), Some(4));
+        let mut over = pts[..3].to_vec();
+        over[2].over_ceiling = true;
+        let refs: Vec<&Point> = over.iter().collect();
+        assert_eq!(knee(&refs, 0.05), Some(2), "points over the ceiling are not candidates");
+        assert_eq!(knee(&[], 0.05), None);
+    }
+}
