@@ -35,11 +35,12 @@ pub(crate) fn check_device(device: Device) -> Result<(), ModelError> {
 impl TorchScriptModel {
     pub fn load(dir: &Path, manifest: Manifest, device: Device, precision: Precision) -> Result<Self, ModelError> {
         check_device(device)?;
-        if precision == Precision::Tf32 {
-            if device == Device::Cpu {
-                return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
-            }
-            set_tf32(true);
+        if precision == Precision::Tf32 && device == Device::Cpu {
+            return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
+        }
+        if let Device::Cuda(_) = device {
+            // libtorch lets cuDNN convolutions use TF32 by default: fp32 must mean fp32.
+            set_tf32(precision == Precision::Tf32);
         }
         let path = dir.join("model.pt");
         let mut module = CModule::load_on_device(&path, device.to_tch())

@@ -1,0 +1,80 @@
+//! The benchmarks run end to end on CPU with the tiny model (short settings). They assert on
+//! structure and invariants, never on speed.
+
+mod common;
+
+use std::time::Duration;
+
+use voxbatch::bench::sweetspot::{run, write, SweetSpotOptions};
+use voxbatch::model::{Device, Precision};
+
+#[tokio::test]
+async fn the_sweet_spot_bench_runs_every_step_and_writes_its_report() {
+    let cfg = voxbatch::config::Config::defaults().unwrap();
+    let opts = SweetSpotOptions {
+        model_dir: common::model_dir(),
+        device: Device::Cpu,
+        precisions: vec![Precision::Fp32, Precision::Bf16, Precision::Tf32],
+        utterance_seconds: 0.5,
+        max_batch: 4,
+        vram_fraction: 0.8,
+        soak: Duration::from_millis(500),
+        repeats: 1,
+        knee_gain: 0.05,
+        min_snr_db: 20.0,
+        prices: cfg.cost.prices.clone(),
+        cpu_threads: 1,
+    };
+    let report = run(&opts, |_| {}).await.unwrap();
+    let baseline = report.baseline.as_ref().expect("baseline at batch 1, fp32");
+    assert_eq!((baseline.precision.as_str(), baseline.batch), ("fp32", 1));
+    let fp32 = report.precision_at_batch_1.iter().find(|q| q.precision == "fp32").unwrap();
+    assert!(fp32.snr_db.is_infinite(), "fp32 against itself");
+    let bf16 = report.precision_at_batch_1.iter().find(|q| q.precision == "bf16").unwrap();
+    assert!(bf16.snr_db.is_finite() && bf16.snr_db > 0.0, "bf16 differs measurably: {}", bf16.snr_db);
+    assert!(report.notes.iter().any(|n| n.starts_with("tf32")), "tf32 is reported as not run on CPU");
+    for b in [1, 2, 4] {
+        assert!(report.sweep.iter().any(|p| p.precision == "fp32" && p.batch == b), "fp32 batch {b} swept");
+    }
+    let rec = report.recommended.as_ref().expect("a recommendation");
+    assert!(report.knees.iter().any(|k| k.precision == rec.precision && k.batch == rec.batch));
+    let soak = report.soak.as_ref().expect("soaked");
+    assert!(soak.batches > 0 && soak.mean_audio_s_per_s > 0.0);
+    assert!(!report.cost_table.is_empty() && report.cost_table[0].usd_per_audio_hour > 0.0);
+    assert!(report.config_snippet.contains(&format!("max_batch = {}", rec.batch)));
+
+    let dir = tempfile::tempdir().unwrap();
+    let paths = write(&report, dir.path()).unwrap();
+    let md = std::fs::read_to_string(&paths[0]).unwrap();
+    for section in ["## 1. Baseline", "## 2. Precision", "## 3. Batch sweep", "## 4. Sweet spot", "## 5. Soak", "## 6. Cost"] {
+        assert!(md.contains(section), "{section} missing");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&paths[1]).unwrap()).unwrap();
+    assert_eq!(json["model"], "reference-tiny");
+    assert!(std::fs::read_to_string(&paths[2]).unwrap().contains("<polyline"));
+}
+
+#[tokio::test]
+async fn the_policy_bench_compares_the_policy_with_fixed_sizes_without_losing_jobs() {
+    let model = voxbatch::model::ModelHandle::load(&common::model_dir(), Device::Cpu, Precision::Fp32, 1).await.unwrap();
+    let m = voxbatch::batch::memory::MemoryModel { m0: 1e8, a: 4.0 * 512.0 * 240.0, b: 0.0 };
+    let admission = voxbatch::batch::memory::MemoryBudget::new(m, 6, 2e9, 1 << 20, Default::default());
+    let opts = voxbatch::bench::policy::PolicyBenchOptions {
+        jobs: 12,
+        seed: 3,
+        max_batch: 4,
+        gpu_name: "cpu".into(),
+        profile_source: "test".into(),
+        max_length_ratio: 1.5,
+    };
+    let report = voxbatch::bench::policy::run(&model, admission, &opts, |_| {}).await;
+    let configs: Vec<&str> = report.runs.iter().map(|r| r.config.as_str()).collect();
+    assert_eq!(configs, ["fixed-1", "sorted-1", "fixed-2", "sorted-2", "fixed-4", "sorted-4", "policy"]);
+    assert!(report.runs.iter().all(|r| r.jobs == 12 && r.failed_jobs == 0), "every configuration did every job");
+    let policy = report.runs.last().unwrap();
+    assert!(policy.worst_prediction_error.is_some());
+    assert!(report.policy_vs_best_fixed.is_some());
+    let dir = tempfile::tempdir().unwrap();
+    let paths = voxbatch::bench::policy::write(&report, dir.path()).unwrap();
+    assert_eq!(paths.len(), 3);
+}
