@@ -63,7 +63,7 @@ mod tests {
 
     fn prices() -> Prices {
         Prices {
-            gpu_hourly_usd: BTreeMap::from([("H100".into(), 3.0), ("H200".into(), 4.0), ("A100".into(), 1.3), ("NVIDIA".into(), 9.0)]),
+            gpu_hourly_usd: BTreeMap::from([("H100".into(), 3.0), ("H200".into(), 4.0), ("A100".into(), 1.3), ("L4".into(), 0.8), ("L40S".into(), 1.2)]),
             cpu_hourly_usd: 0.1,
             default_gpu_hourly_usd: 0.5,
             energy_usd_per_kwh: 0.0,
@@ -75,7 +75,8 @@ mod tests {
         let p = prices();
         assert_eq!(p.hourly(Device::Cuda(0), Some("NVIDIA H200")), 4.0);
         assert_eq!(p.hourly(Device::Cuda(0), Some("NVIDIA A100-SXM4-80GB")), 1.3);
-        assert_eq!(p.hourly(Device::Cuda(0), Some("NVIDIA L4")), 9.0, "falls back to the shorter key");
+        assert_eq!(p.hourly(Device::Cuda(0), Some("NVIDIA L40S")), 1.2, "L40S, not L4");
+        assert_eq!(p.hourly(Device::Cuda(0), Some("NVIDIA L4")), 0.8);
         assert_eq!(p.hourly(Device::Cuda(0), Some("Radeon")), 0.5);
         assert_eq!(p.hourly(Device::Cuda(0), None), 0.5);
         assert_eq!(p.hourly(Device::Cpu, Some("NVIDIA H200")), 0.1);
