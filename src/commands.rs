@@ -150,6 +150,7 @@ pub async fn bench_policy(
     cfg: &Config,
     jobs: usize,
     seed: u64,
+    policy_only: bool,
     out_root: &Path,
     progress: impl FnMut(&crate::bench::policy::RunResult),
 ) -> Result<(crate::bench::policy::PolicyReport, Vec<std::path::PathBuf>), CommandError> {
@@ -169,6 +170,7 @@ pub async fn bench_policy(
         gpu_name: gpu,
         profile_source: source,
         max_length_ratio: cfg.batching.max_length_ratio,
+        policy_only,
     };
     let report = crate::bench::policy::run(&model, admission, &opts, progress).await;
     let dir = crate::bench::results_dir(out_root, "policy").map_err(|source| CommandError::Io { what: "create results dir", source })?;

@@ -162,6 +162,16 @@ enum BenchCommand {
         /// Where results go.
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
+        /// Run only the policy (no fixed batch sizes): the model-only figure for an end-to-end run.
+        #[arg(long)]
+        policy_only: bool,
+    },
+    /// Print the policy bench's synthetic corpus as JSONL (for `enqueue`), same seed, same texts.
+    Corpus {
+        #[arg(long, default_value_t = 400)]
+        jobs: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
     },
 }
 
@@ -409,12 +419,18 @@ async fn main() -> Result<()> {
                 println!("wrote {}", p.display());
             }
         }
-        Command::Bench(BenchArgs { command: Some(BenchCommand::Policy { model, jobs, seed, vram_fraction, out }), .. }) => {
+        Command::Bench(BenchArgs { command: Some(BenchCommand::Corpus { jobs, seed }), .. }) => {
+            let voices = ["default", "narrator", "bright", "deep"];
+            for (i, text) in voxbatch::bench::corpus::mixed_lengths(jobs, seed).into_iter().enumerate() {
+                println!("{}", serde_json::json!({ "text": text, "voice": voices[i % voices.len()] }));
+            }
+        }
+        Command::Bench(BenchArgs { command: Some(BenchCommand::Policy { model, jobs, seed, vram_fraction, out, policy_only }), .. }) => {
             model.apply(&mut cfg)?;
             if let Some(f) = vram_fraction {
                 cfg.memory.vram_fraction = f;
             }
-            let (report, paths) = commands::bench_policy(&cfg, jobs, seed, &out, |r| {
+            let (report, paths) = commands::bench_policy(&cfg, jobs, seed, policy_only, &out, |r| {
                 eprintln!("  {}: {:.1} audio-s/s, {} OOM, peak {:.2} GiB", r.config, r.audio_seconds_per_second, r.ooms, r.peak_memory_bytes as f64 / (1u64 << 30) as f64);
             })
             .await

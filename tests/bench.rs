@@ -66,6 +66,7 @@ async fn the_policy_bench_compares_the_policy_with_fixed_sizes_without_losing_jo
         gpu_name: "cpu".into(),
         profile_source: "test".into(),
         max_length_ratio: 1.5,
+        policy_only: false,
     };
     let report = voxbatch::bench::policy::run(&model, admission, &opts, |_| {}).await;
     let configs: Vec<&str> = report.runs.iter().map(|r| r.config.as_str()).collect();

@@ -147,6 +147,8 @@ pub struct PolicyBenchOptions {
     pub gpu_name: String,
     pub profile_source: String,
     pub max_length_ratio: f64,
+    /// Skip the fixed batch sizes.
+    pub policy_only: bool,
 }
 
 /// Runs the benchmark. `progress(line)` reports each finished configuration.
@@ -174,7 +176,7 @@ pub async fn run(
     let mut runs = Vec::new();
     let mut b = 1;
     let (mut arrival_oom, mut sorted_oom) = (false, false);
-    while b <= opts.max_batch && !(arrival_oom && sorted_oom) {
+    while !opts.policy_only && b <= opts.max_batch && !(arrival_oom && sorted_oom) {
         for (name, order, stopped) in [("fixed", &arrival, &mut arrival_oom), ("sorted", &sorted, &mut sorted_oom)] {
             if *stopped {
                 continue;

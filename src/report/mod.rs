@@ -113,6 +113,8 @@ pub struct Report {
     pub rows: Vec<ReportRow>,
     pub total: Option<ReportRow>,
     pub workers: IdleSummary,
+    /// From the first batch's start to the last batch's end in the window (wall time of the work).
+    pub batch_span_seconds: Option<f64>,
 }
 
 async fn rows(db: &Db, dimension: &str, since: Option<DateTime<Utc>>, campaign: Option<&str>) -> Result<Vec<ReportRow>, DbError> {
@@ -156,6 +158,16 @@ pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campai
     .await
     .map_err(|source| DbError::Query { context: "worker utilisation", source })?;
     let (busy, idle): (f64, f64) = (w.get("busy"), w.get("idle"));
+    let span: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(b.finished_at) - min(b.started_at))::float8 FROM batches b
+         WHERE b.finished_at >= coalesce($1, '-infinity'::timestamptz)
+           AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.batch_id AND j.campaign = $2))",
+    )
+    .bind(since)
+    .bind(campaign)
+    .fetch_one(db.pool())
+    .await
+    .map_err(|source| DbError::Query { context: "batch span", source })?;
     Ok(Report {
         by: by.as_str().to_string(),
         rows: grouped,
@@ -168,6 +180,7 @@ pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campai
             cost_usd: w.get("cost"),
             idle_cost_usd: w.get("idle_cost"),
         },
+        batch_span_seconds: span,
     })
 }
 
@@ -284,6 +297,7 @@ mod tests {
             rows: vec![row("a,b")],
             total: Some(row("TOTAL")),
             workers: IdleSummary { workers: 1, busy_hours: 1.0, idle_hours: 1.0, utilisation: Some(0.5), cost_usd: 8.0, idle_cost_usd: 4.0 },
+            batch_span_seconds: Some(10.0),
         };
         let csv = render(&report, Format::Csv);
         assert!(csv.starts_with("campaign,jobs,chars,"));

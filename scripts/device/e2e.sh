@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Issue 4's end-to-end run on the GPU machine, which has neither RabbitMQ nor Postgres nor network:
+# they travel as Debian's packages, trimmed and packed here into .e2e/services.tar.xz (see
+# docs/PERFORMANCE.md), with the stripped binary as .e2e/voxbatch.xz. This script unpacks them,
+# starts Postgres (as nobody) and RabbitMQ, then drains a corpus with a worker on the GPU
+# (storage file://) and compares its throughput with the model-only policy bench on the same corpus.
+# Env: OUT, JOBS (2000), SEED (7), DEVICE (cuda:0), PRECISION (bf16), SIZE (large),
+#      PGPORT (5432), AMQP_PORT (5672), NODENAME (rabbit@localhost), PY (python3).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
+E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
+PY=${PY:-python3}
+PGPORT=${PGPORT:-5432}; AMQP_PORT=${AMQP_PORT:-5672}; NODENAME=${NODENAME:-rabbit@localhost}
+log() { echo "[e2e $(date -u +%T)] $*"; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_port() { for _ in $(seq 1 120); do port_open "$1" && return 0; sleep 0.5; done; return 1; }
+
+log "unpacking services"
+[ -d "$E/lib" ] || tar -C "$E" -xJf .e2e/services.tar.xz || exit 1
+# Erlang and RabbitMQ use absolute paths: copy them to /usr/lib (new directories; -n replaces nothing).
+cp -an "$E/sys/usr/lib/erlang" /usr/lib/ 2>/dev/null; cp -an "$E/sys/usr/lib/rabbitmq" /usr/lib/ 2>/dev/null
+LIBS="$E/lib/usr/lib/x86_64-linux-gnu:$E/lib/lib/x86_64-linux-gnu"
+PGBIN="$E/lib/usr/lib/postgresql/15/bin"
+
+log "starting postgres on $PGPORT"
+PGDATA=$E/pgdata
+if [ ! -f "$PGDATA/PG_VERSION" ]; then
+  mkdir -p "$PGDATA" && chown nobody "$PGDATA" && chmod 700 "$PGDATA"
+  runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale > "$OUT/services.log" 2>&1 || { cat "$OUT/services.log"; exit 1; }
+fi
+runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" setsid "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 \
+  -c port="$PGPORT" -c unix_socket_directories=/tmp -c fsync=on >> "$OUT/services.log" 2>&1 < /dev/null &
+wait_port "$PGPORT" || { log "postgres did not start"; tail -20 "$OUT/services.log"; exit 1; }
+
+log "starting rabbitmq on $AMQP_PORT"
+R=$E/rabbit; mkdir -p "$R"; echo '[].' > "$R/enabled_plugins"
+env HOME="$R" RABBITMQ_MNESIA_BASE="$R/mnesia" RABBITMQ_LOG_BASE="$R/log" RABBITMQ_NODENAME="$NODENAME" \
+  RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_ENABLED_PLUGINS_FILE="$R/enabled_plugins" RABBITMQ_CONFIG_FILE="$R/rabbitmq" \
+  RABBITMQ_DIST_PORT=$((AMQP_PORT + 20000)) LD_LIBRARY_PATH="$LIBS" PATH="/usr/lib/erlang/bin:$PATH" \
+  setsid /usr/lib/rabbitmq/bin/rabbitmq-server >> "$OUT/services.log" 2>&1 < /dev/null &
+wait_port "$AMQP_PORT" || { log "rabbitmq did not start"; tail -30 "$OUT/services.log"; exit 1; }
+sleep 2
+
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64"
+BIN=$E/voxbatch
+xz -dc .e2e/voxbatch.xz > "$BIN" && chmod +x "$BIN"
+MODEL=/tmp/voxbatch-models/reference-${SIZE:-large}
+[ -f "$MODEL/model.pt" ] || $PY tools/export_reference_model.py --size "${SIZE:-large}" --out "$MODEL"
+export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
+export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MEMORY__CALIBRATION_DIR="$ROOT/calibration" VOXBATCH_MODEL__DIR="$MODEL"
+export VOXBATCH_MODEL__DEVICE="${DEVICE:-cuda:0}" VOXBATCH_MODEL__PRECISION="${PRECISION:-bf16}" VOXBATCH_BATCHING__MAX_BATCH=1024
+export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info}
+JOBS=${JOBS:-2000}; SEED=${SEED:-7}
+
+log "migrate, enqueue $JOBS jobs"
+$BIN migrate || exit 1
+$BIN bench corpus --jobs "$JOBS" --seed "$SEED" > "$E/corpus.jsonl"
+$BIN enqueue "$E/corpus.jsonl" --campaign e2e || exit 1
+log "worker: drain"
+t0=$(date +%s.%N)
+$BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
+t1=$(date +%s.%N)
+log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
+tail -3 "$OUT/worker.log"
+$BIN status
+$BIN report --by campaign --format json > "$OUT/report-campaign.json"
+$BIN report --by batch_size
+$BIN report --by campaign
+log "model only, same corpus (policy bench)"
+$BIN bench policy --model "$MODEL" --device "${DEVICE:-cuda:0}" --precision "${PRECISION:-bf16}" --jobs "$JOBS" --seed "$SEED" \
+  --max-batch 1024 --policy-only --out "$OUT/bench" 2>&1 | grep -v INFO | tail -8
+$PY - "$OUT" <<'PYEOF'
+import json, sys, glob
+out = sys.argv[1]
+r = json.load(open(f"{out}/report-campaign.json"))
+t = r["total"]; w = r["workers"]
+b = json.load(open(glob.glob(f"{out}/bench/policy-*/policy.json")[0]))
+model_only = b["runs"][-1]["audio_seconds_per_second"]
+audio_s = t["audio_hours"] * 3600
+span = r["batch_span_seconds"]
+lifetime = (w["busy_hours"] + w["idle_hours"]) * 3600
+e2e = audio_s / span
+print(f"E2E: {t['jobs']} jobs, {audio_s:.0f} s of audio; batches span {span:.2f} s, worker alive {lifetime:.2f} s")
+print(f"GPU busy fraction: {w['busy_hours']*3600/span:.3f} of the batch span, {w['utilisation']:.3f} of the worker's life")
+print(f"audio-s/s end to end: {e2e:.1f} (span), {audio_s/lifetime:.1f} (worker life); model only: {model_only:.1f}")
+print(f"end to end / model only: {e2e/model_only*100:.1f}% (span), {audio_s/lifetime/model_only*100:.1f}% (worker life)")
+json.dump({"jobs": t["jobs"], "audio_seconds": audio_s, "batch_span_seconds": span, "worker_alive_seconds": lifetime,
+           "busy_seconds": w["busy_hours"]*3600, "e2e_audio_s_per_s_span": e2e, "e2e_audio_s_per_s_life": audio_s/lifetime,
+           "model_only_audio_s_per_s": model_only}, open(f"{out}/e2e-summary.json", "w"), indent=1)
+PYEOF
