@@ -30,13 +30,14 @@ if [ ! -f "$PGDATA/PG_VERSION" ]; then
   mkdir -p "$PGDATA" && chown nobody "$PGDATA" && chmod 700 "$PGDATA"
   runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale > "$OUT/services.log" 2>&1 || { cat "$OUT/services.log"; exit 1; }
 fi
-runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" setsid "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 \
+# A warm machine may still run the services of an earlier call: reuse them.
+port_open "$PGPORT" || runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" setsid "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 \
   -c port="$PGPORT" -c unix_socket_directories=/tmp -c fsync=on >> "$OUT/services.log" 2>&1 < /dev/null &
 wait_port "$PGPORT" || { log "postgres did not start"; tail -20 "$OUT/services.log"; exit 1; }
 
 log "starting rabbitmq on $AMQP_PORT"
 R=$E/rabbit; mkdir -p "$R"; echo '[].' > "$R/enabled_plugins"
-env HOME="$R" RABBITMQ_MNESIA_BASE="$R/mnesia" RABBITMQ_LOG_BASE="$R/log" RABBITMQ_NODENAME="$NODENAME" \
+port_open "$AMQP_PORT" || env HOME="$R" RABBITMQ_MNESIA_BASE="$R/mnesia" RABBITMQ_LOG_BASE="$R/log" RABBITMQ_NODENAME="$NODENAME" \
   RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_ENABLED_PLUGINS_FILE="$R/enabled_plugins" RABBITMQ_CONFIG_FILE="$R/rabbitmq" \
   RABBITMQ_DIST_PORT=$((AMQP_PORT + 20000)) LD_LIBRARY_PATH="$LIBS" PATH="/usr/lib/erlang/bin:$PATH" \
   setsid /usr/lib/rabbitmq/bin/rabbitmq-server >> "$OUT/services.log" 2>&1 < /dev/null &
@@ -58,15 +59,16 @@ JOBS=${JOBS:-2000}; SEED=${SEED:-7}
 log "migrate, enqueue $JOBS jobs"
 $BIN migrate || exit 1
 $BIN bench corpus --jobs "$JOBS" --seed "$SEED" > "$E/corpus.jsonl"
-$BIN enqueue "$E/corpus.jsonl" --campaign e2e || exit 1
+CAMPAIGN=e2e-$(date +%s)
+$BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain"
 t0=$(date +%s.%N)
-$BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
+timeout "${WORK_TIMEOUT:-300}" $BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
 t1=$(date +%s.%N)
 log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
 tail -3 "$OUT/worker.log"
 $BIN status
-$BIN report --by campaign --format json > "$OUT/report-campaign.json"
+$BIN report --by campaign --campaign "$CAMPAIGN" --format json > "$OUT/report-campaign.json"
 $BIN report --by batch_size
 $BIN report --by campaign
 log "model only, same corpus (policy bench)"
