@@ -1,0 +1,138 @@
+//! Reliability: bad input, duplicates and conflicts, worker crashes. Every job ends either done
+//! (exactly one audio object, one `done` row) or dead-lettered with a reason.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, TestEnv};
+use futures::StreamExt;
+use lapin::options::BasicConsumeOptions;
+use lapin::types::FieldTable;
+use voxbatch::job::Job;
+
+/// Reads every message of the dead-letter queue: (x-voxbatch-code, reason).
+async fn dead_letters(env: &TestEnv, n: usize) -> Vec<(String, String)> {
+    let conn = lapin::Connection::connect(env.cfg.amqp.url.expose(), Default::default()).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut consumer = ch
+        .basic_consume(env.cfg.amqp.dead_letter_queue.as_str().into(), "t".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let d = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await.expect("a dead letter").unwrap().unwrap();
+        let headers = d.properties.headers().clone().unwrap_or_default();
+        let code = match headers.inner().get(voxbatch::queue::CODE_HEADER) {
+            Some(lapin::types::AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).to_string(),
+            _ => String::new(),
+        };
+        out.push((code, voxbatch::queue::reason_of(&d.properties).unwrap_or_default()));
+    }
+    let _ = conn.close(200, "done".into()).await;
+    out
+}
+
+#[tokio::test]
+async fn every_kind_of_poison_is_dead_lettered_at_once_with_its_reason_and_the_worker_is_unharmed() {
+    let env = TestEnv::new("poisonall").await;
+    let mut cfg = env.cfg.clone();
+    cfg.limits.max_text_chars = 100;
+    cfg.limits.max_message_bytes = 4096;
+    let id = || uuid::Uuid::new_v4();
+    let bodies: Vec<(Vec<u8>, &str)> = vec![
+        (b"{not json".to_vec(), "not_json"),
+        (b"[\"an\", \"array\"]".to_vec(), "not_object"),
+        (format!(r#"{{"job_id":"{}"}}"#, id()).into_bytes(), "missing_text"),
+        (format!(r#"{{"job_id":"{}","text":""}}"#, id()).into_bytes(), "empty_text"),
+        (format!(r#"{{"job_id":"{}","text":"  \t\n "}}"#, id()).into_bytes(), "empty_text"),
+        (format!(r#"{{"job_id":"{}","text":["a"]}}"#, id()).into_bytes(), "text_not_string"),
+        ([br#"{"job_id":"6f1c1b5e-2f7a-4b8e-9a43-0c1d2e3f4a5b","text":"bad "#.as_slice(), b"\xc3\x28", b"\"}"].concat(), "not_utf8"),
+        (format!(r#"{{"job_id":"{}","text":"nul \u0000 inside"}}"#, id()).into_bytes(), "nul_in_text"),
+        (format!(r#"{{"job_id":"{}","text":"{}"}}"#, id(), "x".repeat(101)).into_bytes(), "text_too_long"),
+        (br#"{"job_id":"not-a-uuid","text":"hello"}"#.to_vec(), "invalid_job_id"),
+        (format!(r#"{{"job_id":"{}","text":"hello","voice":"robot"}}"#, id()).into_bytes(), "unknown_voice"),
+        (format!(r#"{{"job_id":"{}","text":"{}"}}"#, id(), "y".repeat(5000)).into_bytes(), "too_large"),
+    ];
+    let refs: Vec<&[u8]> = bodies.iter().map(|(b, _)| b.as_slice()).collect();
+    env.publish_raw(&refs).await;
+    let good = Job::new("Still working.");
+    env.publish(std::slice::from_ref(&good)).await;
+
+    let summary = env.drain_with(&cfg).await;
+    assert_eq!(summary.rejected, bodies.len() as u64);
+    assert_eq!(summary.jobs_done, 1, "the worker is unharmed");
+    assert_eq!(env.depths().await, (0, bodies.len() as u32));
+    let mut got: Vec<String> = dead_letters(&env, bodies.len()).await.into_iter().map(|(code, reason)| {
+        assert!(!reason.is_empty(), "every dead letter carries a reason");
+        code
+    }).collect();
+    let mut want: Vec<String> = bodies.iter().map(|(_, c)| c.to_string()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(env.count("SELECT count(*) FROM rejections").await, bodies.len() as i64);
+    // Rejected rows exist where an id was readable; none of them holds a NUL.
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'rejected'").await, 7, "every rejection whose job_id was readable");
+    // The messages were not redelivered: each was seen once.
+    assert_eq!(env.count("SELECT count(*) FROM rejections GROUP BY code ORDER BY 1 DESC LIMIT 1").await, 2, "empty_text twice, the rest once");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_same_job_twice_gives_one_object_and_a_conflicting_text_is_rejected_with_a_reason() {
+    let env = TestEnv::new("dupconf").await;
+    let job = Job::new("Once, and only once.");
+    env.publish(&[job.clone(), job.clone()]).await; // the same job twice, before any worker runs
+    let mut conflicting = job.clone();
+    conflicting.text = "Different words under the same id.".into();
+    let first = env.drain().await;
+    assert_eq!(first.jobs_done, 1);
+    env.publish(std::slice::from_ref(&conflicting)).await;
+    let second = env.drain().await;
+    assert_eq!((second.jobs_done, second.rejected), (0, 1));
+    assert_eq!(env.objects().await.len(), 1, "one object");
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, 1, "one done row");
+    let (text, status): (String, String) = sqlx::query_as("SELECT text, status FROM jobs").fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!((text.as_str(), status.as_str()), (job.text.as_str(), "done"), "the original is untouched");
+    let dl = dead_letters(&env, 1).await;
+    assert_eq!(dl[0].0, "conflict");
+    assert!(dl[0].1.contains("different text"), "{}", dl[0].1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_batch_loses_nothing_and_another_worker_completes_its_jobs() {
+    let env = TestEnv::new("sigkill").await;
+    let paragraph = "A paragraph long enough to keep a CPU busy for a moment. ".repeat(12);
+    let jobs: Vec<Job> = (0..8).map(|i| Job::new(format!("{i} {paragraph}"))).collect();
+    env.publish(&jobs).await;
+    // A worker process, as in production, with the test's queues, database and prefix.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
+        .args(["work", "--max-batch", "2"])
+        .env("VOXBATCH_AMQP__EXCHANGE", &env.cfg.amqp.exchange)
+        .env("VOXBATCH_AMQP__QUEUE", &env.cfg.amqp.queue)
+        .env("VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE", &env.cfg.amqp.dead_letter_exchange)
+        .env("VOXBATCH_AMQP__DEAD_LETTER_QUEUE", &env.cfg.amqp.dead_letter_queue)
+        .env("DATABASE_URL", env.cfg.database.url.expose())
+        .env("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix())
+        .env("VOXBATCH_MODEL__DIR", &env.cfg.model.dir)
+        .env("VOXBATCH_MEMORY__CALIBRATION_DIR", &env.cfg.memory.calibration_dir)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Kill it while a batch is running (jobs claimed, not all done).
+    assert!(eventually(Duration::from_secs(60), || async { env.count("SELECT count(*) FROM jobs WHERE status = 'running'").await > 0 }).await);
+    child.start_kill().unwrap(); // SIGKILL
+    child.wait().await.unwrap();
+    let done_before = env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await;
+    assert!(done_before < jobs.len() as i64, "killed before the end");
+
+    let summary = env.drain().await;
+    assert_eq!(summary.jobs_done as i64 + done_before, jobs.len() as i64);
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, jobs.len() as i64, "each job one done row");
+    assert_eq!(env.objects().await.len(), jobs.len(), "each job one object");
+    assert_eq!(env.depths().await, (0, 0));
+    env.cleanup().await;
+}
