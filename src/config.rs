@@ -205,6 +205,7 @@ pub struct RawWorker {
     pub heartbeat_secs: f64,
     pub retry_min_secs: f64,
     pub retry_max_secs: f64,
+    pub max_hold_secs: f64,
     pub drain_poll_ms: i64,
 }
 
@@ -327,6 +328,7 @@ pub struct WorkerConfig {
     pub heartbeat: Duration,
     pub retry_min: Duration,
     pub retry_max: Duration,
+    pub max_hold: Duration,
     pub drain_poll: Duration,
 }
 
@@ -538,6 +540,16 @@ impl RawConfig {
             heartbeat: seconds("worker.heartbeat_secs", w.heartbeat_secs)?,
             retry_min: seconds("worker.retry_min_secs", w.retry_min_secs)?,
             retry_max: seconds("worker.retry_max_secs", w.retry_max_secs)?,
+            max_hold: {
+                let d = seconds("worker.max_hold_secs", w.max_hold_secs)?;
+                if d > Duration::from_secs(600) {
+                    return Err(ConfigError::Invalid {
+                        key: "worker.max_hold_secs",
+                        reason: "must be at most 600 s: three stages of it must stay inside RabbitMQ's 30-minute consumer timeout".into(),
+                    });
+                }
+                d
+            },
             drain_poll: Duration::from_millis(positive("worker.drain_poll_ms", w.drain_poll_ms)? as u64),
         };
         let m = self.memory;

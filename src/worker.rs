@@ -371,8 +371,9 @@ fn backoff(attempt: u32, min: Duration, max: Duration) -> Duration {
     Duration::from_secs_f64(capped * (0.5 + rand::random::<f64>() * 0.5))
 }
 
-/// Retries `f` with backoff until it succeeds. Once the worker is stopping, gives up after a few
-/// more attempts and returns the last error (the caller then requeues what it holds).
+/// Retries `f` with backoff until it succeeds. Gives up (returning the last error; the caller then
+/// requeues what it holds) after `worker.max_hold` — so that messages are never held unacked
+/// into RabbitMQ's consumer timeout — or, once the worker is stopping, after a few more attempts.
 async fn retry<T, E, F, Fut>(shared: &Shared, what: &'static str, mut f: F) -> Result<T, E>
 where
     E: std::fmt::Display,
@@ -382,6 +383,7 @@ where
     let (min, max) = (shared.cfg.worker.retry_min, shared.cfg.worker.retry_max);
     let mut attempt = 0u32;
     let mut after_stop = 0u32;
+    let started = Instant::now();
     loop {
         match f().await {
             Ok(v) => {
@@ -391,6 +393,10 @@ where
                 return Ok(v);
             }
             Err(e) => {
+                if started.elapsed() >= shared.cfg.worker.max_hold {
+                    error!(what, error = %e, held_s = started.elapsed().as_secs(), "giving up for now: messages go back to the queue (consumer-timeout guard)");
+                    return Err(e);
+                }
                 if shared.stop.is_cancelled() {
                     after_stop += 1;
                     if after_stop > 3 {

@@ -185,6 +185,32 @@ async fn ack_only_after_the_s3_object_is_committed() {
 }
 
 #[tokio::test]
+async fn messages_are_never_held_past_the_hold_limit_during_an_outage() {
+    let env = TestEnv::new("hold").await;
+    let job = Job::new("Back to the queue while the store is down.");
+    env.publish(std::slice::from_ref(&job)).await;
+    let mut broken = env.cfg.clone();
+    broken.storage.endpoint = Some("http://127.0.0.1:1".into());
+    broken.worker.max_hold = Duration::from_secs(2);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let storage = voxbatch::storage::Storage::open(&broken.storage).await.unwrap();
+    let handle = tokio::spawn(worker::run(broken.clone(), env.model(), env.db.clone(), storage, WorkerOptions::default(), async {
+        let _ = stop_rx.await;
+    }));
+    // Taken, then given back after ~2 s of failed uploads, then taken again (redelivered).
+    assert!(eventually(Duration::from_secs(30), || async {
+        env.count("SELECT coalesce(max(attempts), 0)::bigint FROM jobs").await >= 2
+    })
+    .await, "the job was requeued and claimed again");
+    let _ = stop_tx.send(());
+    handle.await.unwrap().unwrap();
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, 0);
+    let summary = env.drain().await;
+    assert_eq!(summary.jobs_done, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn ack_only_after_the_postgres_rows_are_committed() {
     let env = TestEnv::new("ackpg").await;
     // Make the commit fail: a trigger refuses to mark jobs done.
