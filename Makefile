@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: bootstrap build demo test models models-all stop-seaweedfs
+.PHONY: bootstrap build demo test test-faults models models-all stop-seaweedfs
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -16,6 +16,10 @@ demo: bootstrap
 ## Unit and integration tests against the real RabbitMQ, Postgres and SeaweedFS.
 test: bootstrap
 	scripts/test.sh
+
+## Only the fault-injection suite (restarts RabbitMQ and Postgres, stops SeaweedFS; see docs/RELIABILITY.md).
+test-faults: bootstrap
+	FAULTS=only scripts/test.sh
 
 ## Reference model in every size (tiny is made by bootstrap).
 models-all: bootstrap

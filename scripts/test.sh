@@ -21,10 +21,15 @@ sweep() {
 
 sweep
 status=0
+# 1. Everything that can run in parallel. 2. The fault-injection tests (they restart RabbitMQ and
+# Postgres and stop SeaweedFS), one at a time. FAULTS=only runs just those; FAULTS=skip skips them.
+FAULTS=${FAULTS:-run}
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast "$@" || status=$?
+  [ "$FAULTS" = only ] || cargo nextest run --no-fail-fast "$@" || status=$?
+  [ "$FAULTS" = skip ] || cargo nextest run --no-fail-fast --test faults --run-ignored only --test-threads 1 || status=$?
 else
-  cargo test --no-fail-fast "$@" || status=$?
+  [ "$FAULTS" = only ] || cargo test --no-fail-fast "$@" || status=$?
+  [ "$FAULTS" = skip ] || cargo test --no-fail-fast --test faults -- --ignored --test-threads 1 || status=$?
 fi
 sweep
 exit $status

@@ -68,17 +68,57 @@ pub async fn enqueue(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<EnqueueSummary, CommandError> {
     let jobs = read_jobs(path, defaults, &cfg.limits)?;
-    let conn = queue::connect(&cfg.amqp, "voxbatch enqueue").await?;
-    let publisher = Publisher::new(&conn, &cfg.amqp).await?;
     let total = jobs.len();
     progress(total, 0);
-    publisher.publish(&jobs, |done| progress(total, done)).await?;
-    let _ = conn.close(200, "done".into()).await;
+    publish_with_retry(cfg, &jobs, |done| progress(total, done)).await?;
     let mut campaigns = BTreeMap::new();
     for j in &jobs {
         *campaigns.entry(j.campaign.clone()).or_insert(0) += 1;
     }
     Ok(EnqueueSummary { enqueued: total, campaigns })
+}
+
+/// Publishes `jobs` with confirms, reconnecting with backoff when the broker goes away (e.g. a
+/// restart): the jobs after the last confirmed window are published again. A job published twice
+/// is harmless (its job_id makes it idempotent); none is dropped. Gives up after
+/// `amqp.reconnect_max` × 10 without progress.
+pub async fn publish_with_retry(cfg: &Config, jobs: &[crate::job::Job], mut progress: impl FnMut(usize)) -> Result<(), CommandError> {
+    let mut confirmed = 0;
+    let mut failures = 0u32;
+    let mut last_progress = std::time::Instant::now();
+    loop {
+        let start = confirmed;
+        let attempt: Result<(), QueueError> = async {
+            let conn = queue::connect(&cfg.amqp, "voxbatch enqueue").await?;
+            let publisher = Publisher::new(&conn, &cfg.amqp).await?;
+            let result = publisher
+                .publish(&jobs[start..], |n| {
+                    confirmed = start + n;
+                    progress(confirmed);
+                })
+                .await;
+            let _ = conn.close(200, "done".into()).await;
+            result
+        }
+        .await;
+        match attempt {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                if confirmed > start {
+                    last_progress = std::time::Instant::now();
+                    failures = 0;
+                }
+                if last_progress.elapsed() > cfg.amqp.reconnect_max * 10 {
+                    return Err(e.into());
+                }
+                let wait = (cfg.amqp.reconnect_min * 2u32.pow(failures.min(6))).min(cfg.amqp.reconnect_max);
+                tracing::warn!(error = %e, confirmed, total = jobs.len(), retry_in_ms = wait.as_millis() as u64,
+                    "publishing interrupted; reconnecting and publishing the unconfirmed jobs again");
+                failures += 1;
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
 }
 
 /// Queue depths and job counts.
