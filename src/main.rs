@@ -72,6 +72,15 @@ enum Command {
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
     },
+    /// Check that every done job of a campaign has its audio object (and list orphan objects).
+    Audit {
+        /// The campaign to check.
+        #[arg(long)]
+        campaign: String,
+        /// table or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
     /// Measure peak memory over batch size × length and fit the model the batch policy uses.
     Calibrate {
         #[command(flatten)]
@@ -351,6 +360,23 @@ async fn main() -> Result<()> {
         }
         Command::Report { by, since, campaign, format, plot } => {
             print_report(&cfg, by, since.as_deref(), campaign.as_deref(), format, plot.as_deref()).await?;
+        }
+        Command::Audit { campaign, format } => {
+            let a = commands::audit(&cfg, &campaign).await.context("audit")?;
+            if format == Format::Json {
+                println!("{}", serde_json::to_string_pretty(&a)?);
+            } else {
+                println!("campaign {}: {} done row(s), {} object(s)", a.campaign, a.done_rows, a.objects);
+                println!("missing objects: {}", a.missing_objects.len());
+                for k in a.missing_objects.iter().take(20) {
+                    println!("  {k}");
+                }
+                println!("orphan objects: {}", a.orphan_objects.len());
+                for k in a.orphan_objects.iter().take(20) {
+                    println!("  {k}");
+                }
+            }
+            anyhow::ensure!(a.missing_objects.is_empty(), "{} done job(s) have no audio object", a.missing_objects.len());
         }
         Command::Calibrate { model, vram_fraction, min_tokens, max_tokens, max_seconds, no_db } => {
             model.apply(&mut cfg)?;
