@@ -162,6 +162,78 @@ pub async fn work(
     Ok(worker::run(cfg.clone(), model, db, storage, opts, shutdown).await?)
 }
 
+/// Runs one worker per device (× `per_device`) in this process, each with its own model, CUDA
+/// device, calibration profile, NVML sampler and `workers` row, all against the same queue.
+/// `shutdown` stops them all (each finishes its batch in progress); with `drain` each exits when
+/// the queue is empty.
+pub async fn work_many(
+    cfg: &Config,
+    devices: &[crate::model::Device],
+    per_device: usize,
+    opts: WorkerOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<Vec<WorkerSummary>, CommandError> {
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    let storage = Storage::open(&cfg.storage).await?;
+    storage.ensure_ready(cfg.storage.create_bucket).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let base_id = opts.worker_id.clone().or_else(|| cfg.worker.id.clone()).unwrap_or_else(|| {
+        format!("{}-{}-{}", crate::db::hostname(), std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+    });
+    let mut runs = Vec::new();
+    for &device in devices {
+        for k in 0..per_device.max(1) {
+            let mut c = cfg.clone();
+            c.model.device = device;
+            let model = ModelHandle::load(&c.model.dir, device, c.model.precision, c.model.cpu_threads).await?;
+            let o = WorkerOptions { drain: opts.drain, worker_id: Some(format!("{base_id}-{}-{k}", device.to_string().replace(':', ""))) };
+            let (db, storage, stop) = (db.clone(), storage.clone(), stop.clone());
+            runs.push(tokio::spawn(async move { worker::run(c, model, db, storage, o, async move { stop.cancelled().await }).await }));
+        }
+    }
+    let watcher = {
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    };
+    let all = futures::future::join_all(runs);
+    tokio::pin!(all);
+    tokio::pin!(watcher);
+    let results = tokio::select! {
+        r = &mut all => r,
+        _ = &mut watcher => all.await,
+    };
+    results
+        .into_iter()
+        .map(|r| r.map_err(|e| WorkerError::Stage(format!("worker task: {e}")))?.map_err(CommandError::from))
+        .collect()
+}
+
+/// `all` (every CUDA device libtorch sees) or a comma-separated list of indices (`0,1`), or `cpu`.
+pub fn parse_devices(spec: &str) -> Result<Vec<crate::model::Device>, String> {
+    use crate::model::Device;
+    match spec.trim() {
+        "all" => {
+            let n = tch::Cuda::device_count();
+            if n <= 0 {
+                return Err("--devices all: libtorch sees no CUDA device".into());
+            }
+            Ok((0..n as usize).map(Device::Cuda).collect())
+        }
+        "cpu" => Ok(vec![Device::Cpu]),
+        list => list
+            .split(',')
+            .map(|p| {
+                let p = p.trim();
+                p.parse::<usize>().map(Device::Cuda).or_else(|_| p.parse::<Device>())
+            })
+            .collect(),
+    }
+}
+
 /// Calibrates the configured model on the configured device and precision, saves the profile
 /// under `memory.calibration_dir`, and records it in Postgres unless `record` is false.
 pub async fn calibrate(

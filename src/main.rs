@@ -208,6 +208,12 @@ struct WorkArgs {
     /// Worker id recorded in Postgres (default: host-pid-random).
     #[arg(long)]
     worker_id: Option<String>,
+    /// One worker per device in this process: `all` (every CUDA device) or `0,1,…` (overrides --device).
+    #[arg(long, value_name = "all|0,1,…")]
+    devices: Option<String>,
+    /// Workers per device (with --devices, or on --device): e.g. two sharing one GPU.
+    #[arg(long, default_value_t = 1)]
+    workers_per_device: usize,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -334,17 +340,27 @@ async fn main() -> Result<()> {
         Command::Work(args) => {
             args.model.apply(&mut cfg)?;
             let opts = WorkerOptions { drain: args.drain, worker_id: args.worker_id };
-            let summary = commands::work(&cfg, opts, shutdown_signal()).await.context("worker")?;
-            println!(
-                "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} rejected, {:.1} s of audio",
-                summary.worker_id,
-                summary.batches,
-                summary.jobs_done,
-                summary.jobs_failed,
-                summary.already_done,
-                summary.rejected,
-                summary.audio_seconds
-            );
+            let summaries = if args.devices.is_some() || args.workers_per_device > 1 {
+                let devices = match &args.devices {
+                    Some(spec) => commands::parse_devices(spec).map_err(anyhow::Error::msg).context("--devices")?,
+                    None => vec![cfg.model.device],
+                };
+                commands::work_many(&cfg, &devices, args.workers_per_device, opts, shutdown_signal()).await.context("workers")?
+            } else {
+                vec![commands::work(&cfg, opts, shutdown_signal()).await.context("worker")?]
+            };
+            for summary in summaries {
+                println!(
+                    "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} rejected, {:.1} s of audio",
+                    summary.worker_id,
+                    summary.batches,
+                    summary.jobs_done,
+                    summary.jobs_failed,
+                    summary.already_done,
+                    summary.rejected,
+                    summary.audio_seconds
+                );
+            }
         }
         Command::Status => {
             let s = commands::status(&cfg).await.context("status")?;

@@ -63,7 +63,8 @@ CAMPAIGN=e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain"
 t0=$(date +%s.%N)
-timeout "${WORK_TIMEOUT:-300}" $BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
+# DEVICES=0,1 (or all) runs one worker per GPU in this process (issue 5's scaling runs).
+timeout "${WORK_TIMEOUT:-300}" $BIN work --drain ${DEVICES:+--devices "$DEVICES"} > "$OUT/worker.log" 2>&1; rc=$?
 t1=$(date +%s.%N)
 log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
 tail -3 "$OUT/worker.log"
@@ -71,6 +72,7 @@ $BIN status
 $BIN report --by campaign --campaign "$CAMPAIGN" --format json > "$OUT/report-campaign.json"
 $BIN report --by batch_size
 $BIN report --by campaign
+[ "${SKIP_MODEL_ONLY:-0}" = 1 ] && { $PY -c "import json; r=json.load(open('$OUT/report-campaign.json')); t=r['total']; print(f\"{t['jobs']} jobs, {t['audio_hours']*3600:.0f} s audio, span {r['batch_span_seconds']:.2f} s: {t['audio_hours']*3600/r['batch_span_seconds']:.1f} audio-s/s\")" | tee "$OUT/throughput.txt"; exit 0; }
 log "model only, same corpus (policy bench)"
 $BIN bench policy --model "$MODEL" --device "${DEVICE:-cuda:0}" --precision "${PRECISION:-bf16}" --jobs "$JOBS" --seed "$SEED" \
   --max-batch 1024 --policy-only --out "$OUT/bench" 2>&1 | grep -v INFO | tail -8
