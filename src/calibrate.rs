@@ -66,9 +66,7 @@ pub async fn calibrate(
     let device = model.device();
     let info = crate::gpu::memory_info(device).map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?;
     let ceiling = opts.vram_fraction * info.total_bytes as f64;
-    let vocab = match manifest.tokenizer {
-        crate::model::TokenizerSpec::Codepoint { vocab_size } => i64::from(vocab_size),
-    };
+    let vocab = manifest.vocab_size();
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let started = Instant::now();
     // Warm-up: the first pass loads kernels and allocator pools.

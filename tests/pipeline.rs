@@ -5,9 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, repo_path, TestEnv};
-use futures::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicPublishOptions;
 use lapin::BasicProperties;
 use voxbatch::audio::parse_wav_header;
 use voxbatch::enqueue::{read_jobs, LineDefaults};
@@ -137,22 +135,11 @@ async fn malformed_messages_go_to_the_dead_letter_queue_with_their_reason() {
     assert!(error.contains("empty"), "{error}");
 
     // Each dead-lettered message carries its reason.
-    let conn = lapin::Connection::connect(env.cfg.amqp.url.expose(), Default::default()).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    let mut consumer = ch
-        .basic_consume(env.cfg.amqp.dead_letter_queue.as_str().into(), "t".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
-        .await
-        .unwrap();
-    let mut reasons = Vec::new();
-    for _ in 0..3 {
-        let d = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await.unwrap().unwrap().unwrap();
-        reasons.push(voxbatch::queue::reason_of(&d.properties).expect("reason header"));
-    }
+    let mut reasons: Vec<String> = common::dead_letters(&env, 3).await.into_iter().map(|(_, reason)| reason).collect();
     reasons.sort();
     assert!(reasons.iter().any(|r| r.contains("not JSON")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("empty")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("job_id")), "{reasons:?}");
-    let _ = conn.close(200, "done".into()).await;
     env.cleanup().await;
 }
 

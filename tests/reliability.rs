@@ -5,33 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, TestEnv};
-use futures::StreamExt;
-use lapin::options::BasicConsumeOptions;
-use lapin::types::FieldTable;
+use common::{dead_letters, eventually, TestEnv};
 use voxbatch::job::Job;
-
-/// Reads every message of the dead-letter queue: (x-voxbatch-code, reason).
-async fn dead_letters(env: &TestEnv, n: usize) -> Vec<(String, String)> {
-    let conn = lapin::Connection::connect(env.cfg.amqp.url.expose(), Default::default()).await.unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    let mut consumer = ch
-        .basic_consume(env.cfg.amqp.dead_letter_queue.as_str().into(), "t".into(), BasicConsumeOptions { no_ack: true, ..Default::default() }, FieldTable::default())
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let d = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await.expect("a dead letter").unwrap().unwrap();
-        let headers = d.properties.headers().clone().unwrap_or_default();
-        let code = match headers.inner().get(voxbatch::queue::CODE_HEADER) {
-            Some(lapin::types::AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).to_string(),
-            _ => String::new(),
-        };
-        out.push((code, voxbatch::queue::reason_of(&d.properties).unwrap_or_default()));
-    }
-    let _ = conn.close(200, "done".into()).await;
-    out
-}
 
 #[tokio::test]
 async fn every_kind_of_poison_is_dead_lettered_at_once_with_its_reason_and_the_worker_is_unharmed() {

@@ -44,12 +44,9 @@ port_open "$AMQP_PORT" || env HOME="$R" RABBITMQ_MNESIA_BASE="$R/mnesia" RABBITM
 wait_port "$AMQP_PORT" || { log "rabbitmq did not start"; tail -30 "$OUT/services.log"; exit 1; }
 sleep 2
 
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64"
+source scripts/device/common.sh
 BIN=$E/voxbatch
 xz -dc .e2e/voxbatch.xz > "$BIN" && chmod +x "$BIN"
-MODEL=/tmp/voxbatch-models/reference-${SIZE:-large}
-[ -f "$MODEL/model.pt" ] || $PY tools/export_reference_model.py --size "${SIZE:-large}" --out "$MODEL"
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
 export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MEMORY__CALIBRATION_DIR="$ROOT/calibration" VOXBATCH_MODEL__DIR="$MODEL"
 export VOXBATCH_MODEL__DEVICE="${DEVICE:-cuda:0}" VOXBATCH_MODEL__PRECISION="${PRECISION:-bf16}" VOXBATCH_BATCHING__MAX_BATCH=1024

@@ -15,8 +15,7 @@ OUT=${OUT:-/tmp/voxbatch-out}
 BIN=${BIN:-.device/voxbatch}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/common.sh
 export RUST_LOG=${RUST_LOG:-info}
 # SKIP_CAL=1 uses the profiles committed under calibration/ instead of calibrating again.
 if [ "${SKIP_CAL:-0}" = 1 ]; then
@@ -30,8 +29,6 @@ fi
   $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-MODEL=/tmp/voxbatch-models/reference-$SIZE
-[ -f "$MODEL/model.pt" ] || $PY tools/export_reference_model.py --size "$SIZE" --out "$MODEL"
 echo "== calibrate"
 [ "${SKIP_CAL:-0}" = 1 ] || $BIN calibrate --model "$MODEL" --device "$DEVICE" --precision "$PRECISION" --no-db ${CAL_ARGS:-} 2>&1 | tee "$OUT/calibrate.log"
 echo "== bench policy"

@@ -11,11 +11,8 @@ OUT=${OUT:-/tmp/voxbatch-out}
 BIN=${BIN:-.device/voxbatch}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/common.sh
 export RUST_LOG=${RUST_LOG:-warn}
-MODEL=/tmp/voxbatch-models/reference-$SIZE
-[ -f "$MODEL/model.pt" ] || $PY tools/export_reference_model.py --size "$SIZE" --out "$MODEL"
 $BIN bench --model "$MODEL" --device "$DEVICE" --precisions "${PRECISIONS:-fp32,tf32,fp16,bf16}" \
   --utterance-seconds "${UTTERANCE:-10}" --soak-minutes "${SOAK:-2}" --repeats "${REPEATS:-3}" \
   --max-batch "${MAX_BATCH:-1024}" --out "$OUT/bench" 2>&1 | tee "$OUT/sweetspot.log"

@@ -188,9 +188,7 @@ pub async fn run(opts: &SweetSpotOptions, mut progress: impl FnMut(&str)) -> Res
         model_name = manifest.name.clone();
         let samples_per_token = f64::from(manifest.frames_per_token) * f64::from(manifest.samples_per_frame);
         tokens = ((opts.utterance_seconds * f64::from(manifest.sample_rate)) / samples_per_token).round().max(1.0) as usize;
-        let vocab = match manifest.tokenizer {
-            crate::model::TokenizerSpec::Codepoint { vocab_size } => i64::from(vocab_size),
-        };
+        let vocab = manifest.vocab_size();
         let utterance_s = manifest.predicted_seconds(tokens);
         // Batch 1 on fixed inputs (quality is compared on these).
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
@@ -305,9 +303,7 @@ pub async fn run(opts: &SweetSpotOptions, mut progress: impl FnMut(&str)) -> Res
         let precision: Precision = rec.precision.parse().map_err(|e: String| ModelError::BadOutput(e))?;
         let model = ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await?;
         let manifest = model.manifest().clone();
-        let vocab = match manifest.tokenizer {
-            crate::model::TokenizerSpec::Codepoint { vocab_size } => i64::from(vocab_size),
-        };
+        let vocab = manifest.vocab_size();
         let utterance_s = manifest.predicted_seconds(tokens);
         let mut rng = rand::rngs::StdRng::seed_from_u64(13);
         let items = synthetic_batch(&mut rng, rec.batch, tokens, vocab, manifest.voices.len());

@@ -101,6 +101,12 @@ impl Manifest {
         }
     }
 
+    /// Size of the token vocabulary (ids are 1..vocab_size; 0 pads).
+    pub fn vocab_size(&self) -> i64 {
+        let TokenizerSpec::Codepoint { vocab_size } = self.tokenizer;
+        i64::from(vocab_size)
+    }
+
     /// Token ids of `text`.
     pub fn tokenize(&self, text: &str) -> Vec<i64> {
         let TokenizerSpec::Codepoint { vocab_size } = self.tokenizer;

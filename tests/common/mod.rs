@@ -157,3 +157,26 @@ where
     }
     false
 }
+
+/// Reads every message of the dead-letter queue: (x-voxbatch-code, reason).
+pub async fn dead_letters(env: &TestEnv, n: usize) -> Vec<(String, String)> {
+    let conn = lapin::Connection::connect(env.cfg.amqp.url.expose(), Default::default()).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut consumer = ch
+        .basic_consume(env.cfg.amqp.dead_letter_queue.as_str().into(), "t".into(), lapin::options::BasicConsumeOptions { no_ack: true, ..Default::default() }, lapin::types::FieldTable::default())
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let d = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut consumer)).await.expect("a dead letter").unwrap().unwrap();
+        let headers = d.properties.headers().clone().unwrap_or_default();
+        let code = match headers.inner().get(voxbatch::queue::CODE_HEADER) {
+            Some(lapin::types::AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).to_string(),
+            _ => String::new(),
+        };
+        out.push((code, voxbatch::queue::reason_of(&d.properties).unwrap_or_default()));
+    }
+    let _ = conn.close(200, "done".into()).await;
+    out
+}
+
