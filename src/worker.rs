@@ -498,17 +498,29 @@ async fn intake_loop(
             while let Ok(outcome) = outcomes.try_recv() {
                 policy.observe(&outcome);
             }
-            let deadline = match policy.decide(Instant::now(), false) {
-                Decision::Flush(flush) => {
-                    let max_tokens = flush.items.iter().map(|p| p.tokens).max().unwrap_or(0);
-                    let predicted_peak = policy.predicted_peak(flush.items.len(), max_tokens);
-                    send_batch(&infer_tx, Assembled { flush, predicted_peak }).await?;
-                    continue;
+            // A batch is formed only when the inference stage can take it: until then the pool keeps
+            // absorbing deliveries, so each batch is chosen from everything held at that moment
+            // (not from a stale pool while the previous batch waits in the channel).
+            let room = infer_tx.capacity() > 0;
+            let deadline = if room {
+                match policy.decide(Instant::now(), false) {
+                    Decision::Flush(flush) => {
+                        let max_tokens = flush.items.iter().map(|p| p.tokens).max().unwrap_or(0);
+                        let predicted_peak = policy.predicted_peak(flush.items.len(), max_tokens);
+                        send_batch(&infer_tx, Assembled { flush, predicted_peak }).await?;
+                        continue;
+                    }
+                    Decision::Wait(at) => at,
                 }
-                Decision::Wait(at) => at,
+            } else {
+                None
             };
             tokio::select! {
                 _ = &mut shutdown => break,
+                permit = infer_tx.reserve(), if !room => {
+                    // The inference stage took the queued batch: decide again with a full view.
+                    drop(permit.map_err(|_| WorkerError::Stage("inference stage stopped".into()))?);
+                }
                 delivery = consumer.next() => match delivery {
                     Some(Ok(delivery)) => {
                         empty_polls = 0;
