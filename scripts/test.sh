@@ -7,10 +7,13 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 sweep() {
-  # Test queues: vbt-<id>… (tests delete their own exchanges; an orphaned empty exchange is harmless)
+  # Test queues and exchanges: vbt-<id>…
   if command -v rabbitmqctl >/dev/null; then
     for q in $(rabbitmqctl -q list_queues name 2>/dev/null | grep '^vbt-' || true); do
       rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true
+    done
+    for x in $(rabbitmqctl -q list_exchanges name 2>/dev/null | grep '^vbt-' || true); do
+      rabbitmqctl -q eval "rabbit_exchange:delete(rabbit_misc:r(<<\"/\">>, exchange, <<\"$x\">>), false, <<\"voxbatch-tests\">>)." >/dev/null 2>&1 || true
     done
   fi
   # Test databases: vbt_<id>
