@@ -451,15 +451,13 @@ async fn connect_consumer(shared: &Shared, prefetch: u16) -> Option<(Connection,
                 info!(queue = %cfg.queue, prefetch, "consuming");
                 return Some((conn, channel, consumer));
             }
-            Err(e @ QueueError::TopologyMismatch { .. }) => {
-                error!(error = %e, source = ?std::error::Error::source(&e), "cannot consume");
-                let wait = backoff(attempt, cfg.reconnect_min, cfg.reconnect_max);
-                attempt += 1;
-                tokio::select! { _ = tokio::time::sleep(wait) => {}, _ = shared.stop.cancelled() => return None }
-            }
             Err(e) => {
                 let wait = backoff(attempt, cfg.reconnect_min, cfg.reconnect_max);
-                warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker unavailable; reconnecting");
+                if matches!(e, QueueError::TopologyMismatch { .. }) {
+                    error!(error = %e, source = ?std::error::Error::source(&e), retry_in_ms = wait.as_millis() as u64, "cannot consume");
+                } else {
+                    warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker unavailable; reconnecting");
+                }
                 attempt += 1;
                 tokio::select! { _ = tokio::time::sleep(wait) => {}, _ = shared.stop.cancelled() => return None }
             }

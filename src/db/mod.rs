@@ -256,7 +256,7 @@ impl Db {
             .map(|j| match existing.get(&j.job_id) {
                 None => Claim::Proceed,
                 Some((status, _, _, _)) if status == "rejected" => Claim::Proceed,
-                Some((_, campaign, voice, text)) => {
+                Some((status, campaign, voice, text)) => {
                     let field = if text != &j.text {
                         Some("text")
                     } else if voice != &j.voice {
@@ -266,7 +266,7 @@ impl Db {
                     } else {
                         None
                     };
-                    match (field, status_of(existing.get(&j.job_id))) {
+                    match (field, status.as_str()) {
                         (Some(field), _) => Claim::Conflict(RejectionKind::Conflict { job_id: j.job_id, field }),
                         (None, "done") => Claim::AlreadyDone,
                         (None, _) => Claim::Proceed,
@@ -495,10 +495,6 @@ impl Db {
         .map_err(q("count jobs"))?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
-}
-
-fn status_of(row: Option<&(String, String, String, String)>) -> &str {
-    row.map(|r| r.0.as_str()).unwrap_or("")
 }
 
 /// Creates the database named in `url` if it does not exist.
