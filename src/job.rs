@@ -23,7 +23,12 @@ const MAX_NAME_LEN: usize = 128;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub job_id: Uuid,
+    /// The text (may be empty when the job carries `speech_tokens`).
     pub text: String,
+    /// Speech tokens for a model that synthesizes them (CosyVoice2 token2wav): ids from
+    /// CosyVoice2's LLM or speech tokenizer, 25 a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech_tokens: Option<Vec<i64>>,
     pub voice: String,
     pub campaign: String,
     pub priority: u8,
@@ -37,6 +42,7 @@ impl Job {
         Job {
             job_id: Uuid::new_v4(),
             text: text.into(),
+            speech_tokens: None,
             voice: DEFAULT_VOICE.to_string(),
             campaign: DEFAULT_CAMPAIGN.to_string(),
             priority: 0,
@@ -93,6 +99,10 @@ pub enum RejectionKind {
     TextTooLong { chars: usize, limit: usize },
     #[error("`{field}` is invalid: {reason}")]
     InvalidField { field: &'static str, reason: String },
+    #[error("`speech_tokens` is invalid: {0}")]
+    InvalidSpeechTokens(String),
+    #[error("this model synthesizes speech tokens: the job needs `speech_tokens` (an array of token ids)")]
+    MissingSpeechTokens,
     #[error("unknown voice `{voice}` (this model has: {known})")]
     UnknownVoice { voice: String, known: String },
     #[error("job {job_id} was already submitted with a different {field}")]
@@ -115,6 +125,8 @@ impl RejectionKind {
             RejectionKind::NulInText { .. } => "nul_in_text",
             RejectionKind::TextTooLong { .. } => "text_too_long",
             RejectionKind::InvalidField { .. } => "invalid_field",
+            RejectionKind::InvalidSpeechTokens(_) => "invalid_speech_tokens",
+            RejectionKind::MissingSpeechTokens => "missing_speech_tokens",
             RejectionKind::UnknownVoice { .. } => "unknown_voice",
             RejectionKind::Conflict { .. } => "conflict",
         }
@@ -148,12 +160,17 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
     };
     let id = Some(job_id);
 
+    let speech_tokens = match obj.remove("speech_tokens") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(speech_tokens(v, limits.max_speech_tokens).map_err(|k| reject(id, k))?),
+    };
     let text = match obj.remove("text") {
+        None | Some(Value::Null) if speech_tokens.is_some() => String::new(),
         None | Some(Value::Null) => return Err(reject(id, RejectionKind::MissingText)),
         Some(Value::String(s)) => s,
         Some(_) => return Err(reject(id, RejectionKind::TextNotString)),
     };
-    if text.trim().is_empty() {
+    if text.trim().is_empty() && speech_tokens.is_none() {
         return Err(reject(id, RejectionKind::EmptyText));
     }
     if let Some(at) = text.chars().position(|c| c == '\0') {
@@ -195,7 +212,47 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
         Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "metadata", reason: "must be a JSON object".into() })),
     };
     // Unknown fields are ignored (forward compatibility), except those later issues reserve.
-    Ok(Job { job_id, text, voice, campaign, priority, metadata })
+    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata })
+}
+
+/// `speech_tokens`: a non-empty array of at most `limit` integers in 0..2³¹.
+fn speech_tokens(v: Value, limit: usize) -> Result<Vec<i64>, RejectionKind> {
+    let bad = |reason: String| RejectionKind::InvalidSpeechTokens(reason);
+    let Value::Array(items) = v else {
+        return Err(bad("must be an array of integers".into()));
+    };
+    if items.is_empty() {
+        return Err(bad("is empty".into()));
+    }
+    if items.len() > limit {
+        return Err(bad(format!("has {} tokens, over the limit of {limit}", items.len())));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.as_i64()
+                .filter(|t| (0..=i64::from(i32::MAX)).contains(t))
+                .ok_or_else(|| bad(format!("item {i} ({}) is not an integer 0-2147483647", truncate(&t.to_string(), 32))))
+        })
+        .collect()
+}
+
+/// The token ids a job gives `manifest`'s model: its speech tokens (checked against the model's
+/// vocabulary) for a speech-token model, its tokenized text otherwise.
+pub fn model_tokens(job: &Job, manifest: &crate::model::Manifest) -> Result<Vec<i64>, RejectionKind> {
+    if !manifest.takes_speech_tokens() {
+        if job.text.trim().is_empty() {
+            return Err(RejectionKind::EmptyText);
+        }
+        return Ok(manifest.tokenize(&job.text));
+    }
+    let tokens = job.speech_tokens.as_ref().ok_or(RejectionKind::MissingSpeechTokens)?;
+    let vocab = manifest.vocab_size();
+    if let Some((i, t)) = tokens.iter().enumerate().find(|(_, t)| **t >= vocab) {
+        return Err(RejectionKind::InvalidSpeechTokens(format!("item {i} ({t}) is not below this model's vocabulary size {vocab}")));
+    }
+    Ok(tokens.clone())
 }
 
 /// `voice` and `campaign`: optional strings of letters, digits, `.`, `_`, `-` (they appear in
@@ -301,10 +358,10 @@ mod tests {
     fn invalid_utf8_and_oversized_messages_are_rejected_before_parsing() {
         let r = parse_job(b"{\"text\":\"\xff\"}", &Limits::default(), None, true).unwrap_err();
         assert_eq!(r.kind, RejectionKind::NotUtf8 { at: 9 });
-        let limits = Limits { max_text_chars: 5, max_message_bytes: 40 };
+        let limits = Limits { max_text_chars: 5, max_message_bytes: 40, ..Limits::default() };
         let big = format!(r#"{{"job_id":"{ID}","text":"hello"}}"#);
         assert!(matches!(parse_job(big.as_bytes(), &limits, None, true).unwrap_err().kind, RejectionKind::TooLarge { .. }));
-        let limits = Limits { max_text_chars: 5, max_message_bytes: 1000 };
+        let limits = Limits { max_text_chars: 5, max_message_bytes: 1000, ..Limits::default() };
         let long = format!(r#"{{"job_id":"{ID}","text":"héllo!"}}"#);
         assert_eq!(
             parse_job(long.as_bytes(), &limits, None, true).unwrap_err().kind,
@@ -319,6 +376,23 @@ mod tests {
         let r = parse_job(body.as_bytes(), &Limits::default(), Some(&voices), true).unwrap_err();
         assert!(matches!(r.kind, RejectionKind::UnknownVoice { .. }));
         assert!(r.to_string().contains("default, narrator"));
+    }
+
+    #[test]
+    fn speech_tokens_are_read_and_bad_ones_rejected() {
+        let j = parse(&format!(r#"{{"job_id":"{ID}","speech_tokens":[0,5,6560]}}"#)).unwrap();
+        assert_eq!(j.speech_tokens.as_deref(), Some(&[0, 5, 6560][..]));
+        assert_eq!(j.text, "", "text is optional beside speech tokens");
+        let back = parse_job(&j.to_json(), &Limits::default(), None, true).unwrap();
+        assert_eq!(back, j);
+        for bad in [r#""1 2""#, "[]", "[1,-1]", "[1.5]", r#"[1,"2"]"#, "[4294967296]"] {
+            let k = kind(&format!(r#"{{"job_id":"{ID}","speech_tokens":{bad}}}"#));
+            assert!(matches!(k, RejectionKind::InvalidSpeechTokens(_)), "{bad}: {k:?}");
+            assert_eq!(k.code(), "invalid_speech_tokens");
+        }
+        let limits = Limits { max_speech_tokens: 2, ..Limits::default() };
+        let body = format!(r#"{{"job_id":"{ID}","speech_tokens":[1,2,3]}}"#);
+        assert!(matches!(parse_job(body.as_bytes(), &limits, None, true).unwrap_err().kind, RejectionKind::InvalidSpeechTokens(_)));
     }
 
     #[test]

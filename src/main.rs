@@ -175,6 +175,28 @@ enum BenchCommand {
         #[arg(long)]
         policy_only: bool,
     },
+    /// CosyVoice2 token2wav: audio-s/s per batch size and precision, peak memory, time per stage.
+    Token2wav {
+        /// A cosyvoice2-token2wav model directory (tools/convert_cosyvoice.py).
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// cpu or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        #[arg(long, value_delimiter = ',', default_value = "fp32,fp16,bf16")]
+        precisions: Vec<String>,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128")]
+        batches: Vec<usize>,
+        /// Length of each utterance, in seconds of audio (25 speech tokens a second).
+        #[arg(long, default_value_t = 10.0)]
+        utterance_seconds: f64,
+        /// Timed repetitions per point, after one warm-up (median reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Where results go.
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+    },
     /// Print the policy bench's synthetic corpus as JSONL (for `enqueue`), same seed, same texts.
     Corpus {
         #[arg(long, default_value_t = 400)]
@@ -457,6 +479,34 @@ async fn main() -> Result<()> {
             let dir = voxbatch::bench::results_dir(&sweet.out, "sweetspot").context("results dir")?;
             let paths = voxbatch::bench::sweetspot::write(&report, &dir).context("write results")?;
             println!("{}", voxbatch::bench::sweetspot::markdown(&report));
+            for p in paths {
+                println!("wrote {}", p.display());
+            }
+        }
+        Command::Bench(BenchArgs {
+            command: Some(BenchCommand::Token2wav { model, device, precisions, batches, utterance_seconds, repeats, out }),
+            ..
+        }) => {
+            let opts = voxbatch::bench::token2wav::Token2WavBenchOptions {
+                model_dir: model,
+                device: device.parse().map_err(anyhow::Error::msg).context("--device")?,
+                precisions: precisions.iter().map(|p| p.parse().map_err(anyhow::Error::msg)).collect::<Result<Vec<_>>>().context("--precisions")?,
+                batches,
+                utterance_seconds,
+                repeats: repeats.max(1),
+                seed: 7,
+            };
+            let report = tokio::task::spawn_blocking(move || {
+                voxbatch::bench::token2wav::run(&opts, |p| {
+                    eprintln!("  {} batch {}: {:.1} audio-s/s{}", p.precision, p.batch, p.audio_seconds_per_second, p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default())
+                })
+            })
+            .await
+            .context("bench thread")?
+            .context("token2wav bench")?;
+            let dir = voxbatch::bench::results_dir(&out, "token2wav").context("results dir")?;
+            let paths = voxbatch::bench::token2wav::write(&report, &dir).context("write results")?;
+            println!("{}", voxbatch::bench::token2wav::table(&report));
             for p in paths {
                 println!("wrote {}", p.display());
             }

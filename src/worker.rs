@@ -43,7 +43,7 @@ use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, LengthBucketing, 
 use crate::config::{Config, SizingPolicy};
 use crate::db::{BatchEvent, BatchRecord, Claim, Db, JobResult, WorkerRow};
 use crate::gpu::sampler::{GpuSampler, GpuStats};
-use crate::job::{parse_job, Job, Rejection};
+use crate::job::{model_tokens, parse_job, Job, Rejection};
 use crate::model::{ModelError, ModelHandle, SynthItem};
 use crate::queue::{self, QueueError};
 use crate::storage::{AudioMeta, Storage};
@@ -524,9 +524,15 @@ async fn intake_loop(
                         empty_polls = 0;
                         shared.held.fetch_add(1, Ordering::SeqCst);
                         let held = Held { acker: delivery.acker.clone(), held: shared.held.clone() };
-                        match parse_job(&delivery.data, &shared.cfg.limits, Some(&manifest.voices), true) {
-                            Ok(job) => {
-                                let tokens = manifest.tokenize(&job.text);
+                        let parsed = parse_job(&delivery.data, &shared.cfg.limits, Some(&manifest.voices), true).and_then(|job| {
+                            // What the job gives this model: tokenized text or its speech tokens.
+                            match model_tokens(&job, &manifest) {
+                                Ok(tokens) => Ok((job, tokens)),
+                                Err(kind) => Err(Rejection { job_id: Some(job.job_id), kind }),
+                            }
+                        });
+                        match parsed {
+                            Ok((job, tokens)) => {
                                 let voice = manifest.voice_index(&job.voice).unwrap_or(0);
                                 seq += 1;
                                 policy.push(Pending { tokens: tokens.len(), priority: job.priority, arrived: Instant::now(), seq,

@@ -4,6 +4,7 @@
 //! - [`sweetspot`]: the expert's checklist: baseline, precision and quality, batch sweep, knee,
 //!   soak, cost table, recommended configuration.
 //! - [`policy`]: the memory-aware batch policy against fixed batch sizes on a mixed-length corpus.
+//! - [`token2wav`]: CosyVoice2 token2wav throughput per batch size and precision, time per stage.
 //!
 //! Neighbours: `model` runs the passes, `batch` decides the batches, `calibrate` fits the profile.
 
@@ -12,6 +13,7 @@ pub mod plot;
 pub mod policy;
 pub mod quality;
 pub mod sweetspot;
+pub mod token2wav;
 
 use std::path::{Path, PathBuf};
 

@@ -218,11 +218,12 @@ impl Db {
         let metadata: Vec<Option<serde_json::Value>> =
             jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
         let chars: Vec<i32> = jobs.iter().map(|j| j.chars() as i32).collect();
+        let speech: Vec<Option<serde_json::Value>> = jobs.iter().map(speech_tokens_json).collect();
         sqlx::query(
-            "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status)
-             SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, $8
-             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[])
-               AS t(job_id, campaign, voice, text, priority, metadata, chars)
+            "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status, speech_tokens)
+             SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, $8, t.speech_tokens
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[], $9::jsonb[])
+               AS t(job_id, campaign, voice, text, priority, metadata, chars, speech_tokens)
              ON CONFLICT (job_id) DO NOTHING",
         )
         .bind(&ids)
@@ -233,6 +234,7 @@ impl Db {
         .bind(&metadata)
         .bind(&chars)
         .bind(status)
+        .bind(&speech)
         .execute(&self.pool)
         .await
         .map_err(q("insert jobs"))?;
@@ -242,23 +244,26 @@ impl Db {
     /// For each job (in order): how its existing row compares.
     async fn compare_existing(&self, jobs: &[Job]) -> Result<Vec<Claim>, DbError> {
         let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
-        let rows = sqlx::query("SELECT job_id, status, campaign, voice, text FROM jobs WHERE job_id = ANY($1)")
+        let rows = sqlx::query("SELECT job_id, status, campaign, voice, text, speech_tokens FROM jobs WHERE job_id = ANY($1)")
             .bind(&ids)
             .fetch_all(&self.pool)
             .await
             .map_err(q("read jobs"))?;
-        let mut existing: HashMap<Uuid, (String, String, String, String)> = HashMap::new();
+        type Row = (String, String, String, String, Option<serde_json::Value>);
+        let mut existing: HashMap<Uuid, Row> = HashMap::new();
         for r in rows {
-            existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4)));
+            existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)));
         }
         Ok(jobs
             .iter()
             .map(|j| match existing.get(&j.job_id) {
                 None => Claim::Proceed,
-                Some((status, _, _, _)) if status == "rejected" => Claim::Proceed,
-                Some((status, campaign, voice, text)) => {
+                Some((status, ..)) if status == "rejected" => Claim::Proceed,
+                Some((status, campaign, voice, text, speech)) => {
                     let field = if text != &j.text {
                         Some("text")
+                    } else if speech != &speech_tokens_json(j) {
+                        Some("speech_tokens")
                     } else if voice != &j.voice {
                         Some("voice")
                     } else if campaign != &j.campaign {
@@ -292,11 +297,14 @@ impl Db {
             let voices: Vec<&str> = proceed.iter().map(|j| j.voice.as_str()).collect();
             let texts: Vec<&str> = proceed.iter().map(|j| j.text.as_str()).collect();
             let chars: Vec<i32> = proceed.iter().map(|j| j.chars() as i32).collect();
+            let speech: Vec<Option<serde_json::Value>> = proceed.iter().map(|j| speech_tokens_json(j)).collect();
             // A `rejected` row is replaced by the valid resubmission's content.
             sqlx::query(
                 "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, started_at = now(), worker_id = $6,
-                   error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars
-                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[]) AS t(job_id, campaign, voice, text, chars)
+                   error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars,
+                   speech_tokens = t.speech_tokens
+                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $7::jsonb[])
+                   AS t(job_id, campaign, voice, text, chars, speech_tokens)
                  WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
             )
             .bind(&ids)
@@ -305,6 +313,7 @@ impl Db {
             .bind(&texts)
             .bind(&chars)
             .bind(worker_id)
+            .bind(&speech)
             .execute(&self.pool)
             .await
             .map_err(q("mark running"))?;
@@ -565,4 +574,9 @@ mod tests {
         assert!(split_url("postgres://h/").is_err());
         assert!(split_url("postgres://h/x;drop").is_err());
     }
+}
+
+/// A job's speech tokens as stored in `jobs.speech_tokens`.
+fn speech_tokens_json(job: &Job) -> Option<serde_json::Value> {
+    job.speech_tokens.as_ref().map(|t| serde_json::Value::from(t.clone()))
 }

@@ -14,6 +14,10 @@ pub enum ModelKind {
     /// -> (audio[B,S] f32, audio_lengths[B] i64)`.
     #[serde(rename = "torchscript")]
     TorchScript,
+    /// CosyVoice2's token2wav (flow matching + HiFT) in tch: `token2wav.safetensors` and
+    /// `voices.safetensors`, written by `tools/convert_cosyvoice.py`. Jobs carry speech tokens.
+    #[serde(rename = "cosyvoice2-token2wav")]
+    Cosyvoice2Token2Wav,
 }
 
 /// How text becomes token ids.
@@ -23,6 +27,32 @@ pub enum TokenizerSpec {
     /// One token per Unicode scalar value: id = 1 + (codepoint mod (vocab_size − 1)); 0 is padding.
     #[serde(rename = "codepoint")]
     Codepoint { vocab_size: u32 },
+    /// The job carries `speech_tokens` (ids 0..vocab_size, from CosyVoice2's LLM or tokenizer);
+    /// its text is not tokenized.
+    #[serde(rename = "speech_tokens")]
+    SpeechTokens { vocab_size: u32 },
+}
+
+/// `[cosyvoice2]`: the dimensions of a `cosyvoice2-token2wav` model (`full` or `tiny`).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cosyvoice2Dims {
+    pub vocab_size: i64,
+    pub encoder_heads: i64,
+    pub encoder_units: i64,
+    pub encoder_blocks: usize,
+    pub encoder_up_blocks: usize,
+    pub decoder_channels: i64,
+    pub decoder_blocks: usize,
+    pub decoder_mid_blocks: usize,
+    pub decoder_heads: i64,
+    pub decoder_head_dim: i64,
+    pub hift_channels: i64,
+    pub f0_channels: i64,
+    /// Euler steps of the flow matching (CosyVoice2: 10).
+    pub flow_steps: usize,
+    /// Classifier-free guidance rate (CosyVoice2: 0.7).
+    pub cfg_rate: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -49,12 +79,16 @@ pub struct Manifest {
     pub voices: Vec<String>,
     pub tokenizer: TokenizerSpec,
     pub signature: Signature,
+    #[serde(default)]
+    pub cosyvoice2: Option<Cosyvoice2Dims>,
     #[serde(skip)]
     pub dir: PathBuf,
 }
 
 const TORCHSCRIPT_INPUTS: [&str; 3] = ["tokens:int64[B,T]", "lengths:int64[B]", "speakers:int64[B]"];
 const TORCHSCRIPT_OUTPUTS: [&str; 2] = ["audio:float32[B,S]", "audio_lengths:int64[B]"];
+const TOKEN2WAV_INPUTS: [&str; 1] = ["speech_tokens:int64[B,T]"];
+const TOKEN2WAV_OUTPUTS: [&str; 1] = ["audio:float32[B,S]"];
 
 impl Manifest {
     /// Reads and checks `dir/model.toml` and that the weights it needs exist.
@@ -75,8 +109,7 @@ impl Manifest {
         if m.voices.is_empty() {
             return Err(err("`voices` must name at least one voice".into()));
         }
-        let TokenizerSpec::Codepoint { vocab_size } = m.tokenizer;
-        if vocab_size < 2 {
+        if m.vocab_size() < 2 {
             return Err(err("tokenizer.vocab_size must be >= 2".into()));
         }
         match m.kind {
@@ -90,28 +123,61 @@ impl Manifest {
                     return Err(err("model.pt is missing".into()));
                 }
             }
+            ModelKind::Cosyvoice2Token2Wav => {
+                if m.signature.inputs != TOKEN2WAV_INPUTS || m.signature.outputs != TOKEN2WAV_OUTPUTS {
+                    return Err(err(format!(
+                        "kind cosyvoice2-token2wav needs signature inputs {TOKEN2WAV_INPUTS:?} and outputs {TOKEN2WAV_OUTPUTS:?}"
+                    )));
+                }
+                let Some(dims) = m.cosyvoice2 else {
+                    return Err(err("kind cosyvoice2-token2wav needs a [cosyvoice2] section (tools/convert_cosyvoice.py writes it)".into()));
+                };
+                if !matches!(m.tokenizer, TokenizerSpec::SpeechTokens { .. }) || dims.vocab_size != m.vocab_size() {
+                    return Err(err("kind cosyvoice2-token2wav needs tokenizer kind speech_tokens with the flow's vocab_size".into()));
+                }
+                if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
+                    return Err(err("CosyVoice2 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
+                }
+                for f in [super::cosyvoice2::WEIGHTS_FILE, super::cosyvoice2::VOICES_FILE] {
+                    if !dir.join(f).is_file() {
+                        return Err(err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")));
+                    }
+                }
+            }
         }
         Ok(m)
     }
 
     /// Bytes of the weights on disk.
     pub fn weights_bytes(&self) -> u64 {
-        match self.kind {
-            ModelKind::TorchScript => std::fs::metadata(self.dir.join("model.pt")).map(|m| m.len()).unwrap_or(0),
-        }
+        let file = match self.kind {
+            ModelKind::TorchScript => "model.pt",
+            ModelKind::Cosyvoice2Token2Wav => super::cosyvoice2::WEIGHTS_FILE,
+        };
+        std::fs::metadata(self.dir.join(file)).map(|m| m.len()).unwrap_or(0)
     }
 
     /// Size of the token vocabulary (ids are 1..vocab_size; 0 pads).
     pub fn vocab_size(&self) -> i64 {
-        let TokenizerSpec::Codepoint { vocab_size } = self.tokenizer;
-        i64::from(vocab_size)
+        match self.tokenizer {
+            TokenizerSpec::Codepoint { vocab_size } | TokenizerSpec::SpeechTokens { vocab_size } => i64::from(vocab_size),
+        }
     }
 
-    /// Token ids of `text`.
+    /// Whether jobs for this model must carry `speech_tokens` (rather than text to tokenize).
+    pub fn takes_speech_tokens(&self) -> bool {
+        matches!(self.tokenizer, TokenizerSpec::SpeechTokens { .. })
+    }
+
+    /// Token ids of `text` (empty for a model that takes speech tokens).
     pub fn tokenize(&self, text: &str) -> Vec<i64> {
-        let TokenizerSpec::Codepoint { vocab_size } = self.tokenizer;
-        let modulus = i64::from(vocab_size) - 1;
-        text.chars().map(|c| 1 + i64::from(u32::from(c)) % modulus).collect()
+        match self.tokenizer {
+            TokenizerSpec::Codepoint { vocab_size } => {
+                let modulus = i64::from(vocab_size) - 1;
+                text.chars().map(|c| 1 + i64::from(u32::from(c)) % modulus).collect()
+            }
+            TokenizerSpec::SpeechTokens { .. } => Vec::new(),
+        }
     }
 
     /// Index of `voice` in [`Manifest::voices`].

@@ -9,6 +9,7 @@
 //! Neighbours: `batch` decides which jobs run together (using [`Manifest::predicted_samples`]);
 //! `worker` sends each batch here and hands the audio to `audio` for encoding.
 
+pub mod cosyvoice2;
 mod manifest;
 pub mod memory;
 mod shim;
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-pub use manifest::{Manifest, ModelKind, TokenizerSpec};
+pub use manifest::{Cosyvoice2Dims, Manifest, ModelKind, TokenizerSpec};
 pub use torchscript::TorchScriptModel;
 
 /// Where inference runs.
@@ -114,6 +115,8 @@ pub enum ModelError {
     Inference(#[source] tch::TchError),
     #[error("device out of memory running a batch of {batch_size}")]
     OutOfMemory { batch_size: usize, source: tch::TchError },
+    #[error("the batch cannot be run: {0}")]
+    BadInput(String),
     #[error("model returned an unexpected output: {0}")]
     BadOutput(String),
     #[error("the inference thread has stopped")]
@@ -156,6 +159,7 @@ pub fn load(dir: &std::path::Path, device: Device, precision: Precision) -> Resu
     let manifest = Manifest::load(dir)?;
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
+        ModelKind::Cosyvoice2Token2Wav => Ok(Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?)),
     }
 }
 

@@ -119,6 +119,11 @@ fn classify(e: tch::TchError, batch_size: usize) -> ModelError {
     }
 }
 
+/// [`classify`] for a libtorch failure known only by its message (a panic out of tch's operators).
+pub(crate) fn classify_message(msg: String, batch_size: usize) -> ModelError {
+    classify(tch::TchError::Torch(msg), batch_size)
+}
+
 impl Synthesizer for TorchScriptModel {
     fn manifest(&self) -> &Manifest {
         &self.manifest

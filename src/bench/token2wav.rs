@@ -1,0 +1,173 @@
+//! `voxbatch bench token2wav`: CosyVoice2 token2wav (the tch port) measured the way issue 7 asks —
+//! fixed-length utterances, audio-seconds per GPU-second at each batch size and precision, peak
+//! memory, and where the time goes (encoder, the flow's Euler steps, the HiFT vocoder).
+//!
+//! Runs on the calling thread (it owns the model); prints a Markdown table, writes
+//! `token2wav.json` + `report.md`. The reference Python code's figure comes from
+//! `tools/bench_reference_token2wav.py`, run beside it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::model::cosyvoice2::Token2Wav;
+use crate::model::memory::MemoryProbe;
+use crate::model::{Device, Manifest, ModelError, Precision, SynthItem};
+
+pub struct Token2WavBenchOptions {
+    pub model_dir: PathBuf,
+    pub device: Device,
+    pub precisions: Vec<Precision>,
+    pub batches: Vec<usize>,
+    pub utterance_seconds: f64,
+    pub repeats: usize,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub precision: String,
+    pub batch: usize,
+    /// Median wall time of one batch, device-synchronised (seconds).
+    pub seconds: f64,
+    pub audio_seconds_per_second: f64,
+    pub encoder_seconds: f64,
+    pub flow_seconds: f64,
+    pub vocoder_seconds: f64,
+    pub peak_memory_bytes: Option<u64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Token2WavReport {
+    pub model: String,
+    pub device: String,
+    pub gpu: String,
+    pub utterance_seconds: f64,
+    pub tokens_per_utterance: usize,
+    pub repeats: usize,
+    pub created_at: String,
+    pub points: Vec<Point>,
+}
+
+/// Runs the sweep; `progress` gets one line per point.
+pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Result<Token2WavReport, ModelError> {
+    let manifest = Manifest::load(&opts.model_dir)?;
+    let tokens = (opts.utterance_seconds * 25.0).round().max(1.0) as usize;
+    let vocab = manifest.vocab_size();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let max_batch = opts.batches.iter().copied().max().unwrap_or(1);
+    let items: Vec<SynthItem> =
+        (0..max_batch).map(|_| SynthItem { tokens: (0..tokens).map(|_| rng.gen_range(0..vocab)).collect(), voice: 0 }).collect();
+    let gpu = crate::gpu::memory_info(opts.device).map(|i| i.name).unwrap_or_else(|_| opts.device.to_string());
+    let mut points = Vec::new();
+    for &precision in &opts.precisions {
+        let mut model = Token2Wav::load(&opts.model_dir, manifest.clone(), opts.device, precision)?;
+        let probe = MemoryProbe::new(opts.device);
+        let mut failed = false;
+        for &batch in &opts.batches {
+            if failed {
+                break;
+            }
+            let batch_items = &items[..batch];
+            let mut runs: Vec<(Duration, crate::model::cosyvoice2::StageTiming)> = Vec::new();
+            let mut error = None;
+            probe.reset();
+            // One warm-up (cuDNN autotuning, allocator growth), then the timed repeats.
+            for rep in 0..=opts.repeats {
+                let started = Instant::now();
+                match model.run(batch_items, None) {
+                    Ok(_) => {
+                        if rep > 0 {
+                            runs.push((started.elapsed(), model.last_timing.unwrap_or_default()));
+                        }
+                    }
+                    Err(e) => {
+                        error = Some(e.to_string());
+                        probe.release_cached();
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            let peak = probe.peak();
+            runs.sort_by_key(|r| r.0);
+            let point = match runs.get(runs.len() / 2) {
+                Some((wall, t)) if error.is_none() => Point {
+                    precision: precision.to_string(),
+                    batch,
+                    seconds: wall.as_secs_f64(),
+                    audio_seconds_per_second: batch as f64 * tokens as f64 / 25.0 / wall.as_secs_f64(),
+                    encoder_seconds: t.encoder.as_secs_f64(),
+                    flow_seconds: t.flow_steps.as_secs_f64(),
+                    vocoder_seconds: t.vocoder.as_secs_f64(),
+                    peak_memory_bytes: peak,
+                    error: None,
+                },
+                _ => Point {
+                    precision: precision.to_string(),
+                    batch,
+                    seconds: 0.0,
+                    audio_seconds_per_second: 0.0,
+                    encoder_seconds: 0.0,
+                    flow_seconds: 0.0,
+                    vocoder_seconds: 0.0,
+                    peak_memory_bytes: peak,
+                    error: error.or_else(|| Some("no timed run".into())),
+                },
+            };
+            progress(&point);
+            points.push(point);
+        }
+    }
+    Ok(Token2WavReport {
+        model: manifest.name.clone(),
+        device: opts.device.to_string(),
+        gpu,
+        utterance_seconds: tokens as f64 / 25.0,
+        tokens_per_utterance: tokens,
+        repeats: opts.repeats,
+        created_at: chrono::Utc::now().to_rfc3339(),
+        points,
+    })
+}
+
+/// The Markdown table (one row per precision and batch).
+pub fn table(r: &Token2WavReport) -> String {
+    let mut s = format!(
+        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}\n\n\
+         | precision | batch | s/batch | audio-s/s | encoder % | flow steps % | HiFT % | peak GiB |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        r.model, r.gpu, r.device, r.utterance_seconds, r.tokens_per_utterance, r.repeats
+    );
+    for p in &r.points {
+        let peak = p.peak_memory_bytes.map_or("-".to_string(), |b| format!("{:.2}", b as f64 / (1u64 << 30) as f64));
+        if let Some(e) = &p.error {
+            let e: String = e.chars().take(60).collect();
+            s += &format!("| {} | {} | failed: {e} | | | | | {peak} |\n", p.precision, p.batch);
+            continue;
+        }
+        let pct = |x: f64| 100.0 * x / p.seconds.max(f64::MIN_POSITIVE);
+        s += &format!(
+            "| {} | {} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {peak} |\n",
+            p.precision,
+            p.batch,
+            p.seconds,
+            p.audio_seconds_per_second,
+            pct(p.encoder_seconds),
+            pct(p.flow_seconds),
+            pct(p.vocoder_seconds)
+        );
+    }
+    s
+}
+
+pub fn write(r: &Token2WavReport, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let json = dir.join("token2wav.json");
+    std::fs::write(&json, serde_json::to_vec_pretty(r).unwrap_or_default())?;
+    let md = dir.join("report.md");
+    std::fs::write(&md, table(r))?;
+    Ok(vec![json, md])
+}

@@ -1,0 +1,155 @@
+//! CosyVoice2's flow, `CausalMaskedDiffWithXvec.inference`, batched: speech tokens (with an optional
+//! prompt) and a speaker x-vector → mel `[80, 2·tokens]` per item.
+//!
+//! Token embedding → [`Encoder`] → projection to 80 (`mu`) → conditional flow matching: from the
+//! model's fixed noise, `steps` Euler steps on a cosine time schedule, each one estimator call on a
+//! doubled batch (conditioned ‖ unconditioned) for classifier-free guidance. Prompt mel frames
+//! condition the first frames and are cut from the output.
+
+use tch::{Kind, Tensor};
+
+use super::encoder::Encoder;
+use super::estimator::{Estimator, EstimatorDims};
+use super::layers::{length_mask, Linear};
+use super::weights::Weights;
+
+/// One item of a flow batch.
+pub struct FlowItem<'a> {
+    pub tokens: &'a [i64],
+    pub prompt_tokens: &'a [i64],
+    /// `[2 · prompt_tokens, 80]` mel of the prompt (empty without a prompt).
+    pub prompt_feat: &'a Tensor,
+    /// `[192]` speaker x-vector.
+    pub embedding: &'a Tensor,
+}
+
+pub struct FlowDims {
+    pub vocab_size: i64,
+    pub encoder_heads: i64,
+    pub encoder_units: i64,
+    pub encoder_blocks: usize,
+    pub encoder_up_blocks: usize,
+    pub estimator: EstimatorDims,
+    pub steps: usize,
+    pub cfg_rate: f64,
+}
+
+pub struct Flow {
+    embedding: Tensor,
+    spk_affine: Linear,
+    encoder: Encoder,
+    encoder_proj: Linear,
+    pub estimator: Estimator,
+    noise: Tensor,
+    steps: usize,
+    cfg_rate: f64,
+}
+
+impl Flow {
+    pub fn new(w: &Weights, d: &FlowDims) -> Flow {
+        Flow {
+            embedding: w.get("flow.input_embedding.weight", &[d.vocab_size, 512]),
+            spk_affine: Linear::new(w, "flow.spk_embed_affine_layer", 192, 80, true),
+            encoder: Encoder::new(w, "flow.encoder", d.encoder_heads, d.encoder_units, d.encoder_blocks, d.encoder_up_blocks),
+            encoder_proj: Linear::new(w, "flow.encoder_proj", 512, 80, true),
+            estimator: Estimator::new(w, "flow.decoder.estimator", d.estimator),
+            noise: w.get("flow.rand_noise", &[1, 80, 15000]),
+            steps: d.steps,
+            cfg_rate: d.cfg_rate,
+        }
+    }
+
+    /// Longest mel (frames, prompt included) the fixed noise covers: 300 s.
+    pub fn max_frames(&self) -> i64 {
+        self.noise.size()[2]
+    }
+
+    /// Encoder stage: `[B, T_mel, 80]` mu and the mel lengths (prompt included).
+    pub fn encode(&self, items: &[FlowItem]) -> (Tensor, Vec<i64>) {
+        let device = self.embedding.device();
+        let lens: Vec<i64> = items.iter().map(|i| (i.tokens.len() + i.prompt_tokens.len()) as i64).collect();
+        let t = lens.iter().copied().max().unwrap_or(1).max(1);
+        let mut flat = vec![0i64; items.len() * t as usize];
+        for (row, item) in items.iter().enumerate() {
+            let start = row * t as usize;
+            let p = item.prompt_tokens.len();
+            flat[start..start + p].copy_from_slice(item.prompt_tokens);
+            flat[start + p..start + p + item.tokens.len()].copy_from_slice(item.tokens);
+        }
+        let tokens = Tensor::from_slice(&flat).view([items.len() as i64, t]).to_device(device);
+        let mask = length_mask(&lens, t, device);
+        let h = Tensor::embedding(&self.embedding, &tokens.clamp_min(0), -1, false, false) * mask.unsqueeze(-1);
+        let h = self.encoder.forward(&h, &mask);
+        (self.encoder_proj.forward(&h), lens.iter().map(|l| 2 * l).collect())
+    }
+
+    pub fn vocab_size(&self) -> i64 {
+        self.embedding.size()[0]
+    }
+
+    /// Encoder stage, then sampling: per item the mel `[80, frames]` without the prompt frames.
+    pub fn forward(&self, items: &[FlowItem]) -> Vec<Tensor> {
+        self.sample(items, &self.encode(items))
+    }
+
+    /// Flow matching from the encoder's output ([`Flow::encode`]).
+    pub fn sample(&self, items: &[FlowItem], encoded: &(Tensor, Vec<i64>)) -> Vec<Tensor> {
+        let device = self.embedding.device();
+        let b = items.len() as i64;
+        let (mu, mel_lens) = encoded;
+        let frames = mu.size()[1];
+        let mu_t = mu.transpose(1, 2).contiguous();
+        // x-vectors: L2-normalised, then affine to 80.
+        let emb = Tensor::stack(&items.iter().map(|i| i.embedding.to_kind(Kind::Float)).collect::<Vec<_>>(), 0).to_device(device);
+        let norm = emb.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
+        let spks = self.spk_affine.forward(&(emb / norm));
+        // Prompt mel conditions the first frames.
+        let cond = Tensor::zeros([b, frames, 80], (Kind::Float, device));
+        for (row, item) in items.iter().enumerate() {
+            let p = item.prompt_feat.size()[0];
+            if p > 0 {
+                cond.get(row as i64).narrow(0, 0, p).copy_(&item.prompt_feat.to_device(device));
+            }
+        }
+        let cond = cond.transpose(1, 2).contiguous();
+        let mask = length_mask(mel_lens, frames, device).unsqueeze(1);
+        let z = self.noise.narrow(2, 0, frames).expand([b, 80, frames], false).to_kind(mu_t.kind());
+        let x = self.solve_euler(z, &mask, &mu_t, &spks, &cond);
+        items
+            .iter()
+            .enumerate()
+            .map(|(row, item)| {
+                let p = 2 * item.prompt_tokens.len() as i64;
+                x.get(row as i64).narrow(1, p, 2 * item.tokens.len() as i64)
+            })
+            .collect()
+    }
+
+    /// `ConditionalCFM.solve_euler` with classifier-free guidance as one doubled batch.
+    fn solve_euler(&self, z: Tensor, mask: &Tensor, mu: &Tensor, spks: &Tensor, cond: &Tensor) -> Tensor {
+        let device = mu.device();
+        let t_span = Tensor::linspace(0.0, 1.0, self.steps as i64 + 1, (Kind::Float, device));
+        let t_span = (&t_span * 0.5 * std::f64::consts::PI).cos() * -1.0 + 1.0;
+        let mut t = t_span.narrow(0, 0, 1);
+        let mut dt = t_span.narrow(0, 1, 1) - t_span.narrow(0, 0, 1);
+        let b = mu.size()[0];
+        let mask_in = Tensor::cat(&[mask, mask], 0);
+        let mu_in = Tensor::cat(&[mu.shallow_clone(), mu.zeros_like()], 0);
+        let spks_in = Tensor::cat(&[spks.shallow_clone(), spks.zeros_like()], 0);
+        let cond_in = Tensor::cat(&[cond.shallow_clone(), cond.zeros_like()], 0);
+        let mut x = z.to_kind(Kind::Float);
+        for step in 1..=self.steps {
+            let x_in = Tensor::cat(&[&x, &x], 0);
+            let t_in = t.expand([2 * b], false);
+            let d = self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in).to_kind(Kind::Float);
+            let (d, cfg) = (d.narrow(0, 0, b), d.narrow(0, b, b));
+            let d = d * (1.0 + self.cfg_rate) - cfg * self.cfg_rate;
+            x = x + &dt * d;
+            t = &t + &dt;
+            if step < self.steps {
+                dt = t_span.narrow(0, step as i64 + 1, 1) - &t;
+            }
+        }
+        x
+    }
+}

@@ -1,0 +1,116 @@
+//! The building blocks shared by the flow and the vocoder: linear, convolutions, layer norm, and
+//! the padding masks that keep a padded batch equal, item by item, to unbatched runs.
+
+use tch::{Kind, Tensor};
+
+use super::weights::Weights;
+
+pub struct Linear {
+    w: Tensor,
+    b: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(w: &Weights, prefix: &str, input: i64, output: i64, bias: bool) -> Linear {
+        Linear {
+            w: w.get(&format!("{prefix}.weight"), &[output, input]),
+            b: bias.then(|| w.get(&format!("{prefix}.bias"), &[output])),
+        }
+    }
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.w, self.b.as_ref())
+    }
+}
+
+/// `Conv1d` with explicit (left, right) zero padding; `left == right` uses the kernel's own padding.
+pub struct Conv1d {
+    w: Tensor,
+    b: Option<Tensor>,
+    stride: i64,
+    dilation: i64,
+    pad: (i64, i64),
+}
+
+impl Conv1d {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(w: &Weights, prefix: &str, input: i64, output: i64, kernel: i64, stride: i64, dilation: i64, pad: (i64, i64)) -> Conv1d {
+        Conv1d {
+            w: w.get(&format!("{prefix}.weight"), &[output, input, kernel]),
+            b: Some(w.get(&format!("{prefix}.bias"), &[output])),
+            stride,
+            dilation,
+            pad,
+        }
+    }
+    /// A stride-1 convolution that sees only the past: `kernel - 1` zeros on the left.
+    pub fn causal(w: &Weights, prefix: &str, input: i64, output: i64, kernel: i64) -> Conv1d {
+        Conv1d::new(w, prefix, input, output, kernel, 1, 1, (kernel - 1, 0))
+    }
+    /// Same-length convolution (`padding = dilation * (kernel - 1) / 2` on both sides).
+    pub fn same(w: &Weights, prefix: &str, input: i64, output: i64, kernel: i64, dilation: i64) -> Conv1d {
+        let p = dilation * (kernel - 1) / 2;
+        Conv1d::new(w, prefix, input, output, kernel, 1, dilation, (p, p))
+    }
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let (l, r) = self.pad;
+        if l == r {
+            x.conv1d(&self.w, self.b.as_ref(), [self.stride], [l], [self.dilation], 1)
+        } else {
+            x.constant_pad_nd([l, r]).conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], 1)
+        }
+    }
+}
+
+pub struct ConvTranspose1d {
+    w: Tensor,
+    b: Tensor,
+    stride: i64,
+    padding: i64,
+}
+
+impl ConvTranspose1d {
+    pub fn new(w: &Weights, prefix: &str, input: i64, output: i64, kernel: i64, stride: i64, padding: i64) -> ConvTranspose1d {
+        ConvTranspose1d {
+            w: w.get(&format!("{prefix}.weight"), &[input, output, kernel]),
+            b: w.get(&format!("{prefix}.bias"), &[output]),
+            stride,
+            padding,
+        }
+    }
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.conv_transpose1d(&self.w, Some(&self.b), [self.stride], [self.padding], [0], 1, [1])
+    }
+}
+
+pub struct LayerNorm {
+    w: Tensor,
+    b: Tensor,
+    dim: i64,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(w: &Weights, prefix: &str, dim: i64, eps: f64) -> LayerNorm {
+        LayerNorm { w: w.get(&format!("{prefix}.weight"), &[dim]), b: w.get(&format!("{prefix}.bias"), &[dim]), dim, eps }
+    }
+    /// Normalises the last dimension.
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        x.layer_norm([self.dim], Some(&self.w), Some(&self.b), self.eps, true)
+    }
+}
+
+/// `[B, T]` float mask: 1 where `t < lengths[b]`.
+pub fn length_mask(lengths: &[i64], t: i64, device: tch::Device) -> Tensor {
+    let b = lengths.len() as i64;
+    let lens = Tensor::from_slice(lengths).to_device(device).view([b, 1]);
+    Tensor::arange(t, (Kind::Int64, device)).view([1, t]).lt_tensor(&lens).to_kind(Kind::Float)
+}
+
+/// Largest absolute difference of two tensors relative to the largest absolute value of `reference`.
+pub fn relative_error(actual: &Tensor, reference: &Tensor) -> f64 {
+    let a = actual.to_kind(Kind::Double).to_device(tch::Device::Cpu);
+    let r = reference.to_kind(Kind::Double).to_device(tch::Device::Cpu);
+    let diff = (&a - &r).abs().max().double_value(&[]);
+    let scale = r.abs().max().double_value(&[]).max(f64::MIN_POSITIVE);
+    diff / scale
+}

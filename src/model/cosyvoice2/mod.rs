@@ -1,0 +1,240 @@
+//! CosyVoice2's token2wav half in tch, batched (`kind = "cosyvoice2-token2wav"`): speech tokens →
+//! mel ([`flow`]: encoder + conditional flow matching) → 24 kHz waveform ([`hift`]).
+//!
+//! The official code runs one utterance at a time; here a batch holds items of different lengths
+//! (and different voices and prompts) padded together, and each item's output equals its
+//! unbatched result. `tests/cosyvoice2_parity.rs` checks every stage against the reference Python
+//! code (`tools/make_parity_fixtures.py`).
+//!
+//! A model directory (written by `tools/convert_cosyvoice.py`) holds `model.toml` with a
+//! `[cosyvoice2]` section of dimensions, `token2wav.safetensors` (weights, weight norm folded) and
+//! `voices.safetensors` (per voice: x-vector, optional prompt tokens and prompt mel).
+//!
+//! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread) and
+//! `super::manifest` (the `[cosyvoice2]` dimensions).
+
+pub mod encoder;
+pub mod estimator;
+pub mod flow;
+pub mod hift;
+pub mod layers;
+mod weights;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tch::{Kind, Tensor};
+
+use self::estimator::EstimatorDims;
+use self::flow::{Flow, FlowDims, FlowItem};
+use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
+pub use self::weights::Weights;
+use super::shim::{set_tf32, AutocastGuard};
+use super::torchscript::{check_device, classify_message};
+use super::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
+
+pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
+pub const VOICES_FILE: &str = "voices.safetensors";
+
+/// A registered voice: x-vector and optional prompt.
+pub struct Voice {
+    pub embedding: Tensor,
+    pub prompt_tokens: Vec<i64>,
+    /// `[2 · prompt_tokens, 80]`.
+    pub prompt_feat: Tensor,
+}
+
+pub struct Token2Wav {
+    pub flow: Flow,
+    pub hift: Hift,
+    voices: Vec<Voice>,
+    manifest: Manifest,
+    device: Device,
+    precision: Precision,
+    /// Time split of the last batch (encoder+flow, vocoder), device-synchronised.
+    pub last_timing: Option<StageTiming>,
+}
+
+/// Where the time of one batch went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StageTiming {
+    pub encoder: Duration,
+    pub flow_steps: Duration,
+    pub vocoder: Duration,
+}
+
+impl Token2Wav {
+    pub fn load(dir: &Path, manifest: Manifest, device: Device, precision: Precision) -> Result<Token2Wav, ModelError> {
+        check_device(device)?;
+        if precision == Precision::Tf32 && device == Device::Cpu {
+            return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
+        }
+        if let Device::Cuda(_) = device {
+            set_tf32(precision == Precision::Tf32);
+        }
+        let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
+        let dims = manifest.cosyvoice2.ok_or_else(|| err("kind cosyvoice2-token2wav needs a [cosyvoice2] section".into()))?;
+        let dev = device.to_tch();
+        let w = Weights::load(&dir.join(WEIGHTS_FILE), dev)?;
+        let flow = Flow::new(
+            &w,
+            &FlowDims {
+                vocab_size: dims.vocab_size,
+                encoder_heads: dims.encoder_heads,
+                encoder_units: dims.encoder_units,
+                encoder_blocks: dims.encoder_blocks,
+                encoder_up_blocks: dims.encoder_up_blocks,
+                estimator: EstimatorDims {
+                    channels: dims.decoder_channels,
+                    blocks: dims.decoder_blocks,
+                    mid_blocks: dims.decoder_mid_blocks,
+                    heads: dims.decoder_heads,
+                    head_dim: dims.decoder_head_dim,
+                },
+                steps: dims.flow_steps,
+                cfg_rate: dims.cfg_rate,
+            },
+        );
+        let hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
+        w.finish()?;
+
+        let vw = Weights::load(&dir.join(VOICES_FILE), dev)?;
+        let mut voices = Vec::new();
+        for name in &manifest.voices {
+            let embedding = vw.get(&format!("{name}.embedding"), &[192]);
+            let (prompt_tokens, prompt_feat) = match vw.get_ids(&format!("{name}.prompt_token")) {
+                Some(tokens) => {
+                    let feat = vw.get(&format!("{name}.prompt_feat"), &[2 * tokens.len() as i64, 80]);
+                    (tokens, feat)
+                }
+                None => (Vec::new(), Tensor::zeros([0, 80], (Kind::Float, dev))),
+            };
+            if let Some(bad) = prompt_tokens.iter().find(|t| !(0..dims.vocab_size).contains(*t)) {
+                return Err(err(format!("voice {name}: prompt token {bad} outside 0..{}", dims.vocab_size)));
+            }
+            voices.push(Voice { embedding, prompt_tokens, prompt_feat });
+        }
+        vw.finish()?;
+        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, last_timing: None })
+    }
+
+    pub fn voices(&self) -> &[Voice] {
+        &self.voices
+    }
+
+    /// Runs a batch with explicit vocoder draws (parity tests) or fresh ones (`None`).
+    /// Returns per item the mel `[80, frames]` and the waveform; records [`Token2Wav::last_timing`].
+    pub fn run(&mut self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<Vec<(Tensor, Vec<f32>)>, ModelError> {
+        self.check(items)?;
+        let _no_grad = tch::no_grad_guard();
+        // libtorch reports failures (out of memory above all) by panicking through tch's operators.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.forward(items, draws)));
+        match run {
+            Ok((result, timing)) => {
+                self.last_timing = Some(timing);
+                Ok(result)
+            }
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "libtorch failed".into());
+                Err(classify_message(msg, items.len()))
+            }
+        }
+    }
+
+    /// Input checks, so that nothing a job carries can make libtorch fail.
+    fn check(&self, items: &[SynthItem]) -> Result<(), ModelError> {
+        let vocab = self.flow.vocab_size();
+        for item in items {
+            let voice = self.voice(item.voice)?;
+            let most = self.flow.max_frames() / 2 - voice.prompt_tokens.len() as i64;
+            if item.tokens.is_empty() || item.tokens.len() as i64 > most {
+                return Err(ModelError::BadInput(format!(
+                    "{} speech tokens: with this voice a job takes 1 to {most}",
+                    item.tokens.len()
+                )));
+            }
+            if let Some(bad) = item.tokens.iter().find(|t| !(0..vocab).contains(*t)) {
+                return Err(ModelError::BadInput(format!("speech token {bad} outside 0..{vocab}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> (Vec<(Tensor, Vec<f32>)>, StageTiming) {
+        let dev = self.device.to_tch();
+        let sync = || {
+            if let Device::Cuda(n) = self.device {
+                tch::Cuda::synchronize(n as i64);
+            }
+        };
+        let flow_items: Vec<FlowItem> = items
+            .iter()
+            .map(|i| {
+                let v = &self.voices[i.voice as usize];
+                FlowItem { tokens: &i.tokens, prompt_tokens: &v.prompt_tokens, prompt_feat: &v.prompt_feat, embedding: &v.embedding }
+            })
+            .collect();
+        let t0 = Instant::now();
+        let (mels, wav, frames, t1, t2) = {
+            let _autocast = AutocastGuard::enter(self.device, self.precision);
+            let encoded = self.flow.encode(&flow_items);
+            sync();
+            let t1 = t0.elapsed();
+            let mels = self.flow.sample(&flow_items, &encoded);
+            sync();
+            let t2 = t0.elapsed();
+            let frames: Vec<i64> = mels.iter().map(|m| m.size()[1]).collect();
+            let t_max = frames.iter().copied().max().unwrap_or(1);
+            let mel = Tensor::zeros([items.len() as i64, 80, t_max], (Kind::Float, dev));
+            for (row, m) in mels.iter().enumerate() {
+                mel.get(row as i64).narrow(1, 0, frames[row]).copy_(m);
+            }
+            let fresh;
+            let draws = match draws {
+                Some(d) => d,
+                None => {
+                    fresh = SourceDraws::random(items.len() as i64, t_max * SAMPLES_PER_FRAME, dev);
+                    &fresh
+                }
+            };
+            let wav = self.hift.forward(&mel, &frames, draws).wav;
+            (mels, wav, frames, t1, t2)
+        };
+        let wav = wav.to_kind(Kind::Float).to_device(tch::Device::Cpu);
+        let t3 = t0.elapsed();
+        let result = mels
+            .into_iter()
+            .zip(&frames)
+            .enumerate()
+            .map(|(row, (mel, &f))| {
+                let samples = wav.get(row as i64).narrow(0, 0, f * SAMPLES_PER_FRAME).contiguous();
+                (mel, Vec::<f32>::try_from(samples).unwrap_or_default())
+            })
+            .collect();
+        (result, StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2 })
+    }
+
+    fn voice(&self, index: i64) -> Result<&Voice, ModelError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.voices.get(i))
+            .ok_or_else(|| ModelError::BadInput(format!("voice index {index} outside 0..{}", self.voices.len())))
+    }
+}
+
+impl Synthesizer for Token2Wav {
+    fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    fn synthesize(&mut self, items: &[SynthItem]) -> Result<Vec<Vec<f32>>, ModelError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.run(items, None)?.into_iter().map(|(_, wav)| wav).collect())
+    }
+}

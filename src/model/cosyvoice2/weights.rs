@@ -1,0 +1,96 @@
+//! Named tensors from a safetensors file, checked against what the model asks for.
+//!
+//! The model's constructors ask for each tensor by name and shape; every miss and every shape
+//! mismatch is recorded, and [`Weights::finish`] reports them all at once together with the
+//! tensors the file has but nothing asked for, so a wrong or partial conversion is one clear error.
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use super::super::ModelError;
+
+pub struct Weights {
+    path: String,
+    tensors: HashMap<String, Tensor>,
+    used: RefCell<BTreeSet<String>>,
+    problems: RefCell<Vec<String>>,
+}
+
+impl Weights {
+    /// Reads every tensor of `path` onto `device` (floating point as fp32).
+    pub fn load(path: &Path, device: Device) -> Result<Weights, ModelError> {
+        let shown = path.display().to_string();
+        let list = Tensor::read_safetensors(path).map_err(|source| ModelError::Load { path: shown.clone(), source })?;
+        let tensors = list
+            .into_iter()
+            .map(|(name, t)| {
+                let t = if t.is_floating_point() { t.to_kind(Kind::Float) } else { t };
+                (name, t.to_device(device))
+            })
+            .collect();
+        Ok(Weights { path: shown, tensors, used: RefCell::default(), problems: RefCell::default() })
+    }
+
+    /// The tensor `name`, which must have `shape`. A miss is recorded and answered with zeros.
+    pub fn get(&self, name: &str, shape: &[i64]) -> Tensor {
+        self.used.borrow_mut().insert(name.to_string());
+        match self.tensors.get(name) {
+            Some(t) if t.size() == shape => t.shallow_clone(),
+            Some(t) => {
+                self.problems.borrow_mut().push(format!("{name}: shape {:?}, expected {shape:?}", t.size()));
+                Tensor::zeros(shape, (Kind::Float, t.device()))
+            }
+            None => {
+                self.problems.borrow_mut().push(format!("{name}: missing"));
+                Tensor::zeros(shape, (Kind::Float, Device::Cpu))
+            }
+        }
+    }
+
+    /// The 1-D integer tensor `name` as ids, or `None` when the file has no such tensor.
+    pub fn get_ids(&self, name: &str) -> Option<Vec<i64>> {
+        let t = self.tensors.get(name)?;
+        self.used.borrow_mut().insert(name.to_string());
+        if t.dim() != 1 || t.is_floating_point() {
+            self.problems.borrow_mut().push(format!("{name}: expected a 1-D integer tensor, found {:?} {:?}", t.kind(), t.size()));
+            return Some(Vec::new());
+        }
+        Vec::<i64>::try_from(t.to_kind(Kind::Int64).to_device(Device::Cpu)).ok()
+    }
+
+    /// Number of `prefix{i}.` groups in the file (blocks of a stack).
+    pub fn count(&self, prefix: &str) -> usize {
+        self.tensors
+            .keys()
+            .filter_map(|k| k.strip_prefix(prefix)?.split('.').next()?.parse::<usize>().ok())
+            .max()
+            .map_or(0, |m| m + 1)
+    }
+
+    /// Ok when everything asked for was there with its shape and nothing else is in the file.
+    pub fn finish(self) -> Result<(), ModelError> {
+        let used = self.used.into_inner();
+        let mut problems = self.problems.into_inner();
+        let mut unexpected: Vec<&String> = self.tensors.keys().filter(|k| !used.contains(*k)).collect();
+        unexpected.sort();
+        problems.extend(unexpected.into_iter().map(|k| format!("{k}: unexpected")));
+        if problems.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<String> = problems.iter().take(40).cloned().collect();
+        let more = problems.len().saturating_sub(shown.len());
+        Err(ModelError::Manifest {
+            dir: self.path,
+            reason: format!(
+                "the weights do not match model.toml ({} problem(s){}): {}; convert the model again with \
+                 tools/convert_cosyvoice.py",
+                problems.len(),
+                if more > 0 { format!(", {more} not shown") } else { String::new() },
+                shown.join("; ")
+            ),
+        })
+    }
+}

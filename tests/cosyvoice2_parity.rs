@@ -1,0 +1,251 @@
+//! The CosyVoice2 token2wav port computes the same function as the reference Python code.
+//!
+//! `scripts/bootstrap.sh` builds the fixtures: `tools/make_parity_fixtures.py` runs CosyVoice2's own
+//! flow and HiFT (PyPI `token2wav-cosyvoice`, `tiny` config, random weights, fixed seed) the way
+//! the official code runs them — one utterance at a time, fp32, CPU — and records inputs and each
+//! stage's output; `tools/convert_cosyvoice.py` converts its "official" directory into the model
+//! directory loaded here. Tolerance: max |ours − reference| / max |reference| ≤ 1e-4 per stage.
+
+use std::path::PathBuf;
+
+use tch::{Kind, Tensor};
+use voxbatch::model::cosyvoice2::flow::FlowItem;
+use voxbatch::model::cosyvoice2::hift::{SourceDraws, SAMPLES_PER_FRAME};
+use voxbatch::model::cosyvoice2::layers::relative_error;
+use voxbatch::model::cosyvoice2::Token2Wav;
+use voxbatch::model::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
+
+const TOLERANCE: f64 = 1e-4;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn model_dir() -> PathBuf {
+    root().join("models/cosyvoice2-tiny")
+}
+
+struct Fixtures(std::collections::HashMap<String, Tensor>);
+
+impl Fixtures {
+    fn load() -> Fixtures {
+        let path = root().join("models/cosyvoice2-tiny-parity/parity.safetensors");
+        let list = Tensor::read_safetensors(&path).unwrap_or_else(|e| {
+            panic!("{}: {e}; run scripts/bootstrap.sh (make test does) to build the parity fixtures", path.display())
+        });
+        Fixtures(list.into_iter().collect())
+    }
+    fn get(&self, name: &str) -> &Tensor {
+        self.0.get(name).unwrap_or_else(|| panic!("fixture {name} is missing"))
+    }
+    fn ids(&self, name: &str) -> Vec<i64> {
+        Vec::<i64>::try_from(self.get(name)).unwrap()
+    }
+    fn items(&self) -> usize {
+        (0..).take_while(|i| self.0.contains_key(&format!("item{i}.token"))).count()
+    }
+}
+
+fn load_model() -> Token2Wav {
+    let dir = model_dir();
+    let manifest = Manifest::load(&dir).unwrap_or_else(|e| panic!("{e}; run scripts/bootstrap.sh"));
+    Token2Wav::load(&dir, manifest, Device::Cpu, Precision::Fp32).unwrap()
+}
+
+struct Item {
+    tokens: Vec<i64>,
+    prompt: Vec<i64>,
+    prompt_feat: Tensor,
+    embedding: Tensor,
+}
+
+fn items(fx: &Fixtures) -> Vec<Item> {
+    (0..fx.items())
+        .map(|i| Item {
+            tokens: fx.ids(&format!("item{i}.token")),
+            prompt: fx.ids(&format!("item{i}.prompt_token")),
+            prompt_feat: fx.get(&format!("item{i}.prompt_feat")).shallow_clone(),
+            embedding: fx.get(&format!("item{i}.embedding")).shallow_clone(),
+        })
+        .collect()
+}
+
+fn flow_items(items: &[Item]) -> Vec<FlowItem<'_>> {
+    items
+        .iter()
+        .map(|i| FlowItem { tokens: &i.tokens, prompt_tokens: &i.prompt, prompt_feat: &i.prompt_feat, embedding: &i.embedding })
+        .collect()
+}
+
+fn assert_close(what: &str, actual: &Tensor, reference: &Tensor) {
+    assert_eq!(actual.size(), reference.size(), "{what}: shapes differ");
+    let err = relative_error(actual, reference);
+    eprintln!("PARITY {what}: {err:.3e}");
+    assert!(err <= TOLERANCE, "{what}: relative error {err:.3e} > {TOLERANCE:e}");
+}
+
+/// The vocoder's random draws of the listed items, padded into one batch.
+fn draws(fx: &Fixtures, which: &[usize]) -> SourceDraws {
+    let samples = which.iter().map(|&i| fx.get(&format!("item{i}.sine.noise")).size()[0]).max().unwrap_or(0);
+    let noise = Tensor::zeros([which.len() as i64, samples, 9], (Kind::Float, tch::Device::Cpu));
+    for (row, &i) in which.iter().enumerate() {
+        let n = fx.get(&format!("item{i}.sine.noise"));
+        noise.get(row as i64).narrow(0, 0, n.size()[0]).copy_(n);
+    }
+    let rand_ini = Tensor::stack(&which.iter().map(|&i| fx.get(&format!("item{i}.sine.rand_ini")).shallow_clone()).collect::<Vec<_>>(), 0);
+    SourceDraws { rand_ini, noise }
+}
+
+#[test]
+fn converted_model_carries_the_reference_flow_noise() {
+    let fx = Fixtures::load();
+    let w = voxbatch::model::cosyvoice2::Weights::load(&model_dir().join("token2wav.safetensors"), tch::Device::Cpu).unwrap();
+    assert_close("flow.rand_noise", &w.get("flow.rand_noise", &[1, 80, 15000]), fx.get("flow.rand_noise"));
+}
+
+#[test]
+fn encoder_output_matches_the_reference_per_item() {
+    let fx = Fixtures::load();
+    let model = load_model();
+    let items = items(&fx);
+    assert!(items.len() >= 3, "the fixtures hold {} items", items.len());
+    for (i, item) in items.iter().enumerate() {
+        let (mu, lens) = tch::no_grad(|| model.flow.encode(&flow_items(std::slice::from_ref(item))));
+        assert_eq!(lens, vec![2 * (item.tokens.len() + item.prompt.len()) as i64]);
+        assert_close(&format!("item{i} encoder"), &mu.get(0), fx.get(&format!("item{i}.encoder_out")));
+    }
+}
+
+#[test]
+fn one_estimator_call_matches_the_reference() {
+    let fx = Fixtures::load();
+    let model = load_model();
+    for i in 0..fx.items() {
+        let g = |k: &str| fx.get(&format!("item{i}.est.{k}"));
+        let out = tch::no_grad(|| model.flow.estimator.forward(g("x"), g("mask"), g("mu"), g("t"), g("spks"), g("cond")));
+        assert_close(&format!("item{i} estimator"), &out, g("out"));
+    }
+}
+
+#[test]
+fn final_mel_matches_the_reference_per_item() {
+    let fx = Fixtures::load();
+    let model = load_model();
+    for (i, item) in items(&fx).iter().enumerate() {
+        let mels = tch::no_grad(|| model.flow.forward(&flow_items(std::slice::from_ref(item))));
+        assert_close(&format!("item{i} mel"), &mels[0], fx.get(&format!("item{i}.mel")));
+    }
+}
+
+#[test]
+fn vocoder_stages_match_the_reference_per_item() {
+    let fx = Fixtures::load();
+    let model = load_model();
+    for i in 0..fx.items() {
+        let g = |k: &str| fx.get(&format!("item{i}.{k}"));
+        let mel = g("mel").unsqueeze(0);
+        let frames = [mel.size()[2]];
+        let samples = frames[0] * SAMPLES_PER_FRAME;
+        tch::no_grad(|| {
+            // Stage by stage, each from the reference's own input.
+            assert_close(&format!("item{i} f0"), &model.hift.f0(&mel, &frames).get(0), g("f0"));
+            let source = model.hift.source(&g("f0").unsqueeze(0), &draws(&fx, &[i]), samples);
+            assert_close(&format!("item{i} source"), &source.get(0), g("source"));
+            let wav = model.hift.decode(&mel, &g("source").unsqueeze(0), &frames);
+            assert_close(&format!("item{i} waveform (decoder)"), &wav.get(0), g("wav"));
+            // The whole vocoder. The source integrates F0 into phase (thousands of radians), so F0's
+            // last-bit differences grow there; it still stays within the tolerance on these inputs.
+            let out = model.hift.forward(&mel, &frames, &draws(&fx, &[i]));
+            assert_close(&format!("item{i} waveform (mel to audio)"), &out.wav.get(0), g("wav"));
+        });
+    }
+}
+
+#[test]
+fn each_item_of_a_padded_batch_equals_its_unbatched_result() {
+    let fx = Fixtures::load();
+    let model = load_model();
+    let items = items(&fx);
+    let all: Vec<usize> = (0..items.len()).collect();
+    // Flow: one padded batch of items with different lengths and prompts.
+    let batched = tch::no_grad(|| model.flow.forward(&flow_items(&items)));
+    for (i, item) in items.iter().enumerate() {
+        let alone = tch::no_grad(|| model.flow.forward(&flow_items(std::slice::from_ref(item))));
+        assert_close(&format!("item{i} mel, batched vs alone"), &batched[i], &alone[0]);
+        assert_close(&format!("item{i} mel, batched vs reference"), &batched[i], fx.get(&format!("item{i}.mel")));
+    }
+    // Vocoder: the reference mels padded into one batch.
+    let frames: Vec<i64> = all.iter().map(|i| fx.get(&format!("item{i}.mel")).size()[1]).collect();
+    let t_max = *frames.iter().max().unwrap();
+    let mel = Tensor::zeros([items.len() as i64, 80, t_max], (Kind::Float, tch::Device::Cpu));
+    for (row, &f) in frames.iter().enumerate() {
+        mel.get(row as i64).narrow(1, 0, f).copy_(fx.get(&format!("item{row}.mel")));
+    }
+    let out = tch::no_grad(|| model.hift.forward(&mel, &frames, &draws(&fx, &all)));
+    // The decoder alone, from the reference sources padded into one batch: per item equal too.
+    let sources = Tensor::zeros([items.len() as i64, t_max * SAMPLES_PER_FRAME], (Kind::Float, tch::Device::Cpu));
+    for (row, &f) in frames.iter().enumerate() {
+        sources.get(row as i64).narrow(0, 0, f * SAMPLES_PER_FRAME).copy_(fx.get(&format!("item{row}.source")));
+    }
+    let decoded = tch::no_grad(|| model.hift.decode(&mel, &sources, &frames));
+    for (i, &f) in frames.iter().enumerate() {
+        let alone = tch::no_grad(|| {
+            model.hift.decode(&fx.get(&format!("item{i}.mel")).unsqueeze(0), &fx.get(&format!("item{i}.source")).unsqueeze(0), &[f])
+        });
+        assert_close(&format!("item{i} decoder, batched vs alone"), &decoded.get(i as i64).narrow(0, 0, f * SAMPLES_PER_FRAME), &alone.get(0));
+    }
+    for (i, &f) in frames.iter().enumerate() {
+        let alone = tch::no_grad(|| model.hift.forward(&fx.get(&format!("item{i}.mel")).unsqueeze(0), &[f], &draws(&fx, &[i])));
+        let wav = out.wav.get(i as i64).narrow(0, 0, f * SAMPLES_PER_FRAME);
+        assert_close(&format!("item{i} waveform, batched vs alone"), &wav, &alone.wav.get(0));
+        assert_close(&format!("item{i} waveform, batched vs reference"), &wav, fx.get(&format!("item{i}.wav")));
+        let tail = out.wav.get(i as i64).narrow(0, f * SAMPLES_PER_FRAME, (t_max - f) * SAMPLES_PER_FRAME);
+        assert_eq!(tail.abs().sum(Kind::Double).double_value(&[]), 0.0, "item{i}: audio past its end");
+    }
+}
+
+#[test]
+fn registered_voices_synthesize_and_bad_tokens_are_refused() {
+    let mut model = load_model();
+    let voices = model.voices().len();
+    assert_eq!(voices, 2, "the fixture registers one plain and one zero-shot voice");
+    assert_eq!(model.voices()[1].prompt_tokens.len(), 6);
+    let items: Vec<SynthItem> = vec![
+        SynthItem { tokens: vec![1, 2, 3, 4, 5], voice: 0 },
+        SynthItem { tokens: (0..17).collect(), voice: 1 },
+    ];
+    let audio = model.synthesize(&items).unwrap();
+    assert_eq!(audio[0].len(), 5 * 2 * 480);
+    assert_eq!(audio[1].len(), 17 * 2 * 480, "the prompt's frames are not in the output");
+    assert!(audio.iter().all(|a| a.iter().all(|x| x.is_finite() && x.abs() <= 0.99)));
+    let timing = model.last_timing.expect("timing recorded");
+    assert!(timing.flow_steps > std::time::Duration::ZERO);
+
+    let vocab = model.manifest().vocab_size();
+    for (tokens, voice) in [(vec![vocab], 0), (vec![-1], 0), (vec![], 0), (vec![1], 7)] {
+        let e = model.synthesize(&[SynthItem { tokens, voice }]).unwrap_err();
+        assert!(matches!(e, ModelError::BadInput(_)), "{e}");
+    }
+}
+
+#[test]
+fn missing_and_unexpected_tensors_are_listed_in_one_error() {
+    let src = model_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["model.toml", "voices.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut tensors = Tensor::read_safetensors(src.join("token2wav.safetensors")).unwrap();
+    tensors.retain(|(name, _)| name != "hift.conv_post.bias" && name != "flow.encoder.after_norm.weight");
+    tensors.push(("flow.stray.weight".to_string(), Tensor::zeros([2], (Kind::Float, tch::Device::Cpu))));
+    Tensor::write_safetensors(&tensors, dir.path().join("token2wav.safetensors")).unwrap();
+    let manifest = Manifest::load(dir.path()).unwrap();
+    let e = match Token2Wav::load(dir.path(), manifest, Device::Cpu, Precision::Fp32) {
+        Ok(_) => panic!("a model with missing tensors loaded"),
+        Err(e) => e.to_string(),
+    };
+    for expected in ["hift.conv_post.bias: missing", "flow.encoder.after_norm.weight: missing", "flow.stray.weight: unexpected"] {
+        assert!(e.contains(expected), "{e}");
+    }
+    assert!(e.contains("convert_cosyvoice.py"), "{e}");
+}

@@ -1,0 +1,60 @@
+//! A worker serving the CosyVoice2 token2wav model (`models/cosyvoice2-tiny`, random weights):
+//! jobs carrying speech tokens become WAVs of 2 × 480 samples per token through the real RabbitMQ,
+//! Postgres and SeaweedFS; jobs the model cannot take are dead-lettered with their reason.
+
+mod common;
+
+use common::{dead_letters, repo_path, TestEnv};
+use voxbatch::audio::parse_wav_header;
+use voxbatch::job::Job;
+
+fn speech_job(tokens: Vec<i64>, voice: &str) -> Job {
+    let mut job = Job::new("");
+    job.speech_tokens = Some(tokens);
+    job.voice = voice.to_string();
+    job.campaign = "t2w".to_string();
+    job
+}
+
+#[tokio::test]
+async fn speech_token_jobs_become_audio_and_unusable_ones_are_dead_lettered() {
+    let mut env = TestEnv::new("cosyvoice2").await;
+    env.cfg.model.dir = repo_path("models/cosyvoice2-tiny");
+    let jobs: Vec<Job> = (0..6).map(|i| speech_job((0..(5 + 3 * i)).map(|t| t % 64).collect(), if i % 2 == 0 { "voice0" } else { "voice1" })).collect();
+    env.publish(&jobs).await;
+    let text_only = Job { voice: "voice0".into(), ..Job::new("a text job for a speech-token model") };
+    let out_of_vocab = speech_job(vec![1, 2, 64], "voice0");
+    env.publish(&[text_only.clone(), out_of_vocab.clone()]).await;
+
+    let summary = env.drain().await;
+    assert_eq!(summary.jobs_done, jobs.len() as u64);
+    assert_eq!(summary.rejected, 2);
+    assert!(summary.batches < jobs.len() as u64, "speech-token jobs were batched");
+    let mut codes: Vec<String> = dead_letters(&env, 2).await.into_iter().map(|(code, _)| code).collect();
+    codes.sort();
+    assert_eq!(codes, vec!["invalid_speech_tokens", "missing_speech_tokens"]);
+
+    for job in &jobs {
+        let key = format!("{}t2w/{}.wav", env.key_prefix(), job.job_id);
+        let (wav, _) = env.storage.get(&key).await.unwrap();
+        let info = parse_wav_header(&wav).expect("a PCM WAV");
+        let tokens = job.speech_tokens.as_ref().map_or(0, Vec::len) as u32;
+        assert_eq!((info.sample_rate, info.samples), (24000, tokens * 2 * 480), "job {}", job.job_id);
+        let stored: serde_json::Value = sqlx::query_scalar("SELECT speech_tokens FROM jobs WHERE job_id = $1")
+            .bind(job.job_id)
+            .fetch_one(env.db.pool())
+            .await
+            .unwrap();
+        assert_eq!(stored, serde_json::json!(job.speech_tokens), "tokens kept for conflict checks and audits");
+    }
+    // The same id with other tokens is a conflict, not a silent re-synthesis.
+    let mut conflicting = jobs[0].clone();
+    conflicting.speech_tokens = Some(vec![9, 9, 9]);
+    env.publish(&[conflicting]).await;
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.rejected), (0, 1));
+    let (code, reason) = dead_letters(&env, 1).await.remove(0);
+    assert_eq!(code, "conflict");
+    assert!(reason.contains("speech_tokens"), "{reason}");
+    env.cleanup().await;
+}

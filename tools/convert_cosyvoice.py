@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Converts an official CosyVoice2 model directory into a voxbatch `cosyvoice2-token2wav` model.
+
+Input (as CosyVoice2 ships it): flow.pt, hift.pt, spk2info.pt, cosyvoice2.yaml.
+Output directory:
+  model.toml              the manifest (kind cosyvoice2-token2wav, dimensions, voices);
+  token2wav.safetensors   `flow.*` and `hift.*` tensors in fp32, weight norm folded into plain weights,
+                          plus `flow.rand_noise`, the fixed noise CosyVoice2's flow draws (seed 0);
+  voices.safetensors      per registered voice: `<name>.embedding` (192-d x-vector) and, for
+                          zero-shot voices, `<name>.prompt_token` and `<name>.prompt_feat` (frames x 80).
+
+Needs only torch and safetensors. The LLM half (llm.pt) is not converted: voxbatch's
+cosyvoice2-token2wav jobs carry speech tokens.
+
+Usage: convert_cosyvoice.py MODEL_DIR OUT_DIR [--name NAME]
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+import torch
+
+
+def fold_weight_norm(sd):
+    """Replaces (g, v) weight-norm pairs by w = g * v / ||v|| (norm over all dims but the first)."""
+    out, pairs = {}, {}
+    for k, v in sd.items():
+        m = re.match(r"(.*)\.parametrizations\.weight\.original([01])$", k) or re.match(r"(.*)\.weight_([gv])$", k)
+        if m:
+            slot = {"0": "g", "1": "v"}.get(m.group(2), m.group(2))
+            pairs.setdefault(m.group(1), {})[slot] = v
+        else:
+            out[k] = v
+    for base, gv in pairs.items():
+        if set(gv) != {"g", "v"}:
+            sys.exit(f"weight norm of {base} is incomplete: has {sorted(gv)}")
+        g, v = gv["g"].float(), gv["v"].float()
+        norm = v.reshape(v.shape[0], -1).norm(dim=1).reshape([-1] + [1] * (v.dim() - 1))
+        out[base + ".weight"] = v * (g / norm)
+    return out
+
+
+def yaml_int(text, key, default):
+    m = re.search(rf"^\s*{key}:\s*(\d+)\s*$", text, re.M)
+    return int(m.group(1)) if m else default
+
+
+def count(sd, prefix):
+    idx = {int(m.group(1)) for k in sd for m in [re.match(re.escape(prefix) + r"(\d+)\.", k)] if m}
+    return max(idx) + 1 if idx else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("out_dir")
+    ap.add_argument("--name", default=None, help="model name in the manifest (default: the output folder's name)")
+    args = ap.parse_args()
+    from safetensors.torch import save_file
+
+    src = args.model_dir
+    for f in ("flow.pt", "hift.pt"):
+        if not os.path.isfile(os.path.join(src, f)):
+            sys.exit(f"{src} has no {f}: expected an official CosyVoice2 directory (flow.pt, hift.pt, spk2info.pt, cosyvoice2.yaml)")
+    flow = torch.load(os.path.join(src, "flow.pt"), map_location="cpu", weights_only=True)
+    hift = torch.load(os.path.join(src, "hift.pt"), map_location="cpu", weights_only=True)
+    hift = {k.replace("generator.", "", 1) if k.startswith("generator.") else k: v for k, v in hift.items()}
+    flow, hift = fold_weight_norm(flow), fold_weight_norm(hift)
+    yaml_path = os.path.join(src, "cosyvoice2.yaml")
+    yaml = open(yaml_path).read() if os.path.isfile(yaml_path) else ""
+
+    try:
+        dims = {
+            "vocab_size": flow["input_embedding.weight"].shape[0],
+            "encoder_heads": flow["encoder.encoders.0.self_attn.pos_bias_u"].shape[0],
+            "encoder_units": flow["encoder.encoders.0.feed_forward.w_1.weight"].shape[0],
+            "encoder_blocks": count(flow, "encoder.encoders."),
+            "encoder_up_blocks": count(flow, "encoder.up_encoders."),
+            "decoder_channels": flow["decoder.estimator.down_blocks.0.0.block1.block.0.weight"].shape[0],
+            "decoder_blocks": count(flow, "decoder.estimator.down_blocks.0.1."),
+            "decoder_mid_blocks": count(flow, "decoder.estimator.mid_blocks."),
+            # Heads and head width are not recoverable from the weights alone.
+            "decoder_heads": yaml_int(yaml, "num_heads", 8),
+            "decoder_head_dim": yaml_int(yaml, "attention_head_dim", 64),
+            "hift_channels": hift["conv_pre.weight"].shape[0],
+            "f0_channels": hift["f0_predictor.condnet.0.weight"].shape[0],
+        }
+    except KeyError as e:
+        sys.exit(f"not a CosyVoice2 flow/hift: tensor {e} is missing")
+    inner = flow["decoder.estimator.down_blocks.0.1.0.attn1.to_q.weight"].shape[0]
+    if dims["decoder_heads"] * dims["decoder_head_dim"] != inner:
+        sys.exit(f"cosyvoice2.yaml says {dims['decoder_heads']} heads x {dims['decoder_head_dim']}, but the "
+                 f"estimator's attention is {inner} wide")
+
+    tensors = {f"flow.{k}": v.float().contiguous() for k, v in flow.items() if v.is_floating_point()}
+    tensors.update({f"hift.{k}": v.float().contiguous() for k, v in hift.items() if v.is_floating_point()})
+    # CausalConditionalCFM draws its noise once, seeded 0, in its constructor.
+    torch.manual_seed(0)
+    tensors["flow.rand_noise"] = torch.randn([1, 80, 50 * 300]).contiguous()
+
+    voices, names = {}, []
+    spk_path = os.path.join(src, "spk2info.pt")
+    spk2info = torch.load(spk_path, map_location="cpu", weights_only=False) if os.path.isfile(spk_path) else {}
+    for name, info in spk2info.items():
+        if not re.fullmatch(r"[A-Za-z0-9_\-\u0080-\uffff]+", name):
+            print(f"skipping voice {name!r}: names are letters, digits, '_' and '-'", file=sys.stderr)
+            continue
+        emb = info.get("flow_embedding", info.get("embedding"))
+        if emb is None:
+            print(f"skipping voice {name!r}: no embedding", file=sys.stderr)
+            continue
+        voices[f"{name}.embedding"] = emb.reshape(-1).float().contiguous()
+        if "flow_prompt_speech_token" in info and "prompt_speech_feat" in info:
+            tok = info["flow_prompt_speech_token"].reshape(-1).long()
+            feat = info["prompt_speech_feat"].reshape(-1, 80).float()
+            n = min(tok.shape[0], feat.shape[0] // 2)  # CosyVoice2 trims the prompt to 2 frames per token
+            voices[f"{name}.prompt_token"] = tok[:n].contiguous()
+            voices[f"{name}.prompt_feat"] = feat[: 2 * n].contiguous()
+        names.append(name)
+    if not names:
+        names = ["default"]
+        voices["default.embedding"] = torch.zeros(192)
+        print("no voices in spk2info.pt: registering `default` with a zero x-vector", file=sys.stderr)
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
+    save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
+    name = args.name or os.path.basename(os.path.abspath(args.out_dir))
+    with open(os.path.join(args.out_dir, "model.toml"), "w") as f:
+        f.write(f'''# Written by tools/convert_cosyvoice.py from {os.path.abspath(src)}.
+name = {json.dumps(name)}
+kind = "cosyvoice2-token2wav"
+description = "CosyVoice2 token2wav (flow matching + HiFT), converted"
+sample_rate = 24000
+# 25 Hz speech tokens, 50 Hz mel frames, 480 samples per frame.
+frames_per_token = 2
+samples_per_frame = 480
+voices = {json.dumps(names)}
+
+[tokenizer]
+kind = "speech_tokens"
+vocab_size = {dims["vocab_size"]}
+
+[signature]
+inputs = ["speech_tokens:int64[B,T]"]
+outputs = ["audio:float32[B,S]"]
+
+[cosyvoice2]
+''')
+        for k, v in dims.items():
+            f.write(f"{k} = {v}\n")
+        f.write("flow_steps = 10\ncfg_rate = 0.7\n")
+    print(json.dumps({"out": args.out_dir, "tensors": len(tensors), "voices": names, **dims}))
+
+
+if __name__ == "__main__":
+    main()
