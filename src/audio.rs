@@ -40,6 +40,38 @@ pub fn encode_wav(samples: &[f32], sample_rate: u32) -> EncodedAudio {
     EncodedAudio { wav, sha256, seconds: samples.len() as f64 / f64::from(sample_rate) }
 }
 
+/// [`encode_wav`] for many waveforms, spread over up to `threads` OS threads (a batch of a few
+/// thousand seconds of audio takes about a second on one core: enough to stall the GPU).
+pub fn encode_wavs(audio: &[Vec<f32>], sample_rate: u32, threads: usize) -> Vec<EncodedAudio> {
+    let threads = threads.clamp(1, audio.len().max(1));
+    if threads == 1 {
+        return audio.iter().map(|a| encode_wav(a, sample_rate)).collect();
+    }
+    // Contiguous runs of roughly equal sample counts, one per thread.
+    let total: usize = audio.iter().map(Vec::len).sum();
+    let per_thread = total.div_ceil(threads).max(1);
+    let mut runs: Vec<&[Vec<f32>]> = Vec::with_capacity(threads);
+    let (mut start, mut acc) = (0, 0);
+    for (i, a) in audio.iter().enumerate() {
+        acc += a.len();
+        if acc >= per_thread {
+            runs.push(&audio[start..=i]);
+            (start, acc) = (i + 1, 0);
+        }
+    }
+    if start < audio.len() {
+        runs.push(&audio[start..]);
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = runs
+            .into_iter()
+            .map(|run| scope.spawn(move || run.iter().map(|a| encode_wav(a, sample_rate)).collect::<Vec<_>>()))
+            .collect();
+        // A panic in a thread (none is expected: encoding cannot fail) propagates to the caller.
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
+}
+
 /// Header fields of a PCM WAV file, for checks.
 #[derive(Debug, PartialEq, Eq)]
 pub struct WavInfo {
@@ -72,6 +104,17 @@ pub fn parse_wav_header(wav: &[u8]) -> Option<WavInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_encoding_gives_the_same_files_in_order() {
+        let audio: Vec<Vec<f32>> = (0..23).map(|i| (0..(i * 997 % 5000)).map(|n| ((n * (i + 1)) as f32 * 0.001).sin()).collect()).collect();
+        let serial: Vec<String> = audio.iter().map(|a| encode_wav(a, 24000).sha256).collect();
+        for threads in [1, 2, 7, 64] {
+            let parallel: Vec<String> = encode_wavs(&audio, 24000, threads).into_iter().map(|e| e.sha256).collect();
+            assert_eq!(parallel, serial, "{threads} threads");
+        }
+        assert!(encode_wavs(&[], 24000, 8).is_empty());
+    }
 
     #[test]
     fn wav_header_is_pcm16_mono_at_the_model_rate() {

@@ -11,7 +11,8 @@
 //! - [`enqueue`]: job files (`.txt`, `.jsonl`) → validated jobs.
 //! - [`queue`]: RabbitMQ topology, publishing with confirms, dead-lettering.
 //! - [`batch`]: batch assembly policy (pure state machine).
-//! - [`model`]: model directories, manifests, tokenizer, inference thread.
+//! - [`model`]: model directories, manifests, tokenizer, inference thread; the TorchScript models
+//!   and CosyVoice2's token2wav ([`model::cosyvoice2`]).
 //! - [`audio`]: waveform → WAV bytes + sha256.
 //! - [`storage`]: S3 / file store for audio.
 //! - [`db`]: Postgres schema, claims, batch commits, rejections.

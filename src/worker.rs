@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 use uuid::Uuid;
 
-use crate::audio::encode_wav;
+use crate::audio::encode_wavs;
 use crate::batch::memory::{MemoryBudget, Profile};
 use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
 use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, LengthBucketing, Pending};
@@ -907,7 +907,8 @@ async fn commit_batch(shared: &Arc<Shared>, batch: InferredBatch) {
     let sample_rate = manifest.sample_rate;
     let encode_started = Instant::now();
     let (received, audio): (Vec<Received>, Vec<Vec<f32>>) = batch.done.into_iter().unzip();
-    let encoded = match tokio::task::spawn_blocking(move || audio.iter().map(|a| encode_wav(a, sample_rate)).collect::<Vec<_>>()).await {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+    let encoded = match tokio::task::spawn_blocking(move || encode_wavs(&audio, sample_rate, threads)).await {
         Ok(e) => e,
         Err(e) => {
             error!(error = %e, "encoding panicked; requeueing the batch");
