@@ -60,8 +60,9 @@ CAMPAIGN=e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain"
 t0=$(date +%s.%N)
-# DEVICES=0,1 (or all) runs one worker per GPU in this process (issue 5's scaling runs).
-timeout "${WORK_TIMEOUT:-300}" $BIN work --drain ${DEVICES:+--devices "$DEVICES"} > "$OUT/worker.log" 2>&1; rc=$?
+# DEVICES=0,1 (or all) runs one worker per GPU in this process (issue 5's scaling runs);
+# WORKERS_PER_DEVICE=2 runs two workers on each (two sharing one GPU: issue 5's single-GPU check).
+timeout "${WORK_TIMEOUT:-300}" $BIN work --drain ${DEVICES:+--devices "$DEVICES"} ${WORKERS_PER_DEVICE:+--workers-per-device "$WORKERS_PER_DEVICE"} > "$OUT/worker.log" 2>&1; rc=$?
 t1=$(date +%s.%N)
 log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
 tail -3 "$OUT/worker.log"

@@ -4,7 +4,7 @@
 # wheels in .whl: token2wav-cosyvoice, diffusers, conformer, omegaconf, importlib_metadata), converts
 # it, runs `voxbatch bench token2wav` (the tch port, batches 1..128, fp32/fp16/bf16) and the
 # reference at batch 1 on the same weights (tools/bench_reference_token2wav.py).
-# Needs the binary as .e2e/voxbatch.xz (scripts/device/pack-services.sh writes it).
+# Needs the binary as .e2e/voxbatch.xz (scripts/device/pack-services.sh writes it) or .t2w/voxbatch.xz.
 # Env: OUT, BATCHES (1,8,32,64,128), PRECISIONS (fp32,fp16,bf16), REPEATS (3), PY (python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,8 @@ fi
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 BIN=/tmp/voxbatch
-[ -x "$BIN" ] || { xz -dc .e2e/voxbatch.xz > "$BIN" && chmod +x "$BIN"; } || exit 1
+XZ=.e2e/voxbatch.xz; [ -f "$XZ" ] || XZ=.t2w/voxbatch.xz
+xz -dc "$XZ" > "$BIN" && chmod +x "$BIN" || exit 1
 M=/tmp/cv2full
 if [ ! -f "$M/model/token2wav.safetensors" ]; then
   log "building the full-size random model (reference code) and converting it"

@@ -1,6 +1,7 @@
 //! `voxbatch bench token2wav`: CosyVoice2 token2wav (the tch port) measured the way issue 7 asks —
 //! fixed-length utterances, audio-seconds per GPU-second at each batch size and precision, peak
-//! memory, and where the time goes (encoder, the flow's Euler steps, the HiFT vocoder).
+//! memory, where the time goes (encoder, the flow's Euler steps, the HiFT vocoder), and what each
+//! precision costs in quality (SNR and log-spectral distance of its waveforms against fp32's).
 //!
 //! Runs on the calling thread (it owns the model); prints a Markdown table, writes
 //! `token2wav.json` + `report.md`. The reference Python code's figure comes from
@@ -12,6 +13,8 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::bench::quality::{log_spectral_distance, snr_db};
+use crate::model::cosyvoice2::hift::{SourceDraws, SAMPLES_PER_FRAME};
 use crate::model::cosyvoice2::Token2Wav;
 use crate::model::memory::MemoryProbe;
 use crate::model::{Device, Manifest, ModelError, Precision, SynthItem};
@@ -40,6 +43,18 @@ pub struct Point {
     pub error: Option<String>,
 }
 
+/// A precision's waveforms against fp32's, same inputs and same vocoder draws.
+#[derive(Debug, Clone, Serialize)]
+pub struct Quality {
+    pub precision: String,
+    pub items: usize,
+    /// Mean over items of the SNR against fp32, dB.
+    pub snr_db_mean: f64,
+    pub snr_db_min: f64,
+    /// Mean log-spectral distance against fp32, dB.
+    pub lsd_db_mean: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Token2WavReport {
     pub model: String,
@@ -50,7 +65,11 @@ pub struct Token2WavReport {
     pub repeats: usize,
     pub created_at: String,
     pub points: Vec<Point>,
+    pub quality: Vec<Quality>,
 }
+
+/// Items of the quality check: the first few of the sweep's, with fixed vocoder draws.
+const QUALITY_ITEMS: usize = 8;
 
 /// Runs the sweep; `progress` gets one line per point.
 pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Result<Token2WavReport, ModelError> {
@@ -63,8 +82,36 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         (0..max_batch).map(|_| SynthItem { tokens: (0..tokens).map(|_| rng.gen_range(0..vocab)).collect(), voice: 0 }).collect();
     let gpu = crate::gpu::memory_info(opts.device).map(|i| i.name).unwrap_or_else(|_| opts.device.to_string());
     let mut points = Vec::new();
-    for &precision in &opts.precisions {
+    let mut quality = Vec::new();
+    let quality_items = &items[..QUALITY_ITEMS.min(items.len())];
+    tch::manual_seed(opts.seed as i64);
+    let draws = SourceDraws::random(quality_items.len() as i64, tokens as i64 * 2 * SAMPLES_PER_FRAME, tch::Device::Cpu);
+    let mut reference: Option<Vec<Vec<f32>>> = None;
+    let mut precisions = opts.precisions.clone();
+    if !precisions.contains(&Precision::Fp32) {
+        precisions.insert(0, Precision::Fp32); // the quality reference
+    }
+    precisions.sort_by_key(|p| *p != Precision::Fp32);
+    for &precision in &precisions {
         let mut model = Token2Wav::load(&opts.model_dir, manifest.clone(), opts.device, precision)?;
+        let wavs: Vec<Vec<f32>> = model.run(quality_items, Some(&draws))?.into_iter().map(|(_, w)| w).collect();
+        match &reference {
+            None => reference = Some(wavs),
+            Some(r) => {
+                let snr: Vec<f64> = r.iter().zip(&wavs).map(|(a, b)| snr_db(a, b)).collect();
+                let lsd: Vec<f64> = r.iter().zip(&wavs).map(|(a, b)| log_spectral_distance(a, b, 512)).collect();
+                quality.push(Quality {
+                    precision: precision.to_string(),
+                    items: wavs.len(),
+                    snr_db_mean: snr.iter().sum::<f64>() / snr.len().max(1) as f64,
+                    snr_db_min: snr.iter().copied().fold(f64::INFINITY, f64::min),
+                    lsd_db_mean: lsd.iter().sum::<f64>() / lsd.len().max(1) as f64,
+                });
+            }
+        }
+        if !opts.precisions.contains(&precision) {
+            continue;
+        }
         let probe = MemoryProbe::new(opts.device);
         let mut failed = false;
         for &batch in &opts.batches {
@@ -131,6 +178,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         repeats: opts.repeats,
         created_at: chrono::Utc::now().to_rfc3339(),
         points,
+        quality,
     })
 }
 
@@ -160,6 +208,12 @@ pub fn table(r: &Token2WavReport) -> String {
             pct(p.flow_seconds),
             pct(p.vocoder_seconds)
         );
+    }
+    if !r.quality.is_empty() {
+        s += &format!("\nQuality against fp32 ({} items, same inputs and vocoder draws)\n\n| precision | SNR dB mean | SNR dB min | LSD dB |\n|---|---:|---:|---:|\n", r.quality[0].items);
+        for q in &r.quality {
+            s += &format!("| {} | {:.1} | {:.1} | {:.3} |\n", q.precision, q.snr_db_mean, q.snr_db_min, q.lsd_db_mean);
+        }
     }
     s
 }
