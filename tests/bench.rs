@@ -79,3 +79,32 @@ async fn the_policy_bench_compares_the_policy_with_fixed_sizes_without_losing_jo
     let paths = voxbatch::bench::policy::write(&report, dir.path()).unwrap();
     assert_eq!(paths.len(), 3);
 }
+
+#[test]
+fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
+    use voxbatch::bench::token2wav::{run, table, write, Token2WavBenchOptions};
+    let opts = Token2WavBenchOptions {
+        model_dir: common::repo_path("models/cosyvoice2-tiny"),
+        device: Device::Cpu,
+        precisions: vec![Precision::Bf16],
+        batches: vec![1, 2],
+        utterance_seconds: 0.4,
+        repeats: 1,
+        seed: 7,
+    };
+    let report = run(&opts, |_| {}).unwrap();
+    assert_eq!(report.tokens_per_utterance, 10);
+    assert_eq!(report.points.len(), 2, "bf16 at batch 1 and 2 (fp32 only as the quality reference)");
+    for p in &report.points {
+        assert!(p.error.is_none(), "{:?}", p.error);
+        assert!(p.audio_seconds_per_second > 0.0);
+        let parts = p.encoder_seconds + p.flow_seconds + p.vocoder_seconds;
+        assert!(parts > 0.0 && parts <= p.seconds * 1.01, "stage times add up to at most the batch's: {parts} vs {}", p.seconds);
+    }
+    let q = report.quality.iter().find(|q| q.precision == "bf16").expect("bf16 against fp32");
+    assert!(q.snr_db_mean.is_finite() && q.lsd_db_mean > 0.0, "bf16 differs measurably from fp32");
+    let dir = tempfile::tempdir().unwrap();
+    let paths = write(&report, dir.path()).unwrap();
+    assert!(paths.iter().all(|p| p.is_file()));
+    assert!(table(&report).contains("| bf16 | 2 |"));
+}

@@ -249,3 +249,30 @@ fn missing_and_unexpected_tensors_are_listed_in_one_error() {
     }
     assert!(e.contains("convert_cosyvoice.py"), "{e}");
 }
+
+#[test]
+fn vocoder_fp32_keeps_the_vocoder_out_of_autocast() {
+    let src = model_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["token2wav.safetensors", "voices.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
+    assert!(toml.contains("vocoder_fp32 = false"), "the converter writes the key");
+    std::fs::write(dir.path().join("model.toml"), toml.replace("vocoder_fp32 = false", "vocoder_fp32 = true")).unwrap();
+    let items = vec![SynthItem { tokens: (0..12).collect(), voice: 1 }];
+    let fx = Fixtures::load();
+    let draws = draws(&fx, &[2]);
+    let run = |dir: &std::path::Path| {
+        let mut m = Token2Wav::load(dir, Manifest::load(dir).unwrap(), Device::Cpu, Precision::Bf16).unwrap();
+        m.run(&items, Some(&draws)).unwrap().remove(0)
+    };
+    let (mel_amp, wav_amp) = run(&src);
+    let (mel_fp32_voc, wav_fp32_voc) = run(dir.path());
+    assert_eq!(relative_error(&mel_fp32_voc, &mel_amp), 0.0, "the flow runs under bf16 autocast either way");
+    // The same mel through the vocoder in fp32 (no autocast) gives vocoder_fp32's waveform exactly.
+    let frames = mel_amp.size()[1];
+    let fp32_wav = tch::no_grad(|| load_model().hift.forward(&mel_amp.unsqueeze(0), &[frames], &draws)).wav.get(0);
+    assert_eq!(relative_error(&Tensor::from_slice(&wav_fp32_voc), &fp32_wav), 0.0);
+    assert!(relative_error(&Tensor::from_slice(&wav_amp), &fp32_wav) > 0.0, "under autocast the vocoder differs");
+}

@@ -152,6 +152,7 @@ outputs = ["audio:float32[B,S]"]
         for k, v in dims.items():
             f.write(f"{k} = {v}\n")
         f.write("flow_steps = 10\ncfg_rate = 0.7\n")
+        f.write("# true: the vocoder runs in fp32 whatever --precision (its STFT/iSTFT always do)\nvocoder_fp32 = false\n")
     print(json.dumps({"out": args.out_dir, "tensors": len(tensors), "voices": names, **dims}))
 
 

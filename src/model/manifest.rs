@@ -53,6 +53,10 @@ pub struct Cosyvoice2Dims {
     pub flow_steps: usize,
     /// Classifier-free guidance rate (CosyVoice2: 0.7).
     pub cfg_rate: f64,
+    /// Run the HiFT vocoder in fp32 whatever the precision (as the official code does: its flow
+    /// runs under autocast, its vocoder not). Its STFT/iSTFT are fp32 either way.
+    #[serde(default)]
+    pub vocoder_fp32: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

@@ -51,6 +51,8 @@ pub struct Token2Wav {
     manifest: Manifest,
     device: Device,
     precision: Precision,
+    /// `[cosyvoice2] vocoder_fp32`: the vocoder runs outside autocast.
+    vocoder_fp32: bool,
     /// Time split of the last batch (encoder+flow, vocoder), device-synchronised.
     pub last_timing: Option<StageTiming>,
 }
@@ -115,7 +117,7 @@ impl Token2Wav {
             voices.push(Voice { embedding, prompt_tokens, prompt_feat });
         }
         vw.finish()?;
-        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, last_timing: None })
+        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_fp32: dims.vocoder_fp32, last_timing: None })
     }
 
     pub fn voices(&self) -> &[Voice] {
@@ -179,14 +181,17 @@ impl Token2Wav {
             })
             .collect();
         let t0 = Instant::now();
+        let vocoder_precision = if self.vocoder_fp32 { Precision::Fp32 } else { self.precision };
         let (mels, wav, frames, t1, t2) = {
-            let _autocast = AutocastGuard::enter(self.device, self.precision);
+            let flow_autocast = AutocastGuard::enter(self.device, self.precision);
             let encoded = self.flow.encode(&flow_items);
             sync();
             let t1 = t0.elapsed();
             let mels = self.flow.sample(&flow_items, &encoded);
             sync();
             let t2 = t0.elapsed();
+            drop(flow_autocast);
+            let _vocoder_autocast = AutocastGuard::enter(self.device, vocoder_precision);
             let frames: Vec<i64> = mels.iter().map(|m| m.size()[1]).collect();
             let t_max = frames.iter().copied().max().unwrap_or(1);
             let mel = Tensor::zeros([items.len() as i64, 80, t_max], (Kind::Float, dev));
