@@ -68,8 +68,8 @@ enum Command {
         /// table, csv or json.
         #[arg(long, default_value = "table")]
         format: Format,
-        /// Also write a chart ($ per audio hour, audio-seconds per GPU-second) to this .svg file.
-        #[arg(long, value_name = "FILE.svg")]
+        /// Also write a chart ($ per audio hour, audio-seconds per GPU-second) to this .svg or .png file.
+        #[arg(long, value_name = "FILE.svg|FILE.png")]
         plot: Option<PathBuf>,
     },
     /// Check that every done job of a campaign has its audio object (and list orphan objects).
@@ -337,8 +337,13 @@ async fn print_report(cfg: &Config, by: Dimension, since: Option<&str>, campaign
     let r = report::report(&db, by, since, campaign).await.context("report")?;
     println!("{}", report::render(&r, format));
     if let Some(path) = plot {
-        anyhow::ensure!(path.extension().is_some_and(|e| e == "svg"), "--plot writes SVG: name the file .svg");
-        std::fs::write(path, report::plot(&r)).with_context(|| format!("write {}", path.display()))?;
+        let svg = report::plot(&r);
+        let bytes = match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+            Some("svg") => svg.into_bytes(),
+            Some("png") => voxbatch::bench::plot::png(&svg, 2.0).map_err(anyhow::Error::msg).context("render the plot as PNG")?,
+            _ => anyhow::bail!("--plot writes SVG or PNG: name the file .svg or .png"),
+        };
+        std::fs::write(path, bytes).with_context(|| format!("write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -68,6 +68,16 @@ async fn enqueue_publishes_every_line_and_status_and_work_see_them() {
     let csv = String::from_utf8_lossy(&o.stdout).to_string();
     assert!(csv.lines().nth(1).unwrap_or("").starts_with("cli-test,3,"), "{csv}");
     assert!(csv.lines().nth(2).unwrap_or("").starts_with("TOTAL,3,"), "{csv}");
+
+    let plots = tempfile::tempdir().unwrap();
+    for (name, magic) in [("r.svg", &b"<svg"[..]), ("r.png", &b"\x89PNG"[..])] {
+        let path = plots.path().join(name);
+        let o = voxbatch(&vars, &["report", "--campaign", "cli-test", "--plot", path.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(std::fs::read(&path).unwrap().starts_with(magic), "{name}");
+    }
+    let o = voxbatch(&vars, &["report", "--plot", plots.path().join("r.gif").to_str().unwrap()]);
+    assert!(!o.status.success() && text(&o).contains(".svg or .png"), "{}", text(&o));
     env.cleanup().await;
 }
 

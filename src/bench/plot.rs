@@ -1,4 +1,5 @@
-//! Minimal SVG line charts for benchmark reports (no plotting dependency).
+//! Minimal SVG line and bar charts for benchmark reports and `report --plot` (no plotting
+//! dependency), and [`png`] to rasterise them.
 
 use std::fmt::Write as _;
 
@@ -102,6 +103,20 @@ pub fn bars(panels: &[(String, Vec<f64>)], labels: &[String], subtitle: &str) ->
     out
 }
 
+/// Rasterises one of this module's SVG charts to PNG bytes at `scale` (1.0 = the SVG's pixels).
+/// Text uses the system's fonts (sans-serif); where none are installed it is left out.
+pub fn png(svg: &str, scale: f32) -> Result<Vec<u8>, String> {
+    use resvg::{tiny_skia, usvg};
+    let mut opt = usvg::Options::default();
+    opt.fontdb_mut().load_system_fonts();
+    let tree = usvg::Tree::from_str(svg, &opt).map_err(|e| format!("invalid SVG: {e}"))?;
+    let size = tree.size();
+    let (w, h) = ((size.width() * scale).ceil() as u32, (size.height() * scale).ceil() as u32);
+    let mut pixmap = tiny_skia::Pixmap::new(w.max(1), h.max(1)).ok_or_else(|| format!("cannot make a {w}x{h} image"))?;
+    resvg::render(&tree, tiny_skia::Transform::from_scale(scale, scale), &mut pixmap.as_mut());
+    pixmap.encode_png().map_err(|e| format!("PNG encoding failed: {e}"))
+}
+
 fn fmt_num(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -135,5 +150,9 @@ mod tests {
         assert_eq!(s.matches("<polyline").count(), 2);
         assert_eq!(s.matches("stroke-dasharray").count(), 2);
         assert!(s.contains("a &lt; b"));
+        let png = png(&s, 1.0).unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+        // 920 x 320 pixels: width and height in the IHDR chunk.
+        assert_eq!((u32::from_be_bytes(png[16..20].try_into().unwrap()), u32::from_be_bytes(png[20..24].try_into().unwrap())), (920, 320));
     }
 }
