@@ -535,7 +535,8 @@ async fn intake_loop(
                             Ok((job, tokens)) => {
                                 let voice = manifest.voice_index(&job.voice).unwrap_or(0);
                                 seq += 1;
-                                policy.push(Pending { tokens: tokens.len(), priority: job.priority, arrived: Instant::now(), seq,
+                                let length = tokens.len() + manifest.prompt_tokens(voice);
+                                policy.push(Pending { tokens: length, priority: job.priority, arrived: Instant::now(), seq,
                                     item: Received { job, tokens, voice, delivery: held } });
                             }
                             Err(rejection) => {

@@ -100,7 +100,7 @@ def main():
     torch.manual_seed(0)
     tensors["flow.rand_noise"] = torch.randn([1, 80, 50 * 300]).contiguous()
 
-    voices, names = {}, []
+    voices, names, prompt_lens = {}, [], []
     spk_path = os.path.join(src, "spk2info.pt")
     spk2info = torch.load(spk_path, map_location="cpu", weights_only=False) if os.path.isfile(spk_path) else {}
     for name, info in spk2info.items():
@@ -118,9 +118,12 @@ def main():
             n = min(tok.shape[0], feat.shape[0] // 2)  # CosyVoice2 trims the prompt to 2 frames per token
             voices[f"{name}.prompt_token"] = tok[:n].contiguous()
             voices[f"{name}.prompt_feat"] = feat[: 2 * n].contiguous()
+            prompt_lens.append(n)
+        else:
+            prompt_lens.append(0)
         names.append(name)
     if not names:
-        names = ["default"]
+        names, prompt_lens = ["default"], [0]
         voices["default.embedding"] = torch.zeros(192)
         print("no voices in spk2info.pt: registering `default` with a zero x-vector", file=sys.stderr)
 
@@ -138,6 +141,8 @@ sample_rate = 24000
 frames_per_token = 2
 samples_per_frame = 480
 voices = {json.dumps(names)}
+# Tokens each voice's prompt adds to a job (the batch policy counts them).
+voice_prompt_tokens = {json.dumps(prompt_lens)}
 
 [tokenizer]
 kind = "speech_tokens"

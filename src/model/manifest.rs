@@ -85,6 +85,10 @@ pub struct Manifest {
     pub signature: Signature,
     #[serde(default)]
     pub cosyvoice2: Option<Cosyvoice2Dims>,
+    /// Tokens each voice's prompt adds to a job (CosyVoice2 zero-shot voices), in `voices` order;
+    /// empty when no voice has a prompt. The batch policy sizes a job by its tokens plus these.
+    #[serde(default)]
+    pub voice_prompt_tokens: Vec<u32>,
     #[serde(skip)]
     pub dir: PathBuf,
 }
@@ -112,6 +116,9 @@ impl Manifest {
         }
         if m.voices.is_empty() {
             return Err(err("`voices` must name at least one voice".into()));
+        }
+        if !m.voice_prompt_tokens.is_empty() && m.voice_prompt_tokens.len() != m.voices.len() {
+            return Err(err(format!("voice_prompt_tokens has {} entries for {} voices", m.voice_prompt_tokens.len(), m.voices.len())));
         }
         if m.vocab_size() < 2 {
             return Err(err("tokenizer.vocab_size must be >= 2".into()));
@@ -189,6 +196,11 @@ impl Manifest {
         self.voices.iter().position(|v| v == voice).map(|i| i as i64)
     }
 
+    /// Tokens the prompt of voice `index` adds to every job (0 without a prompt).
+    pub fn prompt_tokens(&self, index: i64) -> usize {
+        usize::try_from(index).ok().and_then(|i| self.voice_prompt_tokens.get(i)).map_or(0, |&n| n as usize)
+    }
+
     /// Output samples for an input of `tokens` tokens.
     pub fn predicted_samples(&self, tokens: usize) -> u64 {
         tokens as u64 * u64::from(self.frames_per_token) * u64::from(self.samples_per_frame)
@@ -228,6 +240,7 @@ outputs = ["audio:float32[B,S]", "audio_lengths:int64[B]"]
         assert_eq!(m.tokenize("a你"), vec![1 + 97, 1 + (0x4f60 % 4095)]);
         assert_eq!(m.predicted_samples(2), 2 * 6 * 240);
         assert_eq!(m.voice_index("default"), Some(0));
+        assert_eq!((m.prompt_tokens(0), m.prompt_tokens(5)), (0, 0), "no prompts declared");
     }
 
     #[test]
@@ -240,6 +253,10 @@ outputs = ["audio:float32[B,S]", "audio_lengths:int64[B]"]
         assert!(e.contains("model.pt is missing"), "{e}");
         std::fs::write(dir.path().join("model.toml"), GOOD.replace("24000", "0")).unwrap();
         assert!(Manifest::load(dir.path()).is_err());
+        let two = GOOD.replace(r#"voices = ["default"]"#, "voices = [\"default\"]\nvoice_prompt_tokens = [0, 6]");
+        std::fs::write(dir.path().join("model.toml"), two).unwrap();
+        let e = Manifest::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("voice_prompt_tokens has 2 entries for 1 voices"), "{e}");
         std::fs::write(dir.path().join("model.toml"), GOOD.replace("speakers", "spk")).unwrap();
         let e = Manifest::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("signature"), "{e}");

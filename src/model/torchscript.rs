@@ -16,7 +16,7 @@ pub struct TorchScriptModel {
 }
 
 /// Checks that `device` exists before anything is loaded on it.
-pub(crate) fn check_device(device: Device) -> Result<(), ModelError> {
+fn check_device(device: Device) -> Result<(), ModelError> {
     if let Device::Cuda(n) = device {
         if !tch::Cuda::is_available() {
             return Err(ModelError::DeviceUnavailable {
@@ -32,16 +32,22 @@ pub(crate) fn check_device(device: Device) -> Result<(), ModelError> {
     Ok(())
 }
 
+/// Checks `device` and `precision` before a model is loaded and sets the TF32 switch:
+/// libtorch lets cuDNN convolutions use TF32 by default, and fp32 must mean fp32.
+pub(crate) fn prepare_device(device: Device, precision: Precision) -> Result<(), ModelError> {
+    check_device(device)?;
+    if precision == Precision::Tf32 && device == Device::Cpu {
+        return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
+    }
+    if let Device::Cuda(_) = device {
+        set_tf32(precision == Precision::Tf32);
+    }
+    Ok(())
+}
+
 impl TorchScriptModel {
     pub fn load(dir: &Path, manifest: Manifest, device: Device, precision: Precision) -> Result<Self, ModelError> {
-        check_device(device)?;
-        if precision == Precision::Tf32 && device == Device::Cpu {
-            return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
-        }
-        if let Device::Cuda(_) = device {
-            // libtorch lets cuDNN convolutions use TF32 by default: fp32 must mean fp32.
-            set_tf32(precision == Precision::Tf32);
-        }
+        prepare_device(device, precision)?;
         let path = dir.join("model.pt");
         let mut module = CModule::load_on_device(&path, device.to_tch())
             .map_err(|source| ModelError::Load { path: path.display().to_string(), source })?;

@@ -29,8 +29,8 @@ use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 pub use self::weights::Weights;
-use super::shim::{set_tf32, AutocastGuard};
-use super::torchscript::{check_device, classify_message};
+use super::shim::AutocastGuard;
+use super::torchscript::{classify_message, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
 
 pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
@@ -67,13 +67,7 @@ pub struct StageTiming {
 
 impl Token2Wav {
     pub fn load(dir: &Path, manifest: Manifest, device: Device, precision: Precision) -> Result<Token2Wav, ModelError> {
-        check_device(device)?;
-        if precision == Precision::Tf32 && device == Device::Cpu {
-            return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
-        }
-        if let Device::Cuda(_) = device {
-            set_tf32(precision == Precision::Tf32);
-        }
+        prepare_device(device, precision)?;
         let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
         let dims = manifest.cosyvoice2.ok_or_else(|| err("kind cosyvoice2-token2wav needs a [cosyvoice2] section".into()))?;
         let dev = device.to_tch();
@@ -114,6 +108,13 @@ impl Token2Wav {
             if let Some(bad) = prompt_tokens.iter().find(|t| !(0..dims.vocab_size).contains(*t)) {
                 return Err(err(format!("voice {name}: prompt token {bad} outside 0..{}", dims.vocab_size)));
             }
+            let declared = manifest.prompt_tokens(voices.len() as i64);
+            if declared != prompt_tokens.len() {
+                return Err(err(format!(
+                    "voice {name}: model.toml's voice_prompt_tokens says {declared}, voices.safetensors has a prompt of {} tokens",
+                    prompt_tokens.len()
+                )));
+            }
             voices.push(Voice { embedding, prompt_tokens, prompt_feat });
         }
         vw.finish()?;
@@ -132,10 +133,11 @@ impl Token2Wav {
         // libtorch reports failures (out of memory above all) by panicking through tch's operators.
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.forward(items, draws)));
         match run {
-            Ok((result, timing)) => {
+            Ok(Ok((result, timing))) => {
                 self.last_timing = Some(timing);
                 Ok(result)
             }
+            Ok(Err(e)) => Err(e),
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<String>()
@@ -166,7 +168,7 @@ impl Token2Wav {
         Ok(())
     }
 
-    fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> (Vec<(Tensor, Vec<f32>)>, StageTiming) {
+    fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<(Vec<(Tensor, Vec<f32>)>, StageTiming), ModelError> {
         let dev = self.device.to_tch();
         let sync = || {
             if let Device::Cuda(n) = self.device {
@@ -217,10 +219,11 @@ impl Token2Wav {
             .enumerate()
             .map(|(row, (mel, &f))| {
                 let samples = wav.get(row as i64).narrow(0, 0, f * SAMPLES_PER_FRAME).contiguous();
-                (mel, Vec::<f32>::try_from(samples).unwrap_or_default())
+                let audio = Vec::<f32>::try_from(samples).map_err(|e| ModelError::BadOutput(format!("waveform of item {row}: {e}")))?;
+                Ok((mel, audio))
             })
-            .collect();
-        (result, StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2 })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok((result, StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2 }))
     }
 
     fn voice(&self, index: i64) -> Result<&Voice, ModelError> {
