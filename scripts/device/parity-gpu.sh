@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The CosyVoice2 parity tests on the GPU: builds the tiny fixtures there from the reference code
+# (carried wheels in .whl), converts them, and runs the carried test binary
+# (.t2w/cosyvoice2_parity.xz: target/debug/deps/cosyvoice2_parity-*, stripped) on cuda:0.
+# The binary finds its files under the path it was built in (/work/main): linked to here.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-python3}
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+$PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity 2>&1 | tail -1
+$PY tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny | tail -1
+xz -dc .t2w/cosyvoice2_parity.xz > /tmp/cosyvoice2_parity && chmod +x /tmp/cosyvoice2_parity || exit 1
+VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^test |test result|panicked"
