@@ -562,6 +562,11 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "unknown".to_string())
 }
 
+/// A job's speech tokens as stored in `jobs.speech_tokens`.
+fn speech_tokens_json(job: &Job) -> Option<serde_json::Value> {
+    job.speech_tokens.as_ref().map(|t| serde_json::Value::from(t.clone()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,9 +579,4 @@ mod tests {
         assert!(split_url("postgres://h/").is_err());
         assert!(split_url("postgres://h/x;drop").is_err());
     }
-}
-
-/// A job's speech tokens as stored in `jobs.speech_tokens`.
-fn speech_tokens_json(job: &Job) -> Option<serde_json::Value> {
-    job.speech_tokens.as_ref().map(|t| serde_json::Value::from(t.clone()))
 }

@@ -144,7 +144,11 @@ impl Flow {
             let d = self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in).to_kind(Kind::Float);
             let (d, cfg) = (d.narrow(0, 0, b), d.narrow(0, b, b));
             let d = d * (1.0 + self.cfg_rate) - cfg * self.cfg_rate;
-            x = x + &dt * d;
+            // Not `+=`: x starts as an expanded (broadcast) view of the fixed noise.
+            #[allow(clippy::assign_op_pattern)]
+            {
+                x = x + &dt * d;
+            }
             t = &t + &dt;
             if step < self.steps {
                 dt = t_span.narrow(0, step as i64 + 1, 1) - &t;

@@ -203,7 +203,7 @@ impl Hift {
             let mask = self.mask(frames, t * scale + extra, scale, extra);
             x *= &mask;
             let si = self.source_resblocks[i].forward(&(self.source_downs[i].forward(&s_stft) * &mask), &mask);
-            x = x + si;
+            x += si;
             let mut xs = self.resblocks[3 * i].forward(&x, &mask);
             for j in 1..3 {
                 xs += self.resblocks[3 * i + j].forward(&x, &mask);

@@ -44,6 +44,9 @@ pub struct Voice {
     pub prompt_feat: Tensor,
 }
 
+/// One item's output: its mel `[80, frames]` and its waveform.
+pub type MelAndWave = (Tensor, Vec<f32>);
+
 pub struct Token2Wav {
     pub flow: Flow,
     pub hift: Hift,
@@ -168,7 +171,7 @@ impl Token2Wav {
         Ok(())
     }
 
-    fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<(Vec<(Tensor, Vec<f32>)>, StageTiming), ModelError> {
+    fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<(Vec<MelAndWave>, StageTiming), ModelError> {
         let dev = self.device.to_tch();
         let sync = || {
             if let Device::Cuda(n) = self.device {
