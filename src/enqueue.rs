@@ -1,17 +1,25 @@
 //! Reading job files for `voxbatch enqueue`: `.txt` (one job per non-empty line) and `.jsonl`
-//! (one job object per line; `job_id` optional, generated when absent).
+//! (one job object per line; `job_id` optional).
 //!
-//! Every line is validated before anything is published: a file with a bad line is refused whole,
-//! with each bad line's number and reason, so nothing is half-enqueued.
+//! Two streaming passes, so a file of any size is never held in memory: [`JobFile::scan`]
+//! validates every line and hashes the file (a file with a bad line is refused whole, with each
+//! bad line's number and reason, so nothing is half-enqueued); [`JobFile::read`] then yields the
+//! jobs. A line without a `job_id` gets one derived from the file ([`derived_job_id`]: UUIDv5 of
+//! campaign, the file's SHA-256 and the line number), so enqueuing the same file twice publishes
+//! the same ids and workers settle the second copy without synthesizing it again.
 //!
-//! Neighbours: `job` validates each line; `queue::Publisher` publishes the result.
+//! Neighbours: `job` validates each line; `commands::enqueue` publishes through `queue::Publisher`.
 
-use std::path::Path;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
 
 use crate::config::Limits;
-use crate::job::{parse_job, Job, Rejection};
+use crate::job::{parse_job, Job, Rejection, DEFAULT_CAMPAIGN};
 
 /// Errors reading a job file.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +33,8 @@ pub enum EnqueueError {
     InvalidLines { path: String, count: usize, details: String },
     #[error("{path}: no jobs (the file has no non-empty lines)")]
     Empty { path: String },
+    #[error("{path} changed while it was being enqueued; run the command again")]
+    Changed { path: String },
 }
 
 /// Defaults applied to lines that do not set them.
@@ -34,40 +44,132 @@ pub struct LineDefaults {
     pub voice: Option<String>,
 }
 
-/// Reads and validates every job of `path`.
+/// Namespace of the ids derived for lines without a `job_id`.
+pub const JOB_ID_NAMESPACE: Uuid = Uuid::from_u128(0x5d1c_9a52_7f0e_4a8b_9c36_0b1e_7a4d_c2f1);
+
+/// The id of line `line` (1-based) of a file whose content hashes to `file_sha256`, for a job of
+/// `campaign`: UUIDv5 in [`JOB_ID_NAMESPACE`] of `<campaign>\n<sha256 hex>\n<line>`.
+pub fn derived_job_id(campaign: &str, file_sha256: &str, line: usize) -> Uuid {
+    Uuid::new_v5(&JOB_ID_NAMESPACE, format!("{campaign}\n{file_sha256}\n{line}").as_bytes())
+}
+
+/// A validated job file.
+#[derive(Debug, Clone)]
+pub struct JobFile {
+    pub path: PathBuf,
+    jsonl: bool,
+    defaults: LineDefaults,
+    limits: Limits,
+    /// Jobs in the file.
+    pub jobs: usize,
+    /// Hex SHA-256 of the file's bytes.
+    pub sha256: String,
+}
+
+impl JobFile {
+    /// Reads the whole file once, validating every line and hashing it. Blocking.
+    pub fn scan(path: &Path, defaults: &LineDefaults, limits: &Limits) -> Result<JobFile, EnqueueError> {
+        let shown = path.display().to_string();
+        let jsonl = match path.extension().and_then(|e| e.to_str()) {
+            Some("txt") => false,
+            Some("jsonl") | Some("ndjson") => true,
+            _ => return Err(EnqueueError::UnknownFormat { path: shown }),
+        };
+        let mut file = JobFile { path: path.to_path_buf(), jsonl, defaults: defaults.clone(), limits: limits.clone(), jobs: 0, sha256: String::new() };
+        let mut errors: Vec<(usize, Rejection)> = Vec::new();
+        let mut count = 0;
+        let sha256 = file.each_line(|n, body| {
+            match parse_job(&body, &file.limits, None, false) {
+                Ok(_) => count += 1,
+                Err(e) => errors.push((n, e)),
+            }
+            true
+        })?;
+        if !errors.is_empty() {
+            let count = errors.len();
+            let mut details: Vec<String> = errors.iter().take(20).map(|(n, e)| format!("  line {n}: {e}")).collect();
+            if count > 20 {
+                details.push(format!("  … and {} more", count - 20));
+            }
+            return Err(EnqueueError::InvalidLines { path: shown, count, details: details.join("\n") });
+        }
+        if count == 0 {
+            return Err(EnqueueError::Empty { path: shown });
+        }
+        file.jobs = count;
+        file.sha256 = sha256;
+        Ok(file)
+    }
+
+    /// Reads the jobs again, each with its id, passing them to `each` in order (`false` from
+    /// `each` stops early). Blocking. Fails if the file changed since [`JobFile::scan`].
+    pub fn read(&self, mut each: impl FnMut(Job) -> bool) -> Result<(), EnqueueError> {
+        let mut stopped = false;
+        let sha = self.each_line(|n, body| {
+            if stopped {
+                return false;
+            }
+            let body = with_derived_id(body, &self.sha256, n);
+            if let Ok(job) = parse_job(&body, &self.limits, None, false) {
+                stopped = !each(job);
+            }
+            !stopped
+        })?;
+        if !stopped && sha != self.sha256 {
+            return Err(EnqueueError::Changed { path: self.path.display().to_string() });
+        }
+        Ok(())
+    }
+
+    /// Calls `f(line number, body with defaults)` for each non-empty line until it returns false;
+    /// returns the hex SHA-256 of what was read.
+    fn each_line(&self, mut f: impl FnMut(usize, Vec<u8>) -> bool) -> Result<String, EnqueueError> {
+        let read_err = |source| EnqueueError::Read { path: self.path.display().to_string(), source };
+        let mut reader = BufReader::new(File::open(&self.path).map_err(read_err)?);
+        let mut hasher = Sha256::new();
+        let mut line = Vec::new();
+        let mut n = 0;
+        loop {
+            line.clear();
+            if reader.read_until(b'\n', &mut line).map_err(read_err)? == 0 {
+                break;
+            }
+            hasher.update(&line);
+            n += 1;
+            let content = line.strip_suffix(b"\n").unwrap_or(&line);
+            let content = content.strip_suffix(b"\r").unwrap_or(content);
+            if content.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let body = if self.jsonl { with_defaults_jsonl(content, &self.defaults) } else { with_defaults_txt(content, &self.defaults) };
+            if !f(n, body) {
+                break;
+            }
+        }
+        Ok(hex::encode(hasher.finalize()))
+    }
+}
+
+/// Reads and validates every job of `path` into memory (small files, tests).
 pub fn read_jobs(path: &Path, defaults: &LineDefaults, limits: &Limits) -> Result<Vec<Job>, EnqueueError> {
-    let shown = path.display().to_string();
-    let jsonl = match path.extension().and_then(|e| e.to_str()) {
-        Some("txt") => false,
-        Some("jsonl") | Some("ndjson") => true,
-        _ => return Err(EnqueueError::UnknownFormat { path: shown }),
-    };
-    let bytes = std::fs::read(path).map_err(|source| EnqueueError::Read { path: shown.clone(), source })?;
-    let mut jobs = Vec::new();
-    let mut errors: Vec<(usize, Rejection)> = Vec::new();
-    for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let body = if jsonl { with_defaults_jsonl(line, defaults) } else { with_defaults_txt(line, defaults) };
-        match parse_job(&body, limits, None, false) {
-            Ok(job) => jobs.push(job),
-            Err(e) => errors.push((n + 1, e)),
-        }
-    }
-    if !errors.is_empty() {
-        let count = errors.len();
-        let mut details: Vec<String> = errors.iter().take(20).map(|(n, e)| format!("  line {n}: {e}")).collect();
-        if count > 20 {
-            details.push(format!("  … and {} more", count - 20));
-        }
-        return Err(EnqueueError::InvalidLines { path: shown, count, details: details.join("\n") });
-    }
-    if jobs.is_empty() {
-        return Err(EnqueueError::Empty { path: shown });
-    }
+    let file = JobFile::scan(path, defaults, limits)?;
+    let mut jobs = Vec::with_capacity(file.jobs);
+    file.read(|j| {
+        jobs.push(j);
+        true
+    })?;
     Ok(jobs)
+}
+
+/// Adds the derived `job_id` to a job body that has none.
+fn with_derived_id(body: Vec<u8>, file_sha256: &str, line: usize) -> Vec<u8> {
+    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(&body) else { return body };
+    if obj.get("job_id").is_some_and(|v| !v.is_null()) {
+        return body;
+    }
+    let campaign = obj.get("campaign").and_then(Value::as_str).unwrap_or(DEFAULT_CAMPAIGN).to_string();
+    obj.insert("job_id".into(), Value::String(derived_job_id(&campaign, file_sha256, line).to_string()));
+    serde_json::to_vec(&Value::Object(obj)).unwrap_or(body)
 }
 
 fn insert_defaults(obj: &mut serde_json::Map<String, Value>, defaults: &LineDefaults) {
@@ -85,14 +187,14 @@ fn with_defaults_txt(line: &[u8], defaults: &LineDefaults) -> Vec<u8> {
     let mut obj = serde_json::Map::new();
     obj.insert("text".into(), Value::String(text.trim().to_string()));
     insert_defaults(&mut obj, defaults);
-    serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
+    serde_json::to_vec(&Value::Object(obj)).unwrap_or_else(|_| line.to_vec())
 }
 
 fn with_defaults_jsonl(line: &[u8], defaults: &LineDefaults) -> Vec<u8> {
     match serde_json::from_slice::<Value>(line) {
         Ok(Value::Object(mut obj)) => {
             insert_defaults(&mut obj, defaults);
-            serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
+            serde_json::to_vec(&Value::Object(obj)).unwrap_or_else(|_| line.to_vec())
         }
         _ => line.to_vec(), // parse_job reports what is wrong
     }
@@ -113,6 +215,13 @@ mod tests {
         assert_eq!(jobs[1].text, "你好，世界。");
         assert!(jobs.iter().all(|j| j.campaign == "book" && j.voice == "narrator"));
         assert_ne!(jobs[0].job_id, jobs[1].job_id);
+        let again = read_jobs(&p, &d, &Limits::default()).unwrap();
+        assert_eq!(jobs, again, "enqueuing the same file twice gives the same ids");
+        std::fs::write(&p, "Hello world.\n\n  你好，世界！ \r\n").unwrap();
+        let edited = read_jobs(&p, &d, &Limits::default()).unwrap();
+        assert_ne!(edited[0].job_id, jobs[0].job_id, "another file content, other ids");
+        let other = LineDefaults { campaign: Some("other".into()), ..d };
+        assert_ne!(read_jobs(&p, &other, &Limits::default()).unwrap()[0].job_id, edited[0].job_id, "ids depend on the campaign");
     }
 
     #[test]

@@ -290,20 +290,44 @@ fn contains_nul(v: &Value) -> bool {
     }
 }
 
-/// At most `n` characters of `s`, for error messages.
-pub fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(n).collect();
-        t.push('…');
-        t
+/// `s` with its control characters escaped (`\u{1b}`, `\n`): safe in a text log line or on a
+/// terminal.
+pub fn escape_controls(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
     }
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
+/// At most `n` characters of `s`, for error messages, with control characters escaped (a
+/// message's text must not reach a terminal or a text log raw: no ESC sequences, no forged lines).
+pub fn truncate(s: &str, n: usize) -> String {
+    let mut t = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i == n {
+            t.push('…');
+            break;
+        }
+        if c.is_control() {
+            t.extend(c.escape_default());
+        } else {
+            t.push(c);
+        }
+    }
+    t
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_quoted_in_reasons_has_its_control_characters_escaped() {
+        let r = truncate("evil\u{1b}[2J\nINFO forged", 64);
+        assert!(!r.chars().any(char::is_control), "{r:?}");
+        assert!(r.contains("\\u{1b}") && r.contains("\\n"), "{r}");
+        assert_eq!(truncate("abcdef", 3), "abc…");
+    }
 
     const ID: &str = "6f1c1b5e-2f7a-4b8e-9a43-0c1d2e3f4a5b";
 

@@ -6,19 +6,24 @@
 //! after its audio and its rows are committed.
 //!
 //! # Layout
-//! - [`config`]: the one typed configuration (file → env → CLI).
+//! - [`config`]: the one typed configuration (file → env → CLI), a file per section.
 //! - [`job`]: the job message (wire format) and its validation.
-//! - [`enqueue`]: job files (`.txt`, `.jsonl`) → validated jobs.
+//! - [`enqueue`]: job files (`.txt`, `.jsonl`) → validated jobs with stable ids.
 //! - [`queue`]: RabbitMQ topology, publishing with confirms, dead-lettering.
-//! - [`batch`]: batch assembly policy (pure state machine).
+//! - [`batch`]: batch assembly policy (pure state machine), memory model, split-on-failure rule.
+//! - [`sizing`]: which policy a worker runs: memory budget, calibration profiles on disk.
+//! - [`calibrate`]: measures peak memory and fits the profile.
 //! - [`model`]: model directories, manifests, tokenizer, inference thread; the TorchScript models
 //!   and CosyVoice2's token2wav ([`model::cosyvoice2`]).
+//! - [`gpu`]: NVML: device memory, per-batch sampler.
 //! - [`audio`]: waveform → WAV bytes + sha256.
-//! - [`storage`]: S3 / file store for audio.
+//! - [`storage`]: S3 / file store for audio, the object key layout.
 //! - [`db`]: Postgres schema, claims, batch commits, rejections.
-//! - [`report`]: per-campaign reports.
-//! - [`worker`]: wires the stages: consume → batch → infer → encode → upload → record → ack.
-//! - [`commands`]: what each CLI command does (the binary only parses flags).
+//! - [`cost`]: prices and per-batch cost.
+//! - [`worker`]: the pipeline, a file per stage: intake → infer → commit, delivery, retry.
+//! - [`report`]: throughput and cost reports; [`plot`]: their charts.
+//! - [`bench`]: the benchmarks.
+//! - [`commands`]: what each CLI command does, a file per command (the binary only parses flags).
 
 pub mod audio;
 pub mod batch;
@@ -32,7 +37,9 @@ pub mod enqueue;
 pub mod gpu;
 pub mod job;
 pub mod model;
+pub mod plot;
 pub mod queue;
 pub mod report;
+pub mod sizing;
 pub mod storage;
 pub mod worker;

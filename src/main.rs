@@ -1,7 +1,7 @@
 //! `voxbatch`: the command line. Parses flags, sets up logging, calls `voxbatch::commands`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -11,11 +11,9 @@ use tracing_subscriber::EnvFilter;
 
 use voxbatch::commands;
 use voxbatch::config::Config;
-use voxbatch::db::Db;
 use voxbatch::enqueue::LineDefaults;
 use voxbatch::report::{self, Dimension, Format};
-use voxbatch::storage::Storage;
-use voxbatch::worker::WorkerOptions;
+use voxbatch::worker::{WorkerOptions, WorkerSummary};
 
 /// Job-queue batch worker for bulk text-to-speech on GPUs.
 ///
@@ -48,6 +46,10 @@ enum Command {
         /// Voice for jobs that do not name one.
         #[arg(long)]
         voice: Option<String>,
+        /// Skip the first N jobs of the file (resuming an interrupted enqueue; running it again
+        /// without this is safe too: the ids are the same and done jobs are not synthesized twice).
+        #[arg(long, default_value_t = 0)]
+        skip: usize,
     },
     /// Consume jobs and synthesize them until stopped (SIGINT/SIGTERM finish the current batch).
     Work(WorkArgs),
@@ -246,10 +248,10 @@ impl ModelArgs {
             cfg.model.dir = dir.clone();
         }
         if let Some(d) = &self.device {
-            cfg.model.device = d.parse().map_err(anyhow::Error::msg).context("--device")?;
+            cfg.model.device = d.parse().context("--device")?;
         }
         if let Some(p) = &self.precision {
-            cfg.model.precision = p.parse().map_err(anyhow::Error::msg).context("--precision")?;
+            cfg.model.precision = p.parse().context("--precision")?;
         }
         if let Some(b) = self.max_batch {
             anyhow::ensure!(b > 0, "--max-batch must be > 0");
@@ -262,10 +264,7 @@ impl ModelArgs {
 fn init_logging(format: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
     if format == "json" {
         builder.json().init();
     } else {
@@ -289,7 +288,7 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-    tracing::info!("shutdown requested: finishing the current batch, returning the rest to the queue");
+    tracing::info!("shutdown requested: finishing what is in flight, returning the rest to the queue");
 }
 
 fn progress_bar(len: u64, what: &str) -> ProgressBar {
@@ -301,126 +300,39 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-async fn enqueue(cfg: &Config, file: &std::path::Path, defaults: &LineDefaults) -> Result<commands::EnqueueSummary> {
-    let started = Instant::now();
-    let pb = progress_bar(0, "publishing");
-    let summary = commands::enqueue(cfg, file, defaults, |total, done| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
-    })
-    .await
-    .with_context(|| format!("enqueue {}", file.display()))?;
-    pb.finish_and_clear();
-    let campaigns: Vec<String> = summary.campaigns.iter().map(|(c, n)| format!("{c} ({n})")).collect();
-    println!(
-        "enqueued {} job(s) to {} in {:.1}s, campaign: {}",
-        summary.enqueued,
-        cfg.amqp.queue,
-        started.elapsed().as_secs_f64(),
-        campaigns.join(", ")
-    );
-    Ok(summary)
-}
-
-/// `--since`: RFC 3339 or a plain date (midnight UTC).
-fn parse_since(s: &str) -> Result<chrono::DateTime<chrono::Utc>> {
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
-        return Ok(t.with_timezone(&chrono::Utc));
-    }
-    let d = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").with_context(|| format!("--since {s}: use RFC 3339 or YYYY-MM-DD"))?;
-    Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc())
-}
-
-async fn print_report(cfg: &Config, by: Dimension, since: Option<&str>, campaign: Option<&str>, format: Format, plot: Option<&std::path::Path>) -> Result<()> {
-    let since = since.map(parse_since).transpose()?;
-    let db = Db::connect(&cfg.database).await.context("connect to postgres")?;
-    let r = report::report(&db, by, since, campaign).await.context("report")?;
-    println!("{}", report::render(&r, format));
-    if let Some(path) = plot {
-        let svg = report::plot(&r);
-        let bytes = match path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
-            Some("svg") => svg.into_bytes(),
-            Some("png") => voxbatch::bench::plot::png(&svg, 2.0).map_err(anyhow::Error::msg).context("render the plot as PNG")?,
-            _ => anyhow::bail!("--plot writes SVG or PNG: name the file .svg or .png"),
-        };
-        std::fs::write(path, bytes).with_context(|| format!("write {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
-}
-
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole chain, then what to check when the cause is permanent.
+            eprintln!("error: {e:#}");
+            if let Some(hint) = e.chain().find_map(voxbatch::commands::hint) {
+                eprintln!("hint: {hint}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
     let cli = Cli::parse();
     init_logging(&cli.log_format);
     let env: BTreeMap<String, String> = std::env::vars().collect();
+    for var in voxbatch::config::unknown_env_vars(&env) {
+        tracing::warn!(var, "ignored: VOXBATCH_ variables that set configuration are VOXBATCH_<SECTION>__<KEY> (two underscores)");
+    }
     let mut cfg = Config::load(cli.config.as_deref(), &env).context("configuration")?;
-
     match cli.command {
         Command::Migrate => {
             commands::migrate(&cfg).await.context("migrate")?;
             println!("migrated: database, queue topology ({} → {}), storage ready", cfg.amqp.exchange, cfg.amqp.queue);
         }
-        Command::Enqueue { file, campaign, voice } => {
-            enqueue(&cfg, &file, &LineDefaults { campaign, voice }).await?;
-        }
-        Command::Work(args) => {
-            args.model.apply(&mut cfg)?;
-            let opts = WorkerOptions { drain: args.drain, worker_id: args.worker_id };
-            let summaries = if args.devices.is_some() || args.workers_per_device > 1 {
-                let devices = match &args.devices {
-                    Some(spec) => commands::parse_devices(spec).map_err(anyhow::Error::msg).context("--devices")?,
-                    None => vec![cfg.model.device],
-                };
-                commands::work_many(&cfg, &devices, args.workers_per_device, opts, shutdown_signal()).await.context("workers")?
-            } else {
-                vec![commands::work(&cfg, opts, shutdown_signal()).await.context("worker")?]
-            };
-            for summary in summaries {
-                println!(
-                    "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} rejected, {:.1} s of audio",
-                    summary.worker_id,
-                    summary.batches,
-                    summary.jobs_done,
-                    summary.jobs_failed,
-                    summary.already_done,
-                    summary.rejected,
-                    summary.audio_seconds
-                );
-            }
-        }
-        Command::Status => {
-            let s = commands::status(&cfg).await.context("status")?;
-            println!("queue {}: {} ready", s.queue, s.ready);
-            println!("dead-letter queue {}: {} message(s)", s.dead_letter_queue, s.dead);
-            println!("jobs by status:");
-            if s.jobs_by_status.is_empty() {
-                println!("  (none)");
-            }
-            for (status, n) in s.jobs_by_status {
-                println!("  {status:<9} {n}");
-            }
-        }
-        Command::Report { by, since, campaign, format, plot } => {
-            print_report(&cfg, by, since.as_deref(), campaign.as_deref(), format, plot.as_deref()).await?;
-        }
-        Command::Audit { campaign, format } => {
-            let a = commands::audit(&cfg, &campaign).await.context("audit")?;
-            if format == Format::Json {
-                println!("{}", serde_json::to_string_pretty(&a)?);
-            } else {
-                println!("campaign {}: {} done row(s), {} object(s)", a.campaign, a.done_rows, a.objects);
-                println!("missing objects: {}", a.missing_objects.len());
-                for k in a.missing_objects.iter().take(20) {
-                    println!("  {k}");
-                }
-                println!("orphan objects: {}", a.orphan_objects.len());
-                for k in a.orphan_objects.iter().take(20) {
-                    println!("  {k}");
-                }
-            }
-            anyhow::ensure!(a.missing_objects.is_empty(), "{} done job(s) have no audio object", a.missing_objects.len());
-        }
+        Command::Enqueue { file, campaign, voice, skip } => enqueue(&cfg, &file, &LineDefaults { campaign, voice }, skip).await?,
+        Command::Work(args) => work(&mut cfg, args).await?,
+        Command::Status => print_status(&commands::status(&cfg).await.context("status")?),
+        Command::Report { by, since, campaign, format, plot } => print_report(&cfg, by, since.as_deref(), campaign.as_deref(), format, plot.as_deref()).await?,
+        Command::Audit { campaign, format } => audit(&cfg, &campaign, format).await?,
         Command::Calibrate { model, vram_fraction, min_tokens, max_tokens, max_seconds, no_db } => {
             model.apply(&mut cfg)?;
             anyhow::ensure!(vram_fraction > 0.0 && vram_fraction <= 1.0, "--vram-fraction must be in (0, 1]");
@@ -432,36 +344,161 @@ async fn main() -> Result<()> {
                 time_budget: std::time::Duration::from_secs(max_seconds),
                 seed: 7,
             };
-            println!("{:>6} {:>7} {:>8} {:>12} {:>11}", "batch", "tokens", "frames", "peak MiB", "latency ms");
-            let (profile, path) = commands::calibrate(&cfg, &opts, !no_db, |p| {
-                println!("{:>6} {:>7} {:>8} {:>12.1} {:>11.1}", p.batch, p.len_tokens, p.len_frames, p.peak_bytes as f64 / 1048576.0, p.latency_ms);
-            })
-            .await
-            .context("calibrate")?;
-            let f = &profile.fit;
-            println!(
-                "fit: peak(B, L) = {:.3} GiB + B·({:.1}·L + {:.4}·L²) bytes, L = longest output in frames\n     R² = {:.5}, worst relative error = {:.2}% over {} points",
-                f.model.m0 / (1u64 << 30) as f64,
-                f.model.a,
-                f.model.b,
-                f.r2,
-                f.worst_rel_error * 100.0,
-                profile.points.len()
-            );
-            println!("profile for {} on {} {}: {}{}", profile.model, profile.gpu, profile.precision, path.display(), if no_db { "" } else { " (and table calibrations)" });
+            calibrate(&cfg, &opts, no_db).await?;
         }
-        Command::Bench(BenchArgs { command: None, sweet }) => {
-            sweet.model.apply(&mut cfg)?;
-            let precisions = sweet
-                .precisions
-                .iter()
-                .map(|p| p.parse().map_err(anyhow::Error::msg))
-                .collect::<Result<Vec<_>>>()
-                .context("--precisions")?;
+        Command::Bench(args) => bench(&mut cfg, args).await?,
+        Command::Demo { corpus, campaign, model } => {
+            model.apply(&mut cfg)?;
+            demo(&cfg, &corpus, &campaign).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn enqueue(cfg: &Config, file: &Path, defaults: &LineDefaults, skip: usize) -> Result<()> {
+    let started = Instant::now();
+    let pb = progress_bar(0, "publishing");
+    let s = commands::enqueue(cfg, file, defaults, skip, shutdown_signal(), |total, done| {
+        pb.set_length(total as u64);
+        pb.set_position(done as u64);
+    })
+    .await
+    .with_context(|| format!("enqueue {}", file.display()))?;
+    pb.finish_and_clear();
+    let campaigns: Vec<String> = s.campaigns.iter().map(|(c, n)| format!("{c} ({n})")).collect();
+    println!(
+        "enqueued {} job(s) to {} in {:.1}s{}, campaign: {}",
+        s.enqueued,
+        cfg.amqp.queue,
+        started.elapsed().as_secs_f64(),
+        if s.skipped > 0 { format!(" (skipped the first {})", s.skipped) } else { String::new() },
+        campaigns.join(", ")
+    );
+    if s.interrupted {
+        let done = s.skipped + s.enqueued;
+        eprintln!(
+            "interrupted: {done} of {} job(s) of {} are published. Resume with `voxbatch enqueue {} --skip {done}` \
+             (or run the same command again: job ids are derived from the file, so nothing is synthesized twice)",
+            s.total,
+            file.display(),
+            file.display()
+        );
+        std::process::exit(130);
+    }
+    Ok(())
+}
+
+async fn work(cfg: &mut Config, args: WorkArgs) -> Result<()> {
+    args.model.apply(cfg)?;
+    let opts = WorkerOptions { drain: args.drain, worker_id: args.worker_id };
+    let devices = match &args.devices {
+        Some(spec) => commands::parse_devices(spec).context("--devices")?,
+        None => vec![cfg.model.device],
+    };
+    for s in commands::work(cfg, &devices, args.workers_per_device, opts, shutdown_signal()).await.context("worker")? {
+        print_worker(&s);
+    }
+    Ok(())
+}
+
+fn print_worker(s: &WorkerSummary) {
+    println!(
+        "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} rejected, {:.1} s of audio",
+        s.worker_id, s.batches, s.jobs_done, s.jobs_failed, s.already_done, s.rejected, s.audio_seconds
+    );
+}
+
+fn print_status(s: &commands::Status) {
+    println!("queue {}: {} ready", s.queue, s.ready);
+    println!("dead-letter queue {}: {} message(s)", s.dead_letter_queue, s.dead);
+    println!("jobs by status:");
+    if s.jobs_by_status.is_empty() {
+        println!("  (none)");
+    }
+    for (status, n) in &s.jobs_by_status {
+        println!("  {status:<9} {n}");
+    }
+}
+
+/// `--since`: RFC 3339 or a plain date (midnight UTC).
+fn parse_since(s: &str) -> Result<chrono::DateTime<chrono::Utc>> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    let d = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").with_context(|| format!("--since {s}: use RFC 3339 or YYYY-MM-DD"))?;
+    Ok(d.and_time(chrono::NaiveTime::MIN).and_utc())
+}
+
+async fn print_report(cfg: &Config, by: Dimension, since: Option<&str>, campaign: Option<&str>, format: Format, plot: Option<&Path>) -> Result<()> {
+    let since = since.map(parse_since).transpose()?;
+    let r = commands::report(cfg, by, since, campaign).await.context("report")?;
+    println!("{}", report::render(&r, format));
+    if let Some(path) = plot {
+        let written = commands::write_plot(&r, path).await.context("plot")?;
+        eprintln!("wrote {}", written.display());
+    }
+    Ok(())
+}
+
+async fn audit(cfg: &Config, campaign: &str, format: Format) -> Result<()> {
+    let a = commands::audit(cfg, campaign).await.context("audit")?;
+    if format == Format::Json {
+        println!("{}", serde_json::to_string_pretty(&a)?);
+    } else {
+        println!("campaign {}: {} done row(s), {} object(s)", a.campaign, a.done_rows, a.objects);
+        println!("missing objects: {}", a.missing_objects.len());
+        for k in a.missing_objects.iter().take(20) {
+            println!("  {k}");
+        }
+        println!("orphan objects: {}", a.orphan_objects.len());
+        for k in a.orphan_objects.iter().take(20) {
+            println!("  {k}");
+        }
+    }
+    anyhow::ensure!(a.missing_objects.is_empty(), "{} done job(s) have no audio object", a.missing_objects.len());
+    Ok(())
+}
+
+async fn calibrate(cfg: &Config, opts: &voxbatch::calibrate::CalibrateOptions, no_db: bool) -> Result<()> {
+    println!("{:>6} {:>7} {:>8} {:>12} {:>11}", "batch", "tokens", "frames", "peak MiB", "latency ms");
+    let (profile, path) = commands::calibrate(cfg, opts, !no_db, |p| {
+        println!("{:>6} {:>7} {:>8} {:>12.1} {:>11.1}", p.batch, p.len_tokens, p.len_frames, p.peak_bytes as f64 / 1048576.0, p.latency_ms);
+    })
+    .await
+    .context("calibrate")?;
+    let f = &profile.fit;
+    println!(
+        "fit: peak(B, L) = {:.3} GiB + B·({:.1}·L + {:.4}·L²) bytes, L = longest output in frames\n     R² = {:.5}, worst relative error = {:.2}% over {} points",
+        f.model.m0 / (1u64 << 30) as f64,
+        f.model.a,
+        f.model.b,
+        f.r2,
+        f.worst_rel_error * 100.0,
+        profile.points.len()
+    );
+    println!("profile for {} on {} {}: {}{}", profile.model, profile.gpu, profile.precision, path.display(), if no_db { "" } else { " (and table calibrations)" });
+    Ok(())
+}
+
+fn print_written(paths: &[PathBuf]) {
+    for p in paths {
+        println!("wrote {}", p.display());
+    }
+}
+
+fn parse_precisions(list: &[String]) -> Result<Vec<voxbatch::model::Precision>> {
+    list.iter().map(|p| p.parse().context("--precisions")).collect()
+}
+
+async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
+    match args.command {
+        None => {
+            let sweet = args.sweet;
+            sweet.model.apply(cfg)?;
             let opts = voxbatch::bench::sweetspot::SweetSpotOptions {
                 model_dir: cfg.model.dir.clone(),
                 device: cfg.model.device,
-                precisions,
+                precisions: parse_precisions(&sweet.precisions)?,
                 utterance_seconds: sweet.utterance_seconds,
                 max_batch: sweet.model.max_batch.unwrap_or(1024),
                 vram_fraction: sweet.vram_fraction,
@@ -474,92 +511,69 @@ async fn main() -> Result<()> {
             };
             let pb = ProgressBar::new_spinner();
             pb.enable_steady_tick(std::time::Duration::from_millis(200));
-            let report = voxbatch::bench::sweetspot::run(&opts, |line| {
+            let (report, paths) = commands::bench_sweetspot(&opts, &sweet.out, |line| {
                 pb.set_message(line.to_string());
                 pb.suspend(|| eprintln!("  {line}"));
             })
             .await
             .context("sweet-spot bench")?;
             pb.finish_and_clear();
-            let dir = voxbatch::bench::results_dir(&sweet.out, "sweetspot").context("results dir")?;
-            let paths = voxbatch::bench::sweetspot::write(&report, &dir).context("write results")?;
             println!("{}", voxbatch::bench::sweetspot::markdown(&report));
-            for p in paths {
-                println!("wrote {}", p.display());
-            }
+            print_written(&paths);
         }
-        Command::Bench(BenchArgs {
-            command: Some(BenchCommand::Token2wav { model, device, precisions, batches, utterance_seconds, repeats, out }),
-            ..
-        }) => {
+        Some(BenchCommand::Token2wav { model, device, precisions, batches, utterance_seconds, repeats, out }) => {
             let opts = voxbatch::bench::token2wav::Token2WavBenchOptions {
                 model_dir: model,
-                device: device.parse().map_err(anyhow::Error::msg).context("--device")?,
-                precisions: precisions.iter().map(|p| p.parse().map_err(anyhow::Error::msg)).collect::<Result<Vec<_>>>().context("--precisions")?,
+                device: device.parse().context("--device")?,
+                precisions: parse_precisions(&precisions)?,
                 batches,
                 utterance_seconds,
                 repeats: repeats.max(1),
                 seed: 7,
             };
-            let report = tokio::task::spawn_blocking(move || {
-                voxbatch::bench::token2wav::run(&opts, |p| {
-                    eprintln!("  {} batch {}: {:.1} audio-s/s{}", p.precision, p.batch, p.audio_seconds_per_second, p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default())
-                })
+            let (report, paths) = commands::bench_token2wav(opts, &out, |p| {
+                let error = p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+                eprintln!("  {} batch {}: {:.1} audio-s/s{error}", p.precision, p.batch, p.audio_seconds_per_second)
             })
             .await
-            .context("bench thread")?
             .context("token2wav bench")?;
-            let dir = voxbatch::bench::results_dir(&out, "token2wav").context("results dir")?;
-            let paths = voxbatch::bench::token2wav::write(&report, &dir).context("write results")?;
             println!("{}", voxbatch::bench::token2wav::table(&report));
-            for p in paths {
-                println!("wrote {}", p.display());
+            print_written(&paths);
+        }
+        Some(BenchCommand::Corpus { jobs, seed }) => {
+            for line in commands::bench_corpus(jobs, seed) {
+                println!("{line}");
             }
         }
-        Command::Bench(BenchArgs { command: Some(BenchCommand::Corpus { jobs, seed }), .. }) => {
-            let voices = ["default", "narrator", "bright", "deep"];
-            for (i, text) in voxbatch::bench::corpus::mixed_lengths(jobs, seed).into_iter().enumerate() {
-                println!("{}", serde_json::json!({ "text": text, "voice": voices[i % voices.len()] }));
-            }
-        }
-        Command::Bench(BenchArgs { command: Some(BenchCommand::Policy { model, jobs, seed, vram_fraction, out, policy_only }), .. }) => {
-            model.apply(&mut cfg)?;
+        Some(BenchCommand::Policy { model, jobs, seed, vram_fraction, out, policy_only }) => {
+            model.apply(cfg)?;
             if let Some(f) = vram_fraction {
                 cfg.memory.vram_fraction = f;
             }
-            let (report, paths) = commands::bench_policy(&cfg, jobs, seed, policy_only, &out, |r| {
+            let (report, paths) = commands::bench_policy(cfg, jobs, seed, policy_only, &out, |r| {
                 eprintln!("  {}: {:.1} audio-s/s, {} OOM, peak {:.2} GiB", r.config, r.audio_seconds_per_second, r.ooms, r.peak_memory_bytes as f64 / (1u64 << 30) as f64);
             })
             .await
             .context("bench policy")?;
             println!("{}", voxbatch::bench::policy::table(&report));
-            for p in paths {
-                println!("wrote {}", p.display());
-            }
-        }
-        Command::Demo { corpus, campaign, model } => {
-            model.apply(&mut cfg)?;
-            commands::migrate(&cfg).await.context("migrate")?;
-            println!("migrated");
-            let defaults = LineDefaults { campaign: Some(campaign.clone()), voice: None };
-            enqueue(&cfg, &corpus, &defaults).await?;
-            let opts = WorkerOptions { drain: true, worker_id: None };
-            let summary = commands::work(&cfg, opts, shutdown_signal()).await.context("worker")?;
-            println!(
-                "worker drained the queue: {} batch(es), {} job(s), {:.1} s of audio",
-                summary.batches, summary.jobs_done, summary.audio_seconds
-            );
-            print_report(&cfg, Dimension::Campaign, None, Some(&campaign), Format::Table, None).await?;
-            let storage = Storage::open(&cfg.storage).await.context("storage")?;
-            let prefix = storage.key(&campaign, uuid::Uuid::nil());
-            let prefix = prefix.trim_end_matches(&format!("{}.wav", uuid::Uuid::nil())).to_string();
-            let keys = storage.list(&prefix).await.context("list audio")?;
-            println!("audio: {} file(s) under {}", keys.len(), storage.url(&prefix));
-            for k in keys.iter().take(3) {
-                println!("  {}", storage.url(k));
-            }
-            println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
+            print_written(&paths);
         }
     }
+    Ok(())
+}
+
+async fn demo(cfg: &Config, corpus: &Path, campaign: &str) -> Result<()> {
+    let d = commands::demo(cfg, corpus, campaign, shutdown_signal()).await.context("demo")?;
+    println!("enqueued {} job(s) (jobs of an earlier demo run are acked as already done)", d.enqueued);
+    println!(
+        "worker drained the queue: {} batch(es), {} job(s), {:.1} s of audio",
+        d.worker.batches, d.worker.jobs_done, d.worker.audio_seconds
+    );
+    println!("{}", report::render(&d.report, Format::Table));
+    println!("audio: {} file(s) under {}", d.audio_urls.len(), d.audio_prefix);
+    for url in d.audio_urls.iter().take(3) {
+        println!("  {url}");
+    }
+    println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
     Ok(())
 }

@@ -114,3 +114,28 @@ fn credentials_never_appear_in_logs_or_errors() {
     assert!(!out.contains(secret_pw), "password leaked: {out}");
     assert!(!out.contains(secret_key), "secret key leaked: {out}");
 }
+
+#[tokio::test]
+async fn refused_credentials_end_the_command_at_once_with_what_to_check() {
+    let env = TestEnv::new("badcreds").await;
+    let started = std::time::Instant::now();
+    // A wrong broker password: the worker does not reconnect forever.
+    let mut vars = test_env_vars(&env);
+    vars.push(("AMQP_URL", "amqp://guest:wrong-password@127.0.0.1:5672/%2f".into()));
+    let o = voxbatch(&vars, &["work", "--drain"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("hint: RabbitMQ refused"), "{out}");
+    assert!(!out.contains("wrong-password"), "{out}");
+    // A wrong S3 secret: one line naming S3 and the refusal, not a debug dump.
+    let mut vars = test_env_vars(&env);
+    vars.push(("AWS_SECRET_ACCESS_KEY", "not-the-secret".into()));
+    let o = voxbatch(&vars, &["work", "--drain"]);
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("hint: S3 refused"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("error: ") && l.contains("s3 ") && l.contains("HTTP 403")), "{out}");
+    assert!(!out.contains("not-the-secret"), "{out}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "both ended at once");
+    env.cleanup().await;
+}

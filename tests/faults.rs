@@ -62,7 +62,10 @@ async fn faults_rabbitmq_restart_while_workers_run_and_enqueue_publishes() {
     // Restart the broker while the worker runs; publish the rest while it is coming back.
     let restart = tokio::task::spawn_blocking(|| sh("rabbitmqctl -q stop_app && sleep 2 && rabbitmqctl -q start_app && rabbitmqctl -q await_startup"));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    voxbatch::commands::publish_with_retry(&env.cfg, &batch[20..], |_| {}).await.expect("enqueue rides out the restart");
+    let never = std::future::pending::<()>();
+    tokio::pin!(never);
+    let published = voxbatch::commands::publish_with_retry(&env.cfg, &batch[20..], &mut false, &mut never, |_| {}).await.expect("enqueue rides out the restart");
+    assert_eq!(published, 20);
     restart.await.unwrap();
     assert!(wait_done(&env, 40, 120).await, "the worker reconnected and finished");
     let _ = stop.send(());

@@ -16,7 +16,7 @@ async fn workers_sharing_a_device_split_the_queue_and_lose_nothing() {
     let jobs: Vec<Job> = (0..40).map(|i| Job::new(format!("job {i}: shared between workers"))).collect();
     env.publish(&jobs).await;
     let opts = WorkerOptions { drain: true, worker_id: Some(format!("{}-w", env.id)) };
-    let summaries = voxbatch::commands::work_many(&cfg, &[Device::Cpu], 2, opts, std::future::pending()).await.unwrap();
+    let summaries = voxbatch::commands::work(&cfg, &[Device::Cpu], 2, opts, std::future::pending()).await.unwrap();
     assert_eq!(summaries.len(), 2);
     assert_ne!(summaries[0].worker_id, summaries[1].worker_id);
     assert_eq!(summaries.iter().map(|s| s.jobs_done).sum::<u64>(), 40);
@@ -34,7 +34,7 @@ async fn workers_sharing_a_device_split_the_queue_and_lose_nothing() {
 async fn one_shutdown_stops_every_worker() {
     let env = TestEnv::new("multistop").await;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let run = voxbatch::commands::work_many(&env.cfg, &[Device::Cpu], 2, WorkerOptions::default(), async {
+    let run = voxbatch::commands::work(&env.cfg, &[Device::Cpu], 2, WorkerOptions::default(), async {
         let _ = rx.await;
     });
     let stopper = async {

@@ -93,6 +93,8 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_another_worker_completes_it
         .env("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix())
         .env("VOXBATCH_MODEL__DIR", &env.cfg.model.dir)
         .env("VOXBATCH_MEMORY__CALIBRATION_DIR", &env.cfg.memory.calibration_dir)
+        // Its claims expire three missed heartbeats after the kill.
+        .env("VOXBATCH_WORKER__HEARTBEAT", "1s")
         .env("RUST_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
@@ -109,5 +111,55 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_another_worker_completes_it
     assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, jobs.len() as i64, "each job one done row");
     assert_eq!(env.objects().await.len(), jobs.len(), "each job one object");
     assert_eq!(env.depths().await, (0, 0));
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn claims_of_one_job_by_two_live_workers_let_exactly_one_synthesize() {
+    use voxbatch::db::{Claim, ClaimLease, WorkerRow};
+    let env = TestEnv::new("claimrace").await;
+    for id in ["w-a", "w-b"] {
+        let row = WorkerRow { worker_id: id, device: "cpu", model: "m", precision: "fp32", gpu_name: None, hourly_usd: 0.0 };
+        env.db.register_worker(&row).await.unwrap();
+    }
+    let lease = ClaimLease::for_worker(&env.cfg.worker);
+    let job = Job::new("Claimed twice at once.");
+    let jobs = std::slice::from_ref(&job);
+    // Both claim at the same moment: the transaction lets one proceed, the other waits.
+    let (a, b) = tokio::join!(env.db.claim(jobs, "w-a", &lease), env.db.claim(jobs, "w-b", &lease));
+    let mut decisions = vec![a.unwrap().remove(0), b.unwrap().remove(0)];
+    decisions.sort_by_key(|d| matches!(d, Claim::Proceed));
+    assert!(matches!(&decisions[0], Claim::Busy { .. }), "{decisions:?}");
+    assert_eq!(decisions[1], Claim::Proceed);
+    let winner: String = sqlx::query_scalar("SELECT worker_id FROM jobs").fetch_one(env.db.pool()).await.unwrap();
+    let loser = if winner == "w-a" { "w-b" } else { "w-a" };
+    // Still busy while the winner lives; once it has stopped, the claim is free.
+    assert!(matches!(env.db.claim(jobs, loser, &lease).await.unwrap()[0], Claim::Busy { .. }));
+    env.db.worker_stopped(&winner, 0.0, 1.0).await.unwrap();
+    assert_eq!(env.db.claim(jobs, loser, &lease).await.unwrap()[0], Claim::Proceed);
+    // Released claims are free at once, too.
+    env.db.release(&[job.job_id], loser).await.unwrap();
+    assert_eq!(env.db.claim(jobs, &winner, &lease).await.unwrap()[0], Claim::Proceed);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_workers_receiving_the_same_job_at_once_synthesize_it_once() {
+    let env = TestEnv::new("samejob").await;
+    let mut cfg = env.cfg.clone();
+    cfg.batching.max_batch = 1;
+    cfg.amqp.prefetch = 1;
+    let paragraph = "A paragraph that keeps a CPU busy for a moment, ".repeat(30);
+    let job = Job::new(paragraph);
+    // Two copies of one job in the queue, two workers taking one message each.
+    env.publish(&[job.clone(), job.clone()]).await;
+    let summaries = voxbatch::commands::work(&cfg, &[voxbatch::model::Device::Cpu], 2, voxbatch::worker::WorkerOptions { drain: true, worker_id: None }, std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(summaries.iter().map(|s| s.jobs_done).sum::<u64>(), 1, "{summaries:?}");
+    assert_eq!(env.count("SELECT coalesce(sum(batch_size), 0)::bigint FROM batches").await, 1, "one synthesis");
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, 1);
+    assert_eq!(env.objects().await.len(), 1);
+    assert_eq!(env.depths().await, (0, 0), "both copies settled");
     env.cleanup().await;
 }

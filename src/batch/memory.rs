@@ -7,9 +7,8 @@
 //! (`vram_fraction` × total − other processes − margin) times a safety factor that shrinks
 //! multiplicatively after an out-of-memory error and relaxes additively after clean batches (AIMD).
 //!
-//! Pure code: no I/O except [`Profile::load_matching`] / [`Profile::save`].
+//! Pure code, no I/O: profiles are read and written by `sizing::profile`.
 
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -173,28 +172,6 @@ pub fn slug(s: &str) -> String {
 impl Profile {
     pub fn file_name(model: &str, gpu: &str, precision: &str) -> String {
         format!("{}__{}__{}.json", slug(model), slug(gpu), slug(precision))
-    }
-
-    /// Loads `dir/<model>__<gpu>__<precision>.json` if it exists and matches.
-    pub fn load_matching(dir: &Path, model: &str, gpu: &str, precision: &str) -> Result<Option<Profile>, String> {
-        let path = dir.join(Profile::file_name(model, gpu, precision));
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
-        };
-        let p: Profile = serde_json::from_str(&text).map_err(|e| format!("{} is not a calibration profile: {e}", path.display()))?;
-        if p.model != model || slug(&p.gpu) != slug(gpu) || p.precision != precision {
-            return Err(format!("{} is for {} on {} {}, not {model} on {gpu} {precision}", path.display(), p.model, p.gpu, p.precision));
-        }
-        Ok(Some(p))
-    }
-
-    pub fn save(&self, dir: &Path) -> std::io::Result<PathBuf> {
-        std::fs::create_dir_all(dir)?;
-        let path = dir.join(Profile::file_name(&self.model, &self.gpu, &self.precision));
-        std::fs::write(&path, serde_json::to_vec_pretty(self).unwrap_or_default())?;
-        Ok(path)
     }
 
     /// The conservative built-in used when no calibration exists: weights kept three times over,
@@ -369,15 +346,5 @@ mod tests {
             budget.observe(&BatchOutcome::Clean);
         }
         assert_eq!(budget.safety(), 1.0, "capped at 1");
-    }
-
-    #[test]
-    fn profiles_round_trip_and_must_match() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = Profile::builtin("reference-tiny", "NVIDIA H200", "bf16", 6, 240, 1000);
-        let path = p.save(dir.path()).unwrap();
-        assert!(path.ends_with("reference-tiny__nvidia-h200__bf16.json"));
-        assert_eq!(Profile::load_matching(dir.path(), "reference-tiny", "NVIDIA H200", "bf16").unwrap(), Some(p));
-        assert_eq!(Profile::load_matching(dir.path(), "reference-tiny", "NVIDIA H200", "fp32").unwrap(), None);
     }
 }

@@ -70,23 +70,24 @@ pub struct Flush<T> {
 }
 
 impl<T> Flush<T> {
-    /// Sum of the items' tokens.
-    pub fn tokens(&self) -> usize {
-        self.items.iter().map(|p| p.tokens).sum()
+    /// (Σ tokens, batch size × longest, padding waste) of the batch.
+    pub fn padding(&self) -> (usize, usize, f64) {
+        padding(self.items.iter().map(|p| p.tokens))
     }
-    /// Batch size × the longest item: what the model computes, padding included.
-    pub fn padded_tokens(&self) -> usize {
-        self.items.len() * self.items.iter().map(|p| p.tokens).max().unwrap_or(0)
+}
+
+/// For items of these lengths run as one padded batch: (Σ tokens, size × longest, the fraction
+/// of computed tokens that are padding, 1 − Σlen / (B · max_len)).
+pub fn padding(lengths: impl Iterator<Item = usize>) -> (usize, usize, f64) {
+    let (mut n, mut sum, mut max) = (0usize, 0usize, 0usize);
+    for l in lengths {
+        n += 1;
+        sum += l;
+        max = max.max(l);
     }
-    /// Fraction of the computed tokens that are padding: 1 − Σlen / (B · max_len).
-    pub fn padding_waste(&self) -> f64 {
-        let padded = self.padded_tokens();
-        if padded == 0 {
-            0.0
-        } else {
-            1.0 - self.tokens() as f64 / padded as f64
-        }
-    }
+    let padded = n * max;
+    let waste = if padded == 0 { 0.0 } else { 1.0 - sum as f64 / padded as f64 };
+    (sum, padded, waste)
 }
 
 /// Default bound on longest/shortest input length within one batch.
@@ -362,7 +363,7 @@ mod tests {
         let f = flush(b.decide(t0, false));
         assert_eq!(f.reason, FlushReason::Full);
         assert_eq!(ids(&f), vec![2, 0, 4], "sorted by length, around the oldest job");
-        assert!((f.padding_waste() - (1.0 - 150.0 / 156.0)).abs() < 1e-9);
+        assert!((f.padding().2 - (1.0 - 150.0 / 156.0)).abs() < 1e-9);
         let f = flush(b.decide(t0, false));
         assert_eq!((ids(&f), f.reason), (vec![1, 5], FlushReason::Bucket), "500 tokens is no bucket-mate of 5");
         assert_eq!(b.len(), 1);
@@ -392,7 +393,7 @@ mod tests {
         // 3 × 45 > 100: the budget closes a batch of two at once, without waiting for the deadline.
         let f = flush(b.decide(t0, false));
         assert_eq!(f.reason, FlushReason::Tokens);
-        assert!(f.padded_tokens() <= 100);
+        assert!(f.padding().1 <= 100);
         assert_eq!(ids(&f), vec![0, 2]);
         b.push(job(3, 1000, 0, t0));
         let f = flush(b.decide(t0, true));

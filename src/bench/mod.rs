@@ -6,10 +6,10 @@
 //! - [`policy`]: the memory-aware batch policy against fixed batch sizes on a mixed-length corpus.
 //! - [`token2wav`]: CosyVoice2 token2wav throughput per batch size and precision, time per stage.
 //!
-//! Neighbours: `model` runs the passes, `batch` decides the batches, `calibrate` fits the profile.
+//! Neighbours: `model` runs the passes, `batch` and `sizing` decide the batches, the worker's
+//! split-on-failure path runs them (`worker::synthesize_splitting`), `plot` draws.
 
 pub mod corpus;
-pub mod plot;
 pub mod policy;
 pub mod quality;
 pub mod sweetspot;

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::batch::memory::MemoryBudget;
-use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
+use crate::batch::split::SplitEvent;
 use crate::batch::{Admission, BatchOutcome, BatchPolicy, Decision, LengthBucketing, Pending};
-use crate::model::{ModelError, ModelHandle, SynthItem};
+use crate::model::{ModelHandle, SynthItem};
+use crate::worker::synthesize_splitting;
 
 /// One configuration's result.
 #[derive(Debug, Clone, Serialize)]
@@ -77,43 +78,19 @@ struct Acc {
     pred_errors: Vec<f64>,
 }
 
-/// Runs one batch with split-on-OOM; returns (outcome, measured peak).
+/// Runs one batch through the worker's split-on-failure path; returns (outcome, measured peak).
 async fn run_batch(model: &ModelHandle, jobs: &[&Job], acc: &mut Acc) -> (BatchOutcome, Option<u64>) {
-    let idx: Vec<usize> = (0..jobs.len()).collect();
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut tokens = 0u64;
-    let mut padded = 0u64;
-    let run = run_splitting(idx, |i: &usize| jobs[*i].tokens.len(), |part: &[usize]| {
-        let items: Vec<SynthItem> = part.iter().map(|&i| SynthItem { tokens: jobs[i].tokens.clone(), voice: jobs[i].voice }).collect();
-        let max = items.iter().map(|i| i.tokens.len()).max().unwrap_or(0) as u64;
-        tokens += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
-        padded += max * items.len() as u64;
-        let model = model.clone();
-        let peak = peak.clone();
-        async move {
-            match model.synthesize(items).await {
-                Ok(out) => {
-                    peak.fetch_max(out.peak_bytes.unwrap_or(0), std::sync::atomic::Ordering::SeqCst);
-                    Ok(out.audio)
-                }
-                Err(ModelError::ThreadGone) => Err(AttemptError::Fatal("inference thread gone".into())),
-                Err(e) if e.is_oom() => Err(AttemptError::OutOfMemory(e.to_string())),
-                Err(e) => Err(AttemptError::Failed(e.to_string())),
-            }
-        }
-    })
-    .await;
+    let run = synthesize_splitting(model, jobs.to_vec(), |j: &&Job| SynthItem { tokens: j.tokens.clone(), voice: j.voice }).await;
     let ooms = run.events.iter().filter(|e| matches!(e, SplitEvent::OutOfMemory { .. })).count();
     acc.batches += 1;
     acc.jobs += run.done.len();
     acc.audio_samples += run.done.iter().map(|(_, a)| a.len() as u64).sum::<u64>();
     acc.ooms += ooms;
     acc.failed += run.failed.len() + run.given_back.len();
-    acc.tokens += tokens;
-    acc.padded += padded;
-    let p = peak.load(std::sync::atomic::Ordering::SeqCst);
-    acc.peak = acc.peak.max(p);
-    (if ooms > 0 { BatchOutcome::OutOfMemory } else { BatchOutcome::Clean }, (p > 0).then_some(p))
+    acc.tokens += run.forward_tokens;
+    acc.padded += run.forward_padded_tokens;
+    acc.peak = acc.peak.max(run.peak.unwrap_or(0));
+    (if ooms > 0 { BatchOutcome::OutOfMemory } else { BatchOutcome::Clean }, run.peak)
 }
 
 fn result(config: String, batch_size: f64, acc: Acc, wall: Duration, sample_rate: u32) -> RunResult {
@@ -283,7 +260,7 @@ pub fn table(report: &PolicyReport) -> String {
 
 /// Writes `policy.json`, `policy.txt` and `policy.svg` to `dir`.
 pub fn write(report: &PolicyReport, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    use super::plot::{svg, Panel, Series};
+    use crate::plot::{svg, Panel, Series};
     let policy = report.runs.iter().find(|r| r.config == "policy");
     let line = |name: &str, prefix: &str, f: &dyn Fn(&RunResult) -> f64| Series {
         name: name.to_string(),
@@ -309,7 +286,7 @@ pub fn write(report: &PolicyReport, dir: &Path) -> std::io::Result<Vec<PathBuf>>
         "batch size",
     );
     let paths = vec![dir.join("policy.json"), dir.join("policy.txt"), dir.join("policy.svg")];
-    std::fs::write(&paths[0], serde_json::to_vec_pretty(report).unwrap_or_default())?;
+    std::fs::write(&paths[0], serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?)?;
     std::fs::write(&paths[1], table(report))?;
     std::fs::write(&paths[2], chart)?;
     Ok(paths)

@@ -158,217 +158,49 @@ pub fn knee(points: &[&Point], gain: f64) -> Option<usize> {
     best
 }
 
-/// Runs the bench. `progress(line)` narrates; `bar(done, total)` drives a progress bar.
+/// Batch-1 outputs of one precision: (precision, audio per input, median latency ms, peak).
+type BatchOne = (Precision, Vec<Vec<f32>>, f64, Option<u64>);
+
+/// What one precision's run gave.
+enum PrecisionRun {
+    /// Not run, with the note saying why.
+    Skipped(String),
+    Ran { model: String, tokens: usize, batch_one: BatchOne, points: Vec<Point> },
+}
+
+/// Runs the bench. `progress(line)` narrates.
 pub async fn run(opts: &SweetSpotOptions, mut progress: impl FnMut(&str)) -> Result<SweetSpotReport, ModelError> {
-    let info = crate::gpu::memory_info(opts.device).ok();
+    let device = opts.device;
+    let info = tokio::task::spawn_blocking(move || crate::gpu::memory_info(device).ok()).await.map_err(|_| ModelError::ThreadGone)?;
     let total = info.as_ref().map(|i| i.total_bytes).unwrap_or(0);
     let ceiling = opts.vram_fraction * total as f64;
     let mut notes = Vec::new();
     let mut sweep: Vec<Point> = Vec::new();
-    let mut outputs_b1: Vec<(Precision, Vec<Vec<f32>>, f64, Option<u64>)> = Vec::new();
-    let mut model_name = String::new();
-    let mut tokens = 0;
+    let mut outputs_b1: Vec<BatchOne> = Vec::new();
+    let (mut model_name, mut tokens) = (String::new(), 0);
     let mut precisions = opts.precisions.clone();
     if !precisions.contains(&Precision::Fp32) {
         precisions.insert(0, Precision::Fp32);
     }
     precisions.sort_by_key(|p| if *p == Precision::Fp32 { 0 } else { 1 });
-
     for &precision in &precisions {
-        let model = match ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await {
-            Ok(m) => m,
-            Err(e) if precision != Precision::Fp32 => {
-                notes.push(format!("{precision}: not run ({e})"));
-                progress(&format!("{precision}: not supported here: {e}"));
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let manifest = model.manifest().clone();
-        model_name = manifest.name.clone();
-        let samples_per_token = f64::from(manifest.frames_per_token) * f64::from(manifest.samples_per_frame);
-        tokens = ((opts.utterance_seconds * f64::from(manifest.sample_rate)) / samples_per_token).round().max(1.0) as usize;
-        let vocab = manifest.vocab_size();
-        let utterance_s = manifest.predicted_seconds(tokens);
-        // Batch 1 on fixed inputs (quality is compared on these).
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        let quality_inputs = synthetic_batch(&mut rng, 4, tokens, vocab, manifest.voices.len());
-        let mut b1_audio = Vec::new();
-        let mut b1_lat = Vec::new();
-        let mut b1_peak = None;
-        let mut failed = None;
-        for item in &quality_inputs {
-            match measure(&model, std::slice::from_ref(item), opts.repeats).await {
-                Ok((lat, peak, mut audio)) => {
-                    b1_lat.push(lat);
-                    b1_peak = b1_peak.max(peak);
-                    b1_audio.push(audio.pop().unwrap_or_default());
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failed {
-            notes.push(format!("{precision}: failed at batch 1 ({e})"));
-            progress(&format!("{precision}: failed at batch 1: {e}"));
-            continue;
-        }
-        let lat1 = median(b1_lat);
-        outputs_b1.push((precision, b1_audio, lat1, b1_peak));
-        progress(&format!("{precision} batch 1: {lat1:.1} ms, {:.1} audio-s/s", utterance_s / (lat1 / 1000.0)));
-
-        // Sweep.
-        let mut batch = 1;
-        while batch <= opts.max_batch {
-            let items = synthetic_batch(&mut rng, batch, tokens, vocab, manifest.voices.len());
-            let point = match measure(&model, &items, opts.repeats).await {
-                Ok((lat, peak, _)) => Point {
-                    precision: precision.to_string(),
-                    batch,
-                    latency_ms: lat,
-                    audio_s_per_s: batch as f64 * utterance_s / (lat / 1000.0),
-                    peak_bytes: peak,
-                    oom: false,
-                    over_ceiling: total > 0 && peak.is_some_and(|p| p as f64 > ceiling),
-                },
-                Err(e) if e.is_oom() => Point {
-                    precision: precision.to_string(),
-                    batch,
-                    latency_ms: 0.0,
-                    audio_s_per_s: 0.0,
-                    peak_bytes: None,
-                    oom: true,
-                    over_ceiling: true,
-                },
-                Err(e) => return Err(e),
-            };
-            progress(&format!(
-                "{precision} batch {batch}: {:.1} audio-s/s, peak {}{}",
-                point.audio_s_per_s,
-                point.peak_bytes.map(|p| format!("{:.2} GiB", p as f64 / (1u64 << 30) as f64)).unwrap_or_else(|| "-".into()),
-                if point.oom { " (OOM)" } else if point.over_ceiling { " (over the ceiling)" } else { "" }
-            ));
-            let stop = point.oom || point.over_ceiling;
-            sweep.push(point);
-            if stop {
-                break;
-            }
-            batch *= 2;
-        }
-    }
-
-    // Quality and speed at batch 1 against fp32.
-    let mut precision_at_batch_1 = Vec::new();
-    let mut baseline = None;
-    if let Some((_, ref_audio, ref_lat, ref_peak)) = outputs_b1.iter().find(|o| o.0 == Precision::Fp32).cloned() {
-        baseline = sweep.iter().find(|p| p.precision == "fp32" && p.batch == 1).cloned();
-        for (precision, audio, lat, peak) in &outputs_b1 {
-            let snr = ref_audio.iter().zip(audio).map(|(r, x)| super::quality::snr_db(r, x)).fold(f64::INFINITY, f64::min);
-            let lsd = ref_audio.iter().zip(audio).map(|(r, x)| super::quality::log_spectral_distance(r, x, 512)).fold(0.0, f64::max);
-            precision_at_batch_1.push(Quality {
-                precision: precision.to_string(),
-                snr_db: snr,
-                lsd_db: lsd,
-                speedup_vs_fp32: ref_lat / lat,
-                memory_saved_bytes: ref_peak.unwrap_or(0) as i64 - peak.unwrap_or(0) as i64,
-            });
-        }
-    }
-
-    // Knees and the recommendation.
-    let mut knees = Vec::new();
-    for q in &precision_at_batch_1 {
-        let pts: Vec<&Point> = sweep.iter().filter(|p| p.precision == q.precision).collect();
-        if let Some(b) = knee(&pts, opts.knee_gain) {
-            if let Some(p) = pts.iter().find(|p| p.batch == b) {
-                knees.push(Knee { precision: q.precision.clone(), batch: b, audio_s_per_s: p.audio_s_per_s, peak_bytes: p.peak_bytes });
+        match run_precision(opts, precision, total, ceiling, &mut progress).await? {
+            PrecisionRun::Skipped(note) => notes.push(note),
+            PrecisionRun::Ran { model, tokens: t, batch_one, points } => {
+                (model_name, tokens) = (model, t);
+                outputs_b1.push(batch_one);
+                sweep.extend(points);
             }
         }
     }
-    let acceptable = |k: &&Knee| {
-        precision_at_batch_1.iter().any(|q| q.precision == k.precision && (q.snr_db >= opts.min_snr_db || q.precision == "fp32"))
+    let (precision_at_batch_1, baseline) = quality_at_batch_1(&outputs_b1, &sweep);
+    let (knees, recommended) = recommend(opts, &precision_at_batch_1, &sweep, &mut notes);
+    let soak = match (&recommended, opts.soak.is_zero()) {
+        (Some(rec), false) => Some(soak(opts, rec, tokens, &mut progress).await?),
+        _ => None,
     };
-    let recommended = knees.iter().filter(acceptable).max_by(|a, b| a.audio_s_per_s.total_cmp(&b.audio_s_per_s)).cloned();
-    for q in &precision_at_batch_1 {
-        if q.precision != "fp32" && q.snr_db < opts.min_snr_db {
-            notes.push(format!("{}: SNR {:.1} dB vs fp32 is under {:.0} dB, not recommended", q.precision, q.snr_db, opts.min_snr_db));
-        }
-    }
-
-    // Soak.
-    let mut soak = None;
-    if let (Some(rec), false) = (&recommended, opts.soak.is_zero()) {
-        let precision: Precision = rec.precision.parse().map_err(|e: String| ModelError::BadOutput(e))?;
-        let model = ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await?;
-        let manifest = model.manifest().clone();
-        let vocab = manifest.vocab_size();
-        let utterance_s = manifest.predicted_seconds(tokens);
-        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
-        let items = synthetic_batch(&mut rng, rec.batch, tokens, vocab, manifest.voices.len());
-        let probe = MemoryProbe::new(opts.device);
-        let sampler = GpuSampler::start(opts.device, Duration::from_millis(100));
-        if let Some(s) = &sampler {
-            s.begin();
-        }
-        model.synthesize(items.clone()).await?;
-        let first = probe.current();
-        let started = Instant::now();
-        let mut window_start = Instant::now();
-        let (mut window_audio, mut batches) = (0.0, 0usize);
-        let mut windows = Vec::new();
-        let window_len = Duration::from_secs(10).min(opts.soak);
-        while started.elapsed() < opts.soak {
-            model.synthesize(items.clone()).await?;
-            batches += 1;
-            window_audio += rec.batch as f64 * utterance_s;
-            if window_start.elapsed() >= window_len {
-                windows.push(window_audio / window_start.elapsed().as_secs_f64());
-                progress(&format!("soak {:.0}/{:.0} s: {:.1} audio-s/s", started.elapsed().as_secs_f64(), opts.soak.as_secs_f64(), windows[windows.len() - 1]));
-                window_audio = 0.0;
-                window_start = Instant::now();
-            }
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let stats = sampler.as_ref().map(|s| s.end());
-        let mean = if windows.is_empty() { batches as f64 * rec.batch as f64 * utterance_s / seconds } else { windows.iter().sum::<f64>() / windows.len() as f64 };
-        let sd = if windows.len() > 1 { (windows.iter().map(|w| (w - mean).powi(2)).sum::<f64>() / (windows.len() - 1) as f64).sqrt() } else { 0.0 };
-        soak = Some(Soak {
-            precision: rec.precision.clone(),
-            batch: rec.batch,
-            seconds,
-            batches,
-            window_audio_s_per_s: windows,
-            mean_audio_s_per_s: mean,
-            cv: if mean > 0.0 { sd / mean } else { 0.0 },
-            allocated_first_bytes: first,
-            allocated_last_bytes: probe.current(),
-            temp_max_c: stats.as_ref().and_then(|s| s.temp_max_c),
-            power_mean_w: stats.as_ref().and_then(|s| s.power_mean_w),
-            energy_j: stats.as_ref().and_then(|s| s.energy_j),
-        });
-    }
-
-    // Cost table at the recommended throughput.
     let gpu = info.as_ref().map(|i| i.name.clone()).unwrap_or_else(|| opts.device.to_string());
-    let mut cost_table = Vec::new();
-    if let Some(rec) = &recommended {
-        let this = opts.prices.hourly(opts.device, Some(&gpu));
-        let mut prices: Vec<(String, f64)> = vec![(format!("{gpu} (this machine's price)"), this)];
-        prices.extend(opts.prices.gpu_hourly_usd.iter().map(|(k, v)| (k.clone(), *v)));
-        for (name, hourly) in prices {
-            // audio-hours per hour = audio-seconds per second
-            cost_table.push(CostRow { gpu: name, hourly_usd: hourly, usd_per_audio_hour: hourly / rec.audio_s_per_s });
-        }
-    }
-    let config_snippet = match &recommended {
-        Some(r) => format!(
-            "[model]\nprecision = \"{}\"\n\n[batching]\n# the sweet spot for {:.0}-second utterances; the memory policy sizes mixed lengths\nmax_batch = {}\n\n[memory]\nvram_fraction = {}\n",
-            r.precision, opts.utterance_seconds, r.batch, opts.vram_fraction
-        ),
-        None => String::new(),
-    };
+    let (cost_table, config_snippet) = costs(opts, &gpu, recommended.as_ref());
     Ok(SweetSpotReport {
         model: model_name,
         device: opts.device.to_string(),
@@ -388,6 +220,179 @@ pub async fn run(opts: &SweetSpotOptions, mut progress: impl FnMut(&str)) -> Res
         config_snippet,
         notes,
     })
+}
+
+/// Batch 1 on fixed inputs (quality is compared on these), then the batch sweep, for one precision.
+async fn run_precision(opts: &SweetSpotOptions, precision: Precision, total: u64, ceiling: f64, progress: &mut impl FnMut(&str)) -> Result<PrecisionRun, ModelError> {
+    let model = match ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await {
+        Ok(m) => m,
+        Err(e) if precision != Precision::Fp32 => {
+            progress(&format!("{precision}: not supported here: {e}"));
+            return Ok(PrecisionRun::Skipped(format!("{precision}: not run ({e})")));
+        }
+        Err(e) => return Err(e),
+    };
+    let manifest = model.manifest().clone();
+    let samples_per_token = f64::from(manifest.frames_per_token) * f64::from(manifest.samples_per_frame);
+    let tokens = ((opts.utterance_seconds * f64::from(manifest.sample_rate)) / samples_per_token).round().max(1.0) as usize;
+    let vocab = manifest.vocab_size();
+    let utterance_s = manifest.predicted_seconds(tokens);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let quality_inputs = synthetic_batch(&mut rng, 4, tokens, vocab, manifest.voices.len());
+    let (mut b1_audio, mut b1_lat, mut b1_peak) = (Vec::new(), Vec::new(), None);
+    for item in &quality_inputs {
+        match measure(&model, std::slice::from_ref(item), opts.repeats).await {
+            Ok((lat, peak, mut audio)) => {
+                b1_lat.push(lat);
+                b1_peak = b1_peak.max(peak);
+                b1_audio.push(audio.pop().unwrap_or_default());
+            }
+            Err(e) => {
+                progress(&format!("{precision}: failed at batch 1: {e}"));
+                return Ok(PrecisionRun::Skipped(format!("{precision}: failed at batch 1 ({e})")));
+            }
+        }
+    }
+    let lat1 = median(b1_lat);
+    progress(&format!("{precision} batch 1: {lat1:.1} ms, {:.1} audio-s/s", utterance_s / (lat1 / 1000.0)));
+
+    let mut points = Vec::new();
+    let mut batch = 1;
+    while batch <= opts.max_batch {
+        let items = synthetic_batch(&mut rng, batch, tokens, vocab, manifest.voices.len());
+        let point = match measure(&model, &items, opts.repeats).await {
+            Ok((lat, peak, _)) => Point {
+                precision: precision.to_string(),
+                batch,
+                latency_ms: lat,
+                audio_s_per_s: batch as f64 * utterance_s / (lat / 1000.0),
+                peak_bytes: peak,
+                oom: false,
+                over_ceiling: total > 0 && peak.is_some_and(|p| p as f64 > ceiling),
+            },
+            Err(e) if e.is_oom() => Point { precision: precision.to_string(), batch, latency_ms: 0.0, audio_s_per_s: 0.0, peak_bytes: None, oom: true, over_ceiling: true },
+            Err(e) => return Err(e),
+        };
+        progress(&format!(
+            "{precision} batch {batch}: {:.1} audio-s/s, peak {}{}",
+            point.audio_s_per_s,
+            point.peak_bytes.map(|p| format!("{:.2} GiB", p as f64 / (1u64 << 30) as f64)).unwrap_or_else(|| "-".into()),
+            if point.oom { " (OOM)" } else if point.over_ceiling { " (over the ceiling)" } else { "" }
+        ));
+        let stop = point.oom || point.over_ceiling;
+        points.push(point);
+        if stop {
+            break;
+        }
+        batch *= 2;
+    }
+    Ok(PrecisionRun::Ran { model: manifest.name.clone(), tokens, batch_one: (precision, b1_audio, lat1, b1_peak), points })
+}
+
+/// Quality and speed of each precision at batch 1 against fp32, and fp32's batch-1 point.
+fn quality_at_batch_1(outputs_b1: &[BatchOne], sweep: &[Point]) -> (Vec<Quality>, Option<Point>) {
+    let Some((_, ref_audio, ref_lat, ref_peak)) = outputs_b1.iter().find(|o| o.0 == Precision::Fp32) else { return (Vec::new(), None) };
+    let baseline = sweep.iter().find(|p| p.precision == "fp32" && p.batch == 1).cloned();
+    let qualities = outputs_b1
+        .iter()
+        .map(|(precision, audio, lat, peak)| Quality {
+            precision: precision.to_string(),
+            snr_db: ref_audio.iter().zip(audio).map(|(r, x)| super::quality::snr_db(r, x)).fold(f64::INFINITY, f64::min),
+            lsd_db: ref_audio.iter().zip(audio).map(|(r, x)| super::quality::log_spectral_distance(r, x, 512)).fold(0.0, f64::max),
+            speedup_vs_fp32: ref_lat / lat,
+            memory_saved_bytes: ref_peak.unwrap_or(0) as i64 - peak.unwrap_or(0) as i64,
+        })
+        .collect();
+    (qualities, baseline)
+}
+
+/// Each precision's knee, and the fastest knee among precisions whose quality holds.
+fn recommend(opts: &SweetSpotOptions, quality: &[Quality], sweep: &[Point], notes: &mut Vec<String>) -> (Vec<Knee>, Option<Knee>) {
+    let mut knees = Vec::new();
+    for q in quality {
+        let pts: Vec<&Point> = sweep.iter().filter(|p| p.precision == q.precision).collect();
+        if let Some(p) = knee(&pts, opts.knee_gain).and_then(|b| pts.iter().find(|p| p.batch == b)) {
+            knees.push(Knee { precision: q.precision.clone(), batch: p.batch, audio_s_per_s: p.audio_s_per_s, peak_bytes: p.peak_bytes });
+        }
+    }
+    let acceptable = |k: &&Knee| quality.iter().any(|q| q.precision == k.precision && (q.snr_db >= opts.min_snr_db || q.precision == "fp32"));
+    let recommended = knees.iter().filter(acceptable).max_by(|a, b| a.audio_s_per_s.total_cmp(&b.audio_s_per_s)).cloned();
+    for q in quality {
+        if q.precision != "fp32" && q.snr_db < opts.min_snr_db {
+            notes.push(format!("{}: SNR {:.1} dB vs fp32 is under {:.0} dB, not recommended", q.precision, q.snr_db, opts.min_snr_db));
+        }
+    }
+    (knees, recommended)
+}
+
+/// Runs the recommended point for `opts.soak`: throughput per window, memory growth, GPU figures.
+async fn soak(opts: &SweetSpotOptions, rec: &Knee, tokens: usize, progress: &mut impl FnMut(&str)) -> Result<Soak, ModelError> {
+    let precision: Precision = rec.precision.parse().map_err(|e: crate::model::ParseError| ModelError::BadOutput(e.to_string()))?;
+    let model = ModelHandle::load(&opts.model_dir, opts.device, precision, opts.cpu_threads).await?;
+    let manifest = model.manifest().clone();
+    let utterance_s = manifest.predicted_seconds(tokens);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let items = synthetic_batch(&mut rng, rec.batch, tokens, manifest.vocab_size(), manifest.voices.len());
+    let probe = MemoryProbe::new(opts.device);
+    let device = opts.device;
+    let sampler = tokio::task::spawn_blocking(move || GpuSampler::start(device, Duration::from_millis(100))).await.map_err(|_| ModelError::ThreadGone)?;
+    if let Some(s) = &sampler {
+        s.begin();
+    }
+    model.synthesize(items.clone()).await?;
+    let first = probe.current();
+    let started = Instant::now();
+    let mut window_start = Instant::now();
+    let (mut window_audio, mut batches) = (0.0, 0usize);
+    let mut windows = Vec::new();
+    let window_len = Duration::from_secs(10).min(opts.soak);
+    while started.elapsed() < opts.soak {
+        model.synthesize(items.clone()).await?;
+        batches += 1;
+        window_audio += rec.batch as f64 * utterance_s;
+        if window_start.elapsed() >= window_len {
+            windows.push(window_audio / window_start.elapsed().as_secs_f64());
+            progress(&format!("soak {:.0}/{:.0} s: {:.1} audio-s/s", started.elapsed().as_secs_f64(), opts.soak.as_secs_f64(), windows[windows.len() - 1]));
+            window_audio = 0.0;
+            window_start = Instant::now();
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = match &sampler {
+        Some(s) => Some(s.end().await),
+        None => None,
+    };
+    let mean = if windows.is_empty() { batches as f64 * rec.batch as f64 * utterance_s / seconds } else { windows.iter().sum::<f64>() / windows.len() as f64 };
+    let sd = if windows.len() > 1 { (windows.iter().map(|w| (w - mean).powi(2)).sum::<f64>() / (windows.len() - 1) as f64).sqrt() } else { 0.0 };
+    Ok(Soak {
+        precision: rec.precision.clone(),
+        batch: rec.batch,
+        seconds,
+        batches,
+        window_audio_s_per_s: windows,
+        mean_audio_s_per_s: mean,
+        cv: if mean > 0.0 { sd / mean } else { 0.0 },
+        allocated_first_bytes: first,
+        allocated_last_bytes: probe.current(),
+        temp_max_c: stats.as_ref().and_then(|s| s.temp_max_c),
+        power_mean_w: stats.as_ref().and_then(|s| s.power_mean_w),
+        energy_j: stats.as_ref().and_then(|s| s.energy_j),
+    })
+}
+
+/// $ per audio hour at the recommended throughput for each price, and the config snippet.
+fn costs(opts: &SweetSpotOptions, gpu: &str, recommended: Option<&Knee>) -> (Vec<CostRow>, String) {
+    let Some(rec) = recommended else { return (Vec::new(), String::new()) };
+    let this = opts.prices.hourly(opts.device, Some(gpu));
+    let mut prices: Vec<(String, f64)> = vec![(format!("{gpu} (this machine's price)"), this)];
+    prices.extend(opts.prices.gpu_hourly_usd.iter().map(|(k, v)| (k.clone(), *v)));
+    // audio-hours per hour = audio-seconds per second
+    let table = prices.into_iter().map(|(name, hourly)| CostRow { gpu: name, hourly_usd: hourly, usd_per_audio_hour: hourly / rec.audio_s_per_s }).collect();
+    let snippet = format!(
+        "[model]\nprecision = \"{}\"\n\n[batching]\n# the sweet spot for {:.0}-second utterances; the memory policy sizes mixed lengths\nmax_batch = {}\n\n[memory]\nvram_fraction = {}\n",
+        rec.precision, opts.utterance_seconds, rec.batch, opts.vram_fraction
+    );
+    (table, snippet)
 }
 
 fn gib(b: Option<u64>) -> String {
@@ -476,7 +481,7 @@ pub fn markdown(r: &SweetSpotReport) -> String {
 
 /// Writes report.md, sweetspot.json, throughput.svg and memory.svg into `dir`.
 pub fn write(r: &SweetSpotReport, dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
-    use super::plot::{svg, Panel, Series};
+    use crate::plot::{svg, Panel, Series};
     let mut precisions: Vec<String> = r.sweep.iter().map(|p| p.precision.clone()).collect();
     precisions.dedup();
     let series = |f: &dyn Fn(&Point) -> Option<f64>| -> Vec<Series> {
@@ -500,7 +505,7 @@ pub fn write(r: &SweetSpotReport, dir: &std::path::Path) -> std::io::Result<Vec<
     );
     let paths = vec![dir.join("report.md"), dir.join("sweetspot.json"), dir.join("throughput.svg"), dir.join("memory.svg")];
     std::fs::write(&paths[0], markdown(r))?;
-    std::fs::write(&paths[1], serde_json::to_vec_pretty(r).unwrap_or_default())?;
+    std::fs::write(&paths[1], serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?)?;
     std::fs::write(&paths[2], tput)?;
     std::fs::write(&paths[3], mem)?;
     Ok(paths)

@@ -220,7 +220,7 @@ pub fn table(r: &Token2WavReport) -> String {
 
 pub fn write(r: &Token2WavReport, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let json = dir.join("token2wav.json");
-    std::fs::write(&json, serde_json::to_vec_pretty(r).unwrap_or_default())?;
+    std::fs::write(&json, serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?)?;
     let md = dir.join("report.md");
     std::fs::write(&md, table(r))?;
     Ok(vec![json, md])

@@ -7,7 +7,6 @@
 //! Neighbours: `worker` calls [`Db::claim`] before inference and [`Db::complete_batch`] after the
 //! upload, and acks only after that commit; `report` reads the same tables.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -21,6 +20,9 @@ use crate::job::{Job, Rejection, RejectionKind};
 /// Embedded migrations.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+mod claim;
+pub use claim::{Claim, ClaimLease};
+
 /// Errors of the database stage. Worker code treats them as transient (retry with backoff).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -33,6 +35,29 @@ pub enum DbError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("query failed: {context}")]
     Query { context: &'static str, source: sqlx::Error },
+    #[error("cannot encode the {what}: {reason}")]
+    Encode { what: &'static str, reason: String },
+}
+
+impl DbError {
+    /// The SQLSTATE of the server's error, if the server answered with one.
+    pub fn sqlstate(&self) -> Option<String> {
+        let source = match self {
+            DbError::Connect { source, .. } | DbError::Query { source, .. } => source,
+            DbError::Migrate(sqlx::migrate::MigrateError::Execute(source)) => source,
+            _ => return None,
+        };
+        source.as_database_error().and_then(|d| d.code()).map(|c| c.to_string())
+    }
+}
+
+impl crate::worker::retry::Transience for DbError {
+    /// Refused credentials (28P01, 28000) or a missing role/database (3D000) do not heal by
+    /// waiting; a bad URL neither.
+    fn is_permanent(&self) -> bool {
+        matches!(self, DbError::Url { .. } | DbError::Encode { .. })
+            || matches!(self.sqlstate().as_deref(), Some("28P01" | "28000" | "3D000"))
+    }
 }
 
 fn q(context: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
@@ -45,16 +70,6 @@ pub struct Db {
     pool: PgPool,
 }
 
-/// What the worker should do with a job it has received.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Claim {
-    /// Synthesize it.
-    Proceed,
-    /// Its audio is already committed: ack without recomputation.
-    AlreadyDone,
-    /// The same job_id was submitted with different content: dead-letter the new message.
-    Conflict(RejectionKind),
-}
 
 /// One finished job of a batch.
 #[derive(Debug, Clone)]
@@ -181,6 +196,12 @@ impl Db {
         .execute(&self.pool)
         .await
         .map_err(q("register worker"))?;
+        // Claims left by an earlier run under the same id (it is not running them any more).
+        sqlx::query("UPDATE jobs SET status = 'queued' WHERE worker_id = $1 AND status = 'running'")
+            .bind(w.worker_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("release earlier claims"))?;
         Ok(())
     }
 
@@ -207,118 +228,6 @@ impl Db {
             .await
             .map_err(q("worker stopped"))?;
         Ok(())
-    }
-
-    async fn insert_new(&self, jobs: &[Job], status: &str) -> Result<(), DbError> {
-        let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
-        let campaigns: Vec<&str> = jobs.iter().map(|j| j.campaign.as_str()).collect();
-        let voices: Vec<&str> = jobs.iter().map(|j| j.voice.as_str()).collect();
-        let texts: Vec<&str> = jobs.iter().map(|j| j.text.as_str()).collect();
-        let priorities: Vec<i16> = jobs.iter().map(|j| i16::from(j.priority)).collect();
-        let metadata: Vec<Option<serde_json::Value>> =
-            jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
-        let chars: Vec<i32> = jobs.iter().map(|j| j.chars() as i32).collect();
-        let speech: Vec<Option<serde_json::Value>> = jobs.iter().map(speech_tokens_json).collect();
-        sqlx::query(
-            "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status, speech_tokens)
-             SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, $8, t.speech_tokens
-             FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[], $9::jsonb[])
-               AS t(job_id, campaign, voice, text, priority, metadata, chars, speech_tokens)
-             ON CONFLICT (job_id) DO NOTHING",
-        )
-        .bind(&ids)
-        .bind(&campaigns)
-        .bind(&voices)
-        .bind(&texts)
-        .bind(&priorities)
-        .bind(&metadata)
-        .bind(&chars)
-        .bind(status)
-        .bind(&speech)
-        .execute(&self.pool)
-        .await
-        .map_err(q("insert jobs"))?;
-        Ok(())
-    }
-
-    /// For each job (in order): how its existing row compares.
-    async fn compare_existing(&self, jobs: &[Job]) -> Result<Vec<Claim>, DbError> {
-        let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
-        let rows = sqlx::query("SELECT job_id, status, campaign, voice, text, speech_tokens FROM jobs WHERE job_id = ANY($1)")
-            .bind(&ids)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(q("read jobs"))?;
-        type Row = (String, String, String, String, Option<serde_json::Value>);
-        let mut existing: HashMap<Uuid, Row> = HashMap::new();
-        for r in rows {
-            existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)));
-        }
-        Ok(jobs
-            .iter()
-            .map(|j| match existing.get(&j.job_id) {
-                None => Claim::Proceed,
-                Some((status, ..)) if status == "rejected" => Claim::Proceed,
-                Some((status, campaign, voice, text, speech)) => {
-                    let field = if text != &j.text {
-                        Some("text")
-                    } else if speech != &speech_tokens_json(j) {
-                        Some("speech_tokens")
-                    } else if voice != &j.voice {
-                        Some("voice")
-                    } else if campaign != &j.campaign {
-                        Some("campaign")
-                    } else {
-                        None
-                    };
-                    match (field, status.as_str()) {
-                        (Some(field), _) => Claim::Conflict(RejectionKind::Conflict { job_id: j.job_id, field }),
-                        (None, "done") => Claim::AlreadyDone,
-                        (None, _) => Claim::Proceed,
-                    }
-                }
-            })
-            .collect())
-    }
-
-    /// Claims a batch's jobs: inserts missing rows, decides per job, marks the ones to synthesize
-    /// `running` (attempts + 1). Decisions come back in input order.
-    pub async fn claim(&self, jobs: &[Job], worker_id: &str) -> Result<Vec<Claim>, DbError> {
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.insert_new(jobs, "queued").await?;
-        let decisions = self.compare_existing(jobs).await?;
-        let proceed: Vec<&Job> =
-            jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Proceed).map(|(j, _)| j).collect();
-        if !proceed.is_empty() {
-            let ids: Vec<Uuid> = proceed.iter().map(|j| j.job_id).collect();
-            let campaigns: Vec<&str> = proceed.iter().map(|j| j.campaign.as_str()).collect();
-            let voices: Vec<&str> = proceed.iter().map(|j| j.voice.as_str()).collect();
-            let texts: Vec<&str> = proceed.iter().map(|j| j.text.as_str()).collect();
-            let chars: Vec<i32> = proceed.iter().map(|j| j.chars() as i32).collect();
-            let speech: Vec<Option<serde_json::Value>> = proceed.iter().map(|j| speech_tokens_json(j)).collect();
-            // A `rejected` row is replaced by the valid resubmission's content.
-            sqlx::query(
-                "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, started_at = now(), worker_id = $6,
-                   error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars,
-                   speech_tokens = t.speech_tokens
-                 FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $7::jsonb[])
-                   AS t(job_id, campaign, voice, text, chars, speech_tokens)
-                 WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
-            )
-            .bind(&ids)
-            .bind(&campaigns)
-            .bind(&voices)
-            .bind(&texts)
-            .bind(&chars)
-            .bind(worker_id)
-            .bind(&speech)
-            .execute(&self.pool)
-            .await
-            .map_err(q("mark running"))?;
-        }
-        Ok(decisions)
     }
 
     /// Commits a finished batch: its row and every job `done`, in one transaction.
@@ -486,7 +395,7 @@ impl Db {
         .bind(p.points.len() as i32)
         .bind(p.total_memory_bytes as i64)
         .bind(p.vram_fraction)
-        .bind(serde_json::to_value(p).unwrap_or_default())
+        .bind(serde_json::to_value(p).map_err(|e| DbError::Encode { what: "calibration profile", reason: e.to_string() })?)
         .execute(&self.pool)
         .await
         .map_err(q("record calibration"))?;
@@ -536,20 +445,6 @@ pub async fn ensure_database(url: &str) -> Result<(), DbError> {
             }
         }
     }
-    Ok(())
-}
-
-/// Drops a database (tests clean up with this).
-pub async fn drop_database(url: &str) -> Result<(), DbError> {
-    let (name, admin_url) = split_url(url)?;
-    let mut conn = admin_url
-        .parse::<PgConnectOptions>()
-        .map_err(|e| DbError::Url { url: admin_url.clone(), reason: e.to_string() })?
-        .connect()
-        .await
-        .map_err(|source| DbError::Connect { url: admin_url.clone(), source })?;
-    let drop = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
-    sqlx::raw_sql(&drop).execute(&mut conn).await.map_err(q("drop database"))?;
     Ok(())
 }
 

@@ -4,12 +4,12 @@
 //! supported), temperature max, SM clock mean, and this process's device memory.
 //!
 //! Without a GPU or without NVML [`GpuSampler::start`] returns `None` and the batch's GPU columns
-//! stay NULL.
+//! stay NULL. The thread ends by itself when the sampler is dropped (nothing joins it).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -45,14 +45,17 @@ struct Window {
     energy_start_mj: Option<u64>,
 }
 
-/// Samples one GPU in the background; [`GpuSampler::begin`] / [`GpuSampler::end`] bracket a batch.
+/// Samples one GPU on its own thread; [`GpuSampler::begin`] / [`GpuSampler::end`] bracket a
+/// batch. Every NVML call happens on that thread: `begin` sends a message and `end` awaits the
+/// summary, so async code never blocks on NVML.
 pub struct GpuSampler {
-    nvml: Arc<Nvml>,
-    index: u32,
     name: String,
-    window: Arc<Mutex<Window>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    commands: mpsc::Sender<Command>,
+}
+
+enum Command {
+    Begin,
+    End(oneshot::Sender<GpuStats>),
 }
 
 fn sample(nvml: &Nvml, index: u32, w: &mut Window) {
@@ -87,12 +90,65 @@ fn mean(v: &[u32]) -> Option<f32> {
     (!v.is_empty()).then(|| v.iter().map(|&x| x as f64).sum::<f64>() as f32 / v.len() as f32)
 }
 
+fn energy_mj(nvml: &Nvml, index: u32) -> Option<u64> {
+    nvml.device_by_index(index).ok()?.total_energy_consumption().ok()
+}
+
+/// Closes a window (one last sample) and summarises it.
+fn summarise(nvml: &Nvml, index: u32, name: &str, w: &mut Window) -> GpuStats {
+    let energy_end = energy_mj(nvml, index);
+    sample(nvml, index, w);
+    let elapsed = w.started.map(|s| s.elapsed()).unwrap_or_default();
+    let power_mean_w = mean(&w.power_mw).map(|mw| mw / 1000.0);
+    let energy_j = match (w.energy_start_mj, energy_end) {
+        (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1000.0),
+        _ => power_mean_w.map(|p| f64::from(p) * elapsed.as_secs_f64()),
+    };
+    let stats = GpuStats {
+        name: name.to_string(),
+        samples: w.samples,
+        util_mean: mean(&w.util),
+        util_max: w.util.iter().max().map(|&u| u as f32),
+        mem_used_max_bytes: w.mem_used_max,
+        power_mean_w,
+        energy_j,
+        temp_max_c: w.temp_max.map(|t| t as f32),
+        sm_clock_mean_mhz: mean(&w.sm_clock),
+        process_mem_max_bytes: w.proc_mem_max,
+    };
+    *w = Window::default();
+    stats
+}
+
+/// The sampler thread: samples while a window is open, until every handle is dropped.
+fn run(nvml: Nvml, index: u32, name: String, interval: Duration, commands: mpsc::Receiver<Command>) {
+    let mut w = Window::default();
+    loop {
+        match commands.recv_timeout(interval) {
+            Ok(Command::Begin) => {
+                w = Window { started: Some(Instant::now()), energy_start_mj: energy_mj(&nvml, index), ..Window::default() };
+                sample(&nvml, index, &mut w);
+            }
+            Ok(Command::End(reply)) => {
+                let _ = reply.send(summarise(&nvml, index, &name, &mut w));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if w.started.is_some() {
+                    sample(&nvml, index, &mut w);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
 impl GpuSampler {
     /// Starts sampling `device` every `interval`; `None` on CPU or when NVML is unavailable.
+    /// Loads NVML: call it off the async runtime.
     pub fn start(device: Device, interval: Duration) -> Option<GpuSampler> {
         let Device::Cuda(index) = device else { return None };
         let nvml = match Nvml::init() {
-            Ok(n) => Arc::new(n),
+            Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "NVML unavailable: per-batch GPU metrics will be empty");
                 return None;
@@ -100,78 +156,28 @@ impl GpuSampler {
         };
         let index = index as u32;
         let name = nvml.device_by_index(index).and_then(|d| d.name()).ok()?;
-        let window = Arc::new(Mutex::new(Window::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (nvml, window, stop) = (nvml.clone(), window.clone(), stop.clone());
-            std::thread::Builder::new()
-                .name("voxbatch-nvml".into())
-                .spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        if let Ok(mut w) = window.lock() {
-                            if w.started.is_some() {
-                                sample(&nvml, index, &mut w);
-                            }
-                        }
-                        std::thread::sleep(interval);
-                    }
-                })
-                .ok()?
-        };
-        Some(GpuSampler { nvml, index, name, window, stop, thread: Some(thread) })
+        let (commands, rx) = mpsc::channel();
+        let thread_name = name.clone();
+        std::thread::Builder::new().name("voxbatch-nvml".into()).spawn(move || run(nvml, index, thread_name, interval, rx)).ok()?;
+        Some(GpuSampler { name, commands })
     }
 
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    fn energy_mj(&self) -> Option<u64> {
-        self.nvml.device_by_index(self.index).ok()?.total_energy_consumption().ok()
-    }
-
-    /// Opens a measurement window (takes one sample at once).
+    /// Opens a measurement window (the thread takes one sample at once). Never blocks.
     pub fn begin(&self) {
-        let energy = self.energy_mj();
-        if let Ok(mut w) = self.window.lock() {
-            *w = Window { started: Some(Instant::now()), energy_start_mj: energy, ..Window::default() };
-            sample(&self.nvml, self.index, &mut w);
-        }
+        let _ = self.commands.send(Command::Begin);
     }
 
-    /// Closes the window (takes a last sample) and summarises it.
-    pub fn end(&self) -> GpuStats {
-        let energy_end = self.energy_mj();
-        let Ok(mut w) = self.window.lock() else { return GpuStats { name: self.name.clone(), ..GpuStats::default() } };
-        sample(&self.nvml, self.index, &mut w);
-        let elapsed = w.started.map(|s| s.elapsed()).unwrap_or_default();
-        let power_mean_w = mean(&w.power_mw).map(|mw| mw / 1000.0);
-        let energy_j = match (w.energy_start_mj, energy_end) {
-            (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1000.0),
-            _ => power_mean_w.map(|p| f64::from(p) * elapsed.as_secs_f64()),
-        };
-        let stats = GpuStats {
-            name: self.name.clone(),
-            samples: w.samples,
-            util_mean: mean(&w.util),
-            util_max: w.util.iter().max().map(|&u| u as f32),
-            mem_used_max_bytes: w.mem_used_max,
-            power_mean_w,
-            energy_j,
-            temp_max_c: w.temp_max.map(|t| t as f32),
-            sm_clock_mean_mhz: mean(&w.sm_clock),
-            process_mem_max_bytes: w.proc_mem_max,
-        };
-        *w = Window::default();
-        stats
-    }
-}
-
-impl Drop for GpuSampler {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+    /// Closes the window and returns its summary (empty when the thread is gone).
+    pub async fn end(&self) -> GpuStats {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::End(tx)).is_err() {
+            return GpuStats { name: self.name.clone(), ..GpuStats::default() };
         }
+        rx.await.unwrap_or_else(|_| GpuStats { name: self.name.clone(), ..GpuStats::default() })
     }
 }
 

@@ -1,13 +1,14 @@
 //! The model seam: a model directory, its manifest, its tokenizer, and inference on a dedicated
 //! thread.
 //!
-//! A model directory holds `model.toml` (the [`Manifest`]) and the weights its `kind` names
-//! (`model.pt`, TorchScript, for kind `torchscript`). [`ModelHandle::spawn`] loads it on its own
-//! OS thread (libtorch calls block) and serves batches sent from async code. Every model, the
-//! reference CNN and later CosyVoice2, implements [`Synthesizer`].
+//! A model directory holds `model.toml` (the [`Manifest`]) and the weights its `kind` names:
+//! `model.pt` (TorchScript, kind `torchscript`, the reference CNN) or safetensors (kind
+//! `cosyvoice2-token2wav`, [`cosyvoice2`]). [`ModelHandle::spawn`] loads it on its own OS thread
+//! (libtorch calls block) and serves batches sent from async code; every model implements
+//! [`Synthesizer`].
 //!
-//! Neighbours: `batch` decides which jobs run together (using [`Manifest::predicted_samples`]);
-//! `worker` sends each batch here and hands the audio to `audio` for encoding.
+//! Neighbours: `sizing` sizes batches from the manifest (frames per token, weights);
+//! `worker::infer` sends each batch here; `worker::commit` hands the audio to `audio`.
 
 pub mod cosyvoice2;
 mod manifest;
@@ -32,9 +33,18 @@ pub enum Device {
     Cuda(usize),
 }
 
+/// A value that is not a device or a precision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}` is not a {what}: use {expected}")]
+pub struct ParseError {
+    pub value: String,
+    pub what: &'static str,
+    pub expected: &'static str,
+}
+
 impl FromStr for Device {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         match s.trim() {
             "cpu" => Ok(Device::Cpu),
             "cuda" => Ok(Device::Cuda(0)),
@@ -42,7 +52,7 @@ impl FromStr for Device {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(Device::Cuda)
-                .ok_or_else(|| format!("`{other}` is not a device: use cpu or cuda:N")),
+                .ok_or_else(|| ParseError { value: other.to_string(), what: "device", expected: "cpu or cuda:N" }),
         }
     }
 }
@@ -76,14 +86,14 @@ pub enum Precision {
 }
 
 impl FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         match s.trim().to_ascii_lowercase().as_str() {
             "fp32" | "float32" => Ok(Precision::Fp32),
             "tf32" => Ok(Precision::Tf32),
             "fp16" | "float16" | "half" => Ok(Precision::Fp16),
             "bf16" | "bfloat16" => Ok(Precision::Bf16),
-            other => Err(format!("`{other}` is not a precision: use fp32, tf32, fp16 or bf16")),
+            other => Err(ParseError { value: other.to_string(), what: "precision", expected: "fp32, tf32, fp16 or bf16" }),
         }
     }
 }
@@ -121,6 +131,8 @@ pub enum ModelError {
     BadOutput(String),
     #[error("the inference thread has stopped")]
     ThreadGone,
+    #[error(transparent)]
+    Shim(#[from] shim::ShimError),
 }
 
 impl ModelError {
@@ -168,7 +180,7 @@ type Request = (Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>
 /// Handle to the inference thread. Cheap to clone; the thread ends when every handle is dropped.
 #[derive(Clone)]
 pub struct ModelHandle {
-    tx: mpsc::SyncSender<Request>,
+    tx: tokio::sync::mpsc::Sender<Request>,
     manifest: std::sync::Arc<Manifest>,
     device: Device,
     precision: Precision,
@@ -177,7 +189,8 @@ pub struct ModelHandle {
 impl ModelHandle {
     /// Starts the inference thread and loads the model on it. Returns once the model is loaded.
     pub fn spawn(dir: &std::path::Path, device: Device, precision: Precision, cpu_threads: usize) -> Result<ModelHandle, ModelError> {
-        let (tx, rx) = mpsc::sync_channel::<Request>(1);
+        // One request waits while one runs: async senders wait for room without blocking.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(1);
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Manifest, ModelError>>(1);
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
@@ -197,7 +210,7 @@ impl ModelHandle {
                     }
                 };
                 let probe = memory::MemoryProbe::new(device);
-                while let Ok((items, reply)) = rx.recv() {
+                while let Some((items, reply)) = rx.blocking_recv() {
                     probe.reset();
                     let started = Instant::now();
                     let result = model.synthesize(&items);
@@ -235,12 +248,7 @@ impl ModelHandle {
     /// Runs one batch on the inference thread.
     pub async fn synthesize(&self, items: Vec<SynthItem>) -> Result<SynthOutput, ModelError> {
         let (reply_tx, reply_rx) = oneshot::channel();
-        let tx = self.tx.clone();
-        // The channel holds one request; waiting for room must not block the async runtime.
-        tokio::task::spawn_blocking(move || tx.send((items, reply_tx)))
-            .await
-            .map_err(|_| ModelError::ThreadGone)?
-            .map_err(|_| ModelError::ThreadGone)?;
+        self.tx.send((items, reply_tx)).await.map_err(|_| ModelError::ThreadGone)?;
         reply_rx.await.map_err(|_| ModelError::ThreadGone)?
     }
 }

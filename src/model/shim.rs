@@ -1,11 +1,41 @@
 //! Safe wrappers over `csrc/torch_shim.cpp` (libtorch calls tch does not expose).
 
+use std::ffi::{c_char, CStr};
+
 use super::{Device, Precision};
 
 extern "C" {
-    fn voxbatch_autocast_set(device_type: i32, enabled: i32, dtype: i32);
-    fn voxbatch_autocast_clear_cache();
-    fn voxbatch_set_tf32(enabled: i32);
+    fn voxbatch_autocast_set(device_type: i32, enabled: i32, dtype: i32, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_autocast_clear_cache(err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_set_tf32(enabled: i32, err: *mut c_char, err_len: usize) -> i32;
+}
+
+/// A C++ exception caught inside the shim.
+#[derive(Debug, thiserror::Error)]
+#[error("libtorch {call} failed: {message}")]
+pub struct ShimError {
+    pub call: &'static str,
+    pub message: String,
+}
+
+/// Calls a shim function that reports a caught exception through an error buffer.
+fn checked(call: &'static str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), ShimError> {
+    let mut buf = [0 as c_char; 512];
+    if f(buf.as_mut_ptr(), buf.len()) == 0 {
+        return Ok(());
+    }
+    // SAFETY: the shim NUL-terminates what it writes into the buffer, which starts zeroed.
+    let message = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+    Err(ShimError { call, message })
+}
+
+/// c10's DeviceType values.
+const CPU: i32 = 0;
+const CUDA: i32 = 1;
+
+fn autocast_set(device_type: i32, enabled: bool, dtype: i32) -> Result<(), ShimError> {
+    // SAFETY: plain setters of libtorch's thread-local autocast state; exceptions are caught in C++.
+    checked("set autocast", |err, len| unsafe { voxbatch_autocast_set(device_type, i32::from(enabled), dtype, err, len) })
 }
 
 /// Autocast for `device` with `precision`'s dtype, on this thread, while the guard lives.
@@ -15,10 +45,10 @@ pub struct AutocastGuard {
 }
 
 impl AutocastGuard {
-    pub fn enter(device: Device, precision: Precision) -> AutocastGuard {
+    pub fn enter(device: Device, precision: Precision) -> Result<AutocastGuard, ShimError> {
         let device_type = match device {
-            Device::Cpu => 0,
-            Device::Cuda(_) => 1,
+            Device::Cpu => CPU,
+            Device::Cuda(_) => CUDA,
         };
         let dtype = match precision {
             Precision::Fp16 => Some(0),
@@ -26,29 +56,31 @@ impl AutocastGuard {
             Precision::Fp32 | Precision::Tf32 => None,
         };
         if let Some(dtype) = dtype {
-            // SAFETY: plain setters of libtorch's thread-local autocast state.
-            unsafe { voxbatch_autocast_set(device_type, 1, dtype) };
+            autocast_set(device_type, true, dtype)?;
         }
-        AutocastGuard { device_type, active: dtype.is_some() }
+        Ok(AutocastGuard { device_type, active: dtype.is_some() })
     }
 }
 
 impl Drop for AutocastGuard {
     fn drop(&mut self) {
         if self.active {
-            // SAFETY: as above; clearing the cast-weight cache is required when leaving autocast.
-            unsafe {
-                voxbatch_autocast_set(self.device_type, 0, 0);
-                voxbatch_autocast_clear_cache();
+            // Leaving autocast must also drop its cast-weight cache. Neither can fail for a
+            // device autocast was entered on; a failure is logged, not raised, in a destructor.
+            let left = autocast_set(self.device_type, false, 0)
+                // SAFETY: as above.
+                .and_then(|()| checked("clear autocast cache", |err, len| unsafe { voxbatch_autocast_clear_cache(err, len) }));
+            if let Err(e) = left {
+                tracing::error!(error = %e, "leaving autocast failed");
             }
         }
     }
 }
 
 /// Enables or disables TF32 for cuBLAS and cuDNN (process-wide).
-pub fn set_tf32(enabled: bool) {
-    // SAFETY: sets two booleans in libtorch's global context.
-    unsafe { voxbatch_set_tf32(i32::from(enabled)) }
+pub fn set_tf32(enabled: bool) -> Result<(), ShimError> {
+    // SAFETY: sets two booleans in libtorch's global context; exceptions are caught in C++.
+    checked("set TF32", |err, len| unsafe { voxbatch_set_tf32(i32::from(enabled), err, len) })
 }
 
 extern "C" {
@@ -94,4 +126,24 @@ pub fn cuda_mem_info(device: usize) -> Option<(u64, u64)> {
     // SAFETY: writes two integers through valid pointers; returns non-zero on failure.
     let rc = unsafe { voxbatch_cuda_mem_info(device as i32, &mut free, &mut total) };
     (rc == 0).then(|| (free.max(0) as u64, total.max(0) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpp_exception_inside_the_shim_becomes_a_rust_error() {
+        // Autocast on a device type libtorch has no autocast for (FPGA = 7) throws in C++.
+        let e = autocast_set(7, true, 0).expect_err("libtorch refuses autocast on an FPGA");
+        assert_eq!(e.call, "set autocast");
+        assert!(!e.message.is_empty(), "the exception's message comes through");
+    }
+
+    #[test]
+    fn autocast_on_the_cpu_enters_and_leaves() {
+        let guard = AutocastGuard::enter(Device::Cpu, Precision::Bf16).expect("CPU autocast");
+        drop(guard);
+        assert!(AutocastGuard::enter(Device::Cpu, Precision::Fp32).is_ok());
+    }
 }

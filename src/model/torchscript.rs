@@ -40,7 +40,7 @@ pub(crate) fn prepare_device(device: Device, precision: Precision) -> Result<(),
         return Err(ModelError::PrecisionUnsupported { precision, device, reason: "TF32 is a CUDA tensor-core mode".into() });
     }
     if let Device::Cuda(_) = device {
-        set_tf32(precision == Precision::Tf32);
+        set_tf32(precision == Precision::Tf32)?;
     }
     Ok(())
 }
@@ -71,7 +71,7 @@ impl TorchScriptModel {
 
         let _no_grad = tch::no_grad_guard();
         let out = {
-            let _autocast = AutocastGuard::enter(self.device, self.precision);
+            let _autocast = AutocastGuard::enter(self.device, self.precision)?;
             self.module.forward_is(&[IValue::Tensor(tokens), IValue::Tensor(lengths_t), IValue::Tensor(speakers)])
         }
         .map_err(|e| classify(e, items.len()))?;

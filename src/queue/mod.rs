@@ -6,8 +6,8 @@
 //! dead-letter exchange `voxbatch.dlx`) and direct exchange `voxbatch.dlx` → quorum queue
 //! `voxbatch.jobs.dead` (same routing key). Names come from [`AmqpConfig`].
 //!
-//! Neighbours: `job` defines the message body; `worker` consumes from the queue this module
-//! declares and calls [`dead_letter`] for poison messages.
+//! Neighbours: `job` defines the message body; `worker::intake` consumes from the queue this
+//! module declares; `worker::delivery` calls [`dead_letter`] and publishes returned copies.
 
 use std::time::Duration;
 
@@ -39,6 +39,29 @@ pub enum QueueError {
     Timeout { op: &'static str },
     #[error("the broker did not confirm publishing job {job_id} (nack or returned as unroutable)")]
     NotConfirmed { job_id: Uuid },
+}
+
+/// How long a publisher waits for one confirm.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl crate::worker::retry::Transience for QueueError {
+    /// The broker refused the credentials or the access (ACCESS_REFUSED, NOT_ALLOWED): waiting
+    /// does not help.
+    fn is_permanent(&self) -> bool {
+        use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+        let source = match self {
+            QueueError::Connect { source, .. } | QueueError::Amqp { source, .. } => source,
+            _ => return false,
+        };
+        match source.kind() {
+            lapin::ErrorKind::ProtocolError(e) => matches!(
+                e.kind(),
+                AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
+            ),
+            lapin::ErrorKind::AuthProviderError(_) => true,
+            _ => false,
+        }
+    }
 }
 
 fn amqp(op: &'static str) -> impl FnOnce(lapin::Error) -> QueueError {
@@ -154,9 +177,28 @@ impl Publisher {
     /// Publishes `jobs` and waits for every confirm; `progress` is called with the number
     /// confirmed so far. On error, jobs before the failing window are confirmed, the rest may or
     /// may not be (publish again: job ids make it idempotent).
-    pub async fn publish(&self, jobs: &[Job], mut progress: impl FnMut(usize)) -> Result<(), QueueError> {
+    pub async fn publish(&self, jobs: &[Job], progress: impl FnMut(usize)) -> Result<(), QueueError> {
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        self.publish_until(jobs, &mut false, &mut never, progress).await
+    }
+
+    /// [`Publisher::publish`] that stops between confirm windows once `shutdown` has resolved
+    /// (setting `stop`): the windows in flight are confirmed first.
+    pub async fn publish_until<F: std::future::Future<Output = ()>>(
+        &self,
+        jobs: &[Job],
+        stop: &mut bool,
+        shutdown: &mut std::pin::Pin<&mut F>,
+        mut progress: impl FnMut(usize),
+    ) -> Result<(), QueueError> {
+        use futures::FutureExt;
         let mut done = 0;
         for window in jobs.chunks(CONFIRM_WINDOW) {
+            if *stop || shutdown.as_mut().now_or_never().is_some() {
+                *stop = true;
+                return Ok(());
+            }
             let mut confirms = Vec::with_capacity(window.len());
             for job in window {
                 let confirm = self
@@ -229,7 +271,7 @@ pub async fn dead_letter(
     headers.insert("x-voxbatch-dead-lettered-at".into(), AMQPValue::LongString(chrono::Utc::now().to_rfc3339().as_str().into()));
     let props = job_properties(job_id).with_headers(headers);
     let confirmation = tokio::time::timeout(
-        Duration::from_secs(30),
+        CONFIRM_TIMEOUT,
         async {
             channel
                 .basic_publish(

@@ -5,7 +5,8 @@
 //! `worker_utilisation` (migrations/…_cost.sql), which analysts can also query with psql. A batch
 //! can mix campaigns: its inference time, cost and energy are shared among its jobs by audio length.
 //!
-//! Neighbours: `db` owns the tables; `main.rs` prints what [`render`] returns.
+//! Neighbours: `db` owns the tables; `commands::report` runs it; `plot` draws its chart;
+//! `main.rs` prints what [`render`] returns.
 
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -24,14 +25,22 @@ pub enum Format {
     Json,
 }
 
+/// A value `report` does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}`: use {expected}")]
+pub struct ParseError {
+    pub value: String,
+    pub expected: &'static str,
+}
+
 impl FromStr for Format {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         match s {
             "table" => Ok(Format::Table),
             "csv" => Ok(Format::Csv),
             "json" => Ok(Format::Json),
-            other => Err(format!("`{other}` is not a format: use table, csv or json")),
+            other => Err(ParseError { value: other.to_string(), expected: "table, csv or json" }),
         }
     }
 }
@@ -61,8 +70,8 @@ impl Dimension {
 }
 
 impl FromStr for Dimension {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, ParseError> {
         Ok(match s {
             "campaign" => Dimension::Campaign,
             "day" => Dimension::Day,
@@ -70,7 +79,7 @@ impl FromStr for Dimension {
             "precision" => Dimension::Precision,
             "gpu" => Dimension::Gpu,
             "model" => Dimension::Model,
-            other => return Err(format!("`{other}`: use campaign, day, batch_size, precision, gpu or model")),
+            other => return Err(ParseError { value: other.to_string(), expected: "campaign, day, batch_size, precision, gpu or model" }),
         })
     }
 }
@@ -262,7 +271,7 @@ pub fn plot(report: &Report) -> String {
     let labels: Vec<String> = report.rows.iter().map(|r| r.key.clone()).collect();
     let cost: Vec<f64> = report.rows.iter().map(|r| r.usd_per_audio_hour.unwrap_or(0.0)).collect();
     let speed: Vec<f64> = report.rows.iter().map(|r| r.audio_s_per_gpu_s.unwrap_or(0.0)).collect();
-    crate::bench::plot::bars(
+    crate::plot::bars(
         &[("$ per audio hour".to_string(), cost), ("audio-seconds per GPU-second".to_string(), speed)],
         &labels,
         &format!("by {}", report.by),

@@ -37,7 +37,8 @@ impl FileStore {
             tokio::fs::create_dir_all(dir).await.map_err(io("create", dir))?;
         }
         let meta_path = PathBuf::from(format!("{}.meta.json", path.display()));
-        let meta_json = serde_json::to_vec_pretty(&meta.to_map()).unwrap_or_default();
+        let meta_json = serde_json::to_vec_pretty(&meta.to_map())
+            .map_err(|source| StorageError::Corrupt { key: key.to_string(), source })?;
         for (p, bytes) in [(&meta_path, meta_json), (&path, body)] {
             let tmp = PathBuf::from(format!("{}.tmp-{}", p.display(), uuid::Uuid::new_v4()));
             tokio::fs::write(&tmp, bytes).await.map_err(io("write", &tmp))?;
@@ -55,7 +56,8 @@ impl FileStore {
         };
         let meta_path = PathBuf::from(format!("{}.meta.json", path.display()));
         let meta = tokio::fs::read(&meta_path).await.map_err(io("read", &meta_path))?;
-        Ok((body, serde_json::from_slice(&meta).unwrap_or_default()))
+        let meta = serde_json::from_slice(&meta).map_err(|source| StorageError::Corrupt { key: key.to_string(), source })?;
+        Ok((body, meta))
     }
 
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
@@ -83,13 +85,13 @@ impl FileStore {
         Ok(out)
     }
 
-    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize, StorageError> {
-        let keys = self.list(prefix).await?;
-        for k in &keys {
-            let p = self.path(k);
-            let _ = tokio::fs::remove_file(PathBuf::from(format!("{}.meta.json", p.display()))).await;
-            tokio::fs::remove_file(&p).await.map_err(io("delete", &p))?;
+    pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        let p = self.path(key);
+        let meta = PathBuf::from(format!("{}.meta.json", p.display()));
+        match tokio::fs::remove_file(&meta).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("delete", &meta)(e)),
+            _ => {}
         }
-        Ok(keys.len())
+        tokio::fs::remove_file(&p).await.map_err(io("delete", &p))
     }
 }

@@ -5,8 +5,8 @@
 //! Uploads are idempotent (same key, same bytes), so a retried or duplicated upload is harmless;
 //! Postgres, not the store, says whether a job is done.
 //!
-//! Neighbours: `audio` produces the bytes; `worker` uploads each batch's files here before it
-//! records them in `db`.
+//! Neighbours: `audio` produces the bytes; `worker::commit` uploads each batch's files here before
+//! it records them in `db`; `commands::audit` lists them.
 
 mod file;
 mod s3;
@@ -20,17 +20,62 @@ use crate::config::{StorageConfig, StorageTarget};
 pub use file::FileStore;
 pub use s3::S3Store;
 
-/// Errors of the storage stage. All of them are treated as transient by the worker (retried with
-/// backoff while the batch's messages stay unacked).
+/// Errors of the storage stage. [`StorageError::is_permanent`] tells refused credentials and
+/// access from outages; the worker retries the latter with back-off while it holds the messages.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StorageError {
-    #[error("s3 {op} of {key} failed: {message}")]
-    S3 { op: &'static str, key: String, message: String },
+    #[error("s3 {op} of {key} failed: {kind}{}{}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default(), status.map(|s| format!(" (HTTP {s})")).unwrap_or_default())]
+    S3 {
+        op: &'static str,
+        key: String,
+        /// timeout, connection failed, service error, …
+        kind: &'static str,
+        status: Option<u16>,
+        /// The service's error code (AccessDenied, InvalidAccessKeyId, NoSuchBucket, …).
+        code: Option<String>,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("file store {op} of {path} failed")]
     File { op: &'static str, path: String, source: std::io::Error },
     #[error("object {0} not found")]
     NotFound(String),
+    #[error("metadata of {key} is unreadable")]
+    Corrupt { key: String, source: serde_json::Error },
+}
+
+/// S3 error codes that waiting does not fix.
+const PERMANENT_S3_CODES: &[&str] =
+    &["AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "InvalidBucketName", "AllAccessDisabled"];
+
+impl StorageError {
+    /// Refused credentials or access, a missing bucket: retrying cannot help.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            StorageError::S3 { status, code, .. } => {
+                matches!(status, Some(401 | 403)) || code.as_deref().is_some_and(|c| PERMANENT_S3_CODES.contains(&c))
+            }
+            StorageError::File { source, .. } => source.kind() == std::io::ErrorKind::PermissionDenied,
+            StorageError::NotFound(_) | StorageError::Corrupt { .. } => false,
+        }
+    }
+}
+
+impl crate::worker::retry::Transience for StorageError {
+    fn is_permanent(&self) -> bool {
+        StorageError::is_permanent(self)
+    }
+}
+
+/// The object key of a job's audio: `<prefix><campaign>/<job_id>.wav`. The one place the key
+/// layout is written.
+pub fn object_key(prefix: &str, campaign: &str, job_id: Uuid) -> String {
+    format!("{}{job_id}.wav", campaign_prefix(prefix, campaign))
+}
+
+/// The prefix under which a campaign's objects live: `<prefix><campaign>/`.
+pub fn campaign_prefix(prefix: &str, campaign: &str) -> String {
+    format!("{prefix}{campaign}/")
 }
 
 /// Object metadata stored beside each audio file.
@@ -69,13 +114,21 @@ impl Storage {
         })
     }
 
-    /// The object key of a job's audio, relative to the bucket or directory.
-    pub fn key(&self, campaign: &str, job_id: Uuid) -> String {
-        let prefix = match self {
+    fn key_prefix(&self) -> &str {
+        match self {
             Storage::S3(s) => s.key_prefix(),
             Storage::File(f) => f.key_prefix(),
-        };
-        format!("{prefix}{campaign}/{job_id}.wav")
+        }
+    }
+
+    /// The object key of a job's audio, relative to the bucket or directory ([`object_key`]).
+    pub fn key(&self, campaign: &str, job_id: Uuid) -> String {
+        object_key(self.key_prefix(), campaign, job_id)
+    }
+
+    /// The prefix of a campaign's objects ([`campaign_prefix`]).
+    pub fn campaign_prefix(&self, campaign: &str) -> String {
+        campaign_prefix(self.key_prefix(), campaign)
     }
 
     /// A URL for humans: `s3://bucket/key` or `file:///dir/key`.
@@ -117,11 +170,11 @@ impl Storage {
         }
     }
 
-    /// Deletes every object under `prefix` (tests clean up with this).
-    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize, StorageError> {
+    /// Deletes one object (and its metadata).
+    pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
         match self {
-            Storage::S3(s) => s.delete_prefix(prefix).await,
-            Storage::File(f) => f.delete_prefix(prefix).await,
+            Storage::S3(s) => s.delete(key).await,
+            Storage::File(f) => f.delete(key).await,
         }
     }
 }

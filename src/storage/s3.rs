@@ -6,7 +6,8 @@ use std::time::Duration;
 use aws_sdk_s3::config::{
     BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
-use aws_sdk_s3::error::DisplayErrorContext;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 
@@ -20,8 +21,22 @@ pub struct S3Store {
     key_prefix: String,
 }
 
-fn s3_err<E: std::error::Error>(op: &'static str, key: &str, e: E) -> StorageError {
-    StorageError::S3 { op, key: key.to_string(), message: DisplayErrorContext(&e).to_string() }
+/// Keeps the SDK error as the source, with the HTTP status and the service's error code lifted out
+/// (so a 403 can be told from a timeout).
+fn s3_err<E>(op: &'static str, key: &str, e: SdkError<E, HttpResponse>) -> StorageError
+where
+    E: std::error::Error + ProvideErrorMetadata + Send + Sync + 'static,
+{
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let code = e.as_service_error().and_then(|se| se.code()).map(str::to_string);
+    let kind = match &e {
+        SdkError::TimeoutError(_) => "timeout",
+        SdkError::DispatchFailure(_) => "connection failed",
+        SdkError::ConstructionFailure(_) => "bad request",
+        SdkError::ResponseError(_) => "unreadable response",
+        _ => "service error",
+    };
+    StorageError::S3 { op, key: key.to_string(), kind, status, code, source: Box::new(e) }
 }
 
 impl S3Store {
@@ -106,7 +121,13 @@ impl S3Store {
             Err(e) => return Err(s3_err("get", key, e)),
         };
         let meta: BTreeMap<String, String> = out.metadata().cloned().unwrap_or_default().into_iter().collect();
-        let body = out.body.collect().await.map_err(|e| s3_err("get", key, e))?.into_bytes().to_vec();
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| StorageError::S3 { op: "get", key: key.to_string(), kind: "body read failed", status: None, code: None, source: Box::new(e) })?
+            .into_bytes()
+            .to_vec();
         Ok((body, meta))
     }
 
@@ -133,11 +154,8 @@ impl S3Store {
         Ok(keys)
     }
 
-    pub async fn delete_prefix(&self, prefix: &str) -> Result<usize, StorageError> {
-        let keys = self.list(prefix).await?;
-        for k in &keys {
-            self.client.delete_object().bucket(&self.bucket).key(k).send().await.map_err(|e| s3_err("delete", k, e))?;
-        }
-        Ok(keys.len())
+    pub async fn delete(&self, key: &str) -> Result<(), StorageError> {
+        self.client.delete_object().bucket(&self.bucket).key(key).send().await.map_err(|e| s3_err("delete", key, e))?;
+        Ok(())
     }
 }

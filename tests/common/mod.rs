@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use voxbatch::commands;
 use voxbatch::config::{Config, StorageTarget};
-use voxbatch::db::{self, Db};
+use voxbatch::db::Db;
 use voxbatch::job::Job;
 use voxbatch::model::{Device, ModelHandle, Precision};
 use voxbatch::queue::{self, Publisher};
@@ -135,10 +135,23 @@ impl TestEnv {
             let _ = conn.close(200, "done".into()).await;
         }
         if matches!(self.cfg.storage.target, StorageTarget::S3 { .. }) {
-            let _ = self.storage.delete_prefix(&self.key_prefix()).await;
+            if let Ok(keys) = self.storage.list(&self.key_prefix()).await {
+                for k in keys {
+                    let _ = self.storage.delete(&k).await;
+                }
+            }
         }
         self.db.pool().close().await;
-        let _ = db::drop_database(self.cfg.database.url.expose()).await;
+        drop_database(&self.id).await;
+    }
+}
+
+/// Drops the test's database `vbt_<id>`.
+pub async fn drop_database(id: &str) {
+    use sqlx::Connection;
+    if let Ok(mut conn) = sqlx::PgConnection::connect("postgres://postgres@127.0.0.1:5432/postgres").await {
+        let drop = format!("DROP DATABASE IF EXISTS \"vbt_{id}\" WITH (FORCE)");
+        let _ = sqlx::raw_sql(&drop).execute(&mut conn).await;
     }
 }
 

@@ -188,7 +188,7 @@ impl Token2Wav {
         let t0 = Instant::now();
         let vocoder_precision = if self.vocoder_fp32 { Precision::Fp32 } else { self.precision };
         let (mels, wav, frames, t1, t2) = {
-            let flow_autocast = AutocastGuard::enter(self.device, self.precision);
+            let flow_autocast = AutocastGuard::enter(self.device, self.precision)?;
             let encoded = self.flow.encode(&flow_items);
             sync();
             let t1 = t0.elapsed();
@@ -196,7 +196,7 @@ impl Token2Wav {
             sync();
             let t2 = t0.elapsed();
             drop(flow_autocast);
-            let _vocoder_autocast = AutocastGuard::enter(self.device, vocoder_precision);
+            let _vocoder_autocast = AutocastGuard::enter(self.device, vocoder_precision)?;
             let frames: Vec<i64> = mels.iter().map(|m| m.size()[1]).collect();
             let t_max = frames.iter().copied().max().unwrap_or(1);
             let mel = Tensor::zeros([items.len() as i64, 80, t_max], (Kind::Float, dev));

@@ -1,5 +1,6 @@
-//! Minimal SVG line and bar charts for benchmark reports and `report --plot` (no plotting
-//! dependency), and [`png`] to rasterise them.
+//! Charts: minimal SVG line and bar charts (no plotting dependency) and [`png`] to rasterise them.
+//!
+//! Neighbours: `report --plot` draws bars of a report; `bench` draws its sweeps.
 
 use std::fmt::Write as _;
 
@@ -105,16 +106,28 @@ pub fn bars(panels: &[(String, Vec<f64>)], labels: &[String], subtitle: &str) ->
 
 /// Rasterises one of this module's SVG charts to PNG bytes at `scale` (1.0 = the SVG's pixels).
 /// Text uses the system's fonts (sans-serif); where none are installed it is left out.
-pub fn png(svg: &str, scale: f32) -> Result<Vec<u8>, String> {
+pub fn png(svg: &str, scale: f32) -> Result<Vec<u8>, PlotError> {
     use resvg::{tiny_skia, usvg};
     let mut opt = usvg::Options::default();
     opt.fontdb_mut().load_system_fonts();
-    let tree = usvg::Tree::from_str(svg, &opt).map_err(|e| format!("invalid SVG: {e}"))?;
+    let tree = usvg::Tree::from_str(svg, &opt).map_err(|e| PlotError::Svg(e.to_string()))?;
     let size = tree.size();
     let (w, h) = ((size.width() * scale).ceil() as u32, (size.height() * scale).ceil() as u32);
-    let mut pixmap = tiny_skia::Pixmap::new(w.max(1), h.max(1)).ok_or_else(|| format!("cannot make a {w}x{h} image"))?;
+    let mut pixmap = tiny_skia::Pixmap::new(w.max(1), h.max(1)).ok_or(PlotError::Size { w, h })?;
     resvg::render(&tree, tiny_skia::Transform::from_scale(scale, scale), &mut pixmap.as_mut());
-    pixmap.encode_png().map_err(|e| format!("PNG encoding failed: {e}"))
+    pixmap.encode_png().map_err(|e| PlotError::Png(e.to_string()))
+}
+
+/// Errors rendering a chart to PNG.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlotError {
+    #[error("invalid SVG: {0}")]
+    Svg(String),
+    #[error("cannot make a {w}x{h} image")]
+    Size { w: u32, h: u32 },
+    #[error("PNG encoding failed: {0}")]
+    Png(String),
 }
 
 fn fmt_num(v: f64) -> String {

@@ -1,0 +1,76 @@
+//! `voxbatch bench …`: run a benchmark and write its results under `bench/results/<name>-<time>/`.
+
+use std::path::{Path, PathBuf};
+
+use super::{io, load_model, CommandError};
+use crate::bench::{self, policy, sweetspot, token2wav};
+use crate::config::Config;
+use crate::model::ModelError;
+
+/// The sweet-spot bench; returns its report and the files written.
+pub async fn bench_sweetspot(
+    opts: &sweetspot::SweetSpotOptions,
+    out_root: &Path,
+    progress: impl FnMut(&str),
+) -> Result<(sweetspot::SweetSpotReport, Vec<PathBuf>), CommandError> {
+    let report = sweetspot::run(opts, progress).await?;
+    let dir = bench::results_dir(out_root, "sweetspot").map_err(io("create the results directory"))?;
+    let paths = sweetspot::write(&report, &dir).map_err(io("write the results"))?;
+    Ok((report, paths))
+}
+
+/// The CosyVoice2 token2wav bench (on a blocking thread: it drives libtorch directly).
+pub async fn bench_token2wav(
+    opts: token2wav::Token2WavBenchOptions,
+    out_root: &Path,
+    progress: impl FnMut(&token2wav::Point) + Send + 'static,
+) -> Result<(token2wav::Token2WavReport, Vec<PathBuf>), CommandError> {
+    let report = tokio::task::spawn_blocking(move || token2wav::run(&opts, progress)).await.map_err(|_| ModelError::ThreadGone)??;
+    let dir = bench::results_dir(out_root, "token2wav").map_err(io("create the results directory"))?;
+    let paths = token2wav::write(&report, &dir).map_err(io("write the results"))?;
+    Ok((report, paths))
+}
+
+/// The policy bench with the configured model, device and memory settings.
+pub async fn bench_policy(
+    cfg: &Config,
+    jobs: usize,
+    seed: u64,
+    policy_only: bool,
+    out_root: &Path,
+    progress: impl FnMut(&policy::RunResult),
+) -> Result<(policy::PolicyReport, Vec<PathBuf>), CommandError> {
+    let m = &cfg.model;
+    let model = load_model(cfg, m.device).await?;
+    let manifest = model.manifest().clone();
+    let (c, man, device, precision) = (cfg.clone(), manifest.clone(), m.device, m.precision);
+    let (admission, profile, gpu) = tokio::task::spawn_blocking(move || {
+        let (admission, profile) = crate::sizing::memory_admission(&c, &man, device, precision)?;
+        Ok::<_, crate::sizing::SizingError>((admission, profile.clone(), profile.gpu))
+    })
+    .await
+    .map_err(|_| ModelError::ThreadGone)??;
+    let opts = policy::PolicyBenchOptions {
+        jobs,
+        seed,
+        max_batch: cfg.batching.max_batch,
+        gpu_name: gpu,
+        profile_source: crate::sizing::describe(&profile),
+        max_length_ratio: cfg.batching.max_length_ratio,
+        policy_only,
+    };
+    let report = policy::run(&model, admission, &opts, progress).await;
+    let dir = bench::results_dir(out_root, "policy").map_err(io("create the results directory"))?;
+    let paths = policy::write(&report, &dir).map_err(io("write the results"))?;
+    Ok((report, paths))
+}
+
+/// The policy bench's synthetic corpus as JSONL lines (for `enqueue`): same seed, same texts.
+pub fn bench_corpus(jobs: usize, seed: u64) -> Vec<String> {
+    let voices = ["default", "narrator", "bright", "deep"];
+    bench::corpus::mixed_lengths(jobs, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, text)| serde_json::json!({ "text": text, "voice": voices[i % voices.len()] }).to_string())
+        .collect()
+}

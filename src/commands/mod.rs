@@ -1,0 +1,98 @@
+//! What each CLI command does, a file per command, as library functions: tests and the demo call
+//! the same code the binary does. `main.rs` parses flags, calls one of these and prints.
+//!
+//! Neighbours: everything; this is the top of the library.
+
+mod audit;
+mod bench;
+mod calibrate;
+mod demo;
+mod enqueue;
+mod migrate;
+mod report;
+mod status;
+mod work;
+
+pub use audit::{audit, Audit};
+pub use bench::{bench_corpus, bench_policy, bench_sweetspot, bench_token2wav};
+pub use calibrate::calibrate;
+pub use demo::{demo, DemoSummary};
+pub use enqueue::{enqueue, publish_with_retry, EnqueueSummary};
+pub use migrate::migrate;
+pub use report::{report, write_plot};
+pub use status::{status, Status};
+pub use work::{parse_devices, work, ParseDevicesError};
+
+use crate::config::Config;
+use crate::db::{Db, DbError};
+use crate::enqueue::EnqueueError;
+use crate::model::{Device, ModelError, ModelHandle};
+use crate::queue::QueueError;
+use crate::storage::{Storage, StorageError};
+use crate::worker::WorkerError;
+
+/// Errors of the commands, each with the stage it came from.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Enqueue(#[from] EnqueueError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    #[error(transparent)]
+    Calibrate(#[from] crate::calibrate::CalibrateError),
+    #[error(transparent)]
+    Sizing(#[from] crate::sizing::SizingError),
+    #[error(transparent)]
+    Profile(#[from] crate::sizing::ProfileError),
+    #[error(transparent)]
+    Plot(#[from] crate::plot::PlotError),
+    #[error("cannot {what}")]
+    Io { what: &'static str, source: std::io::Error },
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// What to check when `e` is an error waiting will not fix (refused credentials or access).
+pub fn hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    // Transparent variants do not show their inner error in the chain: look inside.
+    match e.downcast_ref::<CommandError>() {
+        Some(CommandError::Worker(w)) => return hint(w),
+        Some(CommandError::Storage(s)) => return hint(s),
+        Some(CommandError::Queue(q)) => return hint(q),
+        Some(CommandError::Db(d)) => return hint(d),
+        _ => {}
+    }
+    if let Some(WorkerError::Permanent { hint, .. }) = e.downcast_ref::<WorkerError>() {
+        return *hint;
+    }
+    crate::worker::retry::permanent_hint(e)
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> CommandError {
+    move |source| CommandError::Io { what, source }
+}
+
+/// Loads the configured model on `device`: the one way commands load a model.
+async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
+    let m = &cfg.model;
+    Ok(ModelHandle::load(&m.dir, device, m.precision, m.cpu_threads).await?)
+}
+
+/// Connects to Postgres (creating and migrating the database) and opens the audio store
+/// (creating the bucket when configured to).
+async fn open_services(cfg: &Config) -> Result<(Db, Storage), CommandError> {
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    let storage = Storage::open(&cfg.storage).await?;
+    storage.ensure_ready(cfg.storage.create_bucket).await?;
+    Ok((db, storage))
+}

@@ -1,0 +1,193 @@
+//! Claiming a batch's jobs: one transaction that decides, per job, whether this delivery
+//! synthesizes it.
+//!
+//! Rows are inserted if missing and locked (`FOR UPDATE`, in job-id order so concurrent claims
+//! never deadlock), then compared with the delivery: already `done` → ack; other content under
+//! the same id → conflict; `running` under a claim that is still live (its worker heartbeats and
+//! the claim is younger than the lease) → busy, the delivery waits; otherwise the job is marked
+//! `running` for this worker. So two deliveries of one job are never synthesized at once, and a
+//! claim left by a crashed worker expires.
+//!
+//! Neighbours: `worker::infer` calls [`Db::claim`] before inference and `Db::release` when it
+//! gives messages back; `Db::complete_batch` ends a claim with `done`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{q, speech_tokens_json, Db, DbError};
+use crate::config::WorkerConfig;
+use crate::job::{Job, RejectionKind};
+
+/// What the worker should do with a job it has received.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// Synthesize it.
+    Proceed,
+    /// Its audio is already committed: ack without recomputation.
+    AlreadyDone,
+    /// The same job_id was submitted with different content: dead-letter the new message.
+    Conflict(RejectionKind),
+    /// Another delivery of this job is being synthesized now (by `worker_id`): wait and claim again.
+    Busy { worker_id: String },
+}
+
+/// When a `running` claim stops counting as live.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimLease {
+    /// The claiming worker's heartbeat is older than this: it is gone.
+    pub heartbeat_stale: Duration,
+    /// The claim is older than this: whatever holds it has given up.
+    pub max_age: Duration,
+}
+
+impl ClaimLease {
+    /// Three missed heartbeats; the longest a worker holds a batch (claim, inference, upload
+    /// and record each retried for at most `max_hold`) plus slack.
+    pub fn for_worker(w: &WorkerConfig) -> ClaimLease {
+        ClaimLease { heartbeat_stale: w.heartbeat * 3, max_age: w.max_hold * 4 + Duration::from_secs(60) }
+    }
+}
+
+type Existing = (String, String, String, String, Option<serde_json::Value>, Option<String>, bool);
+
+impl Db {
+    /// Claims a batch's jobs. Decisions come back in input order.
+    pub async fn claim(&self, jobs: &[Job], worker_id: &str, lease: &ClaimLease) -> Result<Vec<Claim>, DbError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut sorted: Vec<&Job> = jobs.iter().collect();
+        sorted.sort_by_key(|j| j.job_id);
+        let mut tx = self.pool.begin().await.map_err(q("begin claim"))?;
+        insert_queued(&mut tx, &sorted).await?;
+        let ids: Vec<Uuid> = sorted.iter().map(|j| j.job_id).collect();
+        let rows = sqlx::query(
+            "SELECT j.job_id, j.status, j.campaign, j.voice, j.text, j.speech_tokens, j.worker_id,
+                    (j.status = 'running' AND w.worker_id IS NOT NULL AND w.stopped_at IS NULL
+                     AND w.last_heartbeat > now() - make_interval(secs => $2)
+                     AND j.started_at > now() - make_interval(secs => $3)) AS live
+             FROM jobs j LEFT JOIN workers w ON w.worker_id = j.worker_id
+             WHERE j.job_id = ANY($1) ORDER BY j.job_id FOR UPDATE OF j",
+        )
+        .bind(&ids)
+        .bind(lease.heartbeat_stale.as_secs_f64())
+        .bind(lease.max_age.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(q("lock jobs"))?;
+        let mut existing: HashMap<Uuid, Existing> = HashMap::new();
+        for r in rows {
+            existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get::<Option<bool>, _>(7).unwrap_or(false)));
+        }
+        let decisions: Vec<Claim> = jobs.iter().map(|j| decide(j, existing.get(&j.job_id))).collect();
+        let proceed: Vec<&Job> = jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Proceed).map(|(j, _)| j).collect();
+        mark_running(&mut tx, &proceed, worker_id).await?;
+        tx.commit().await.map_err(q("commit claim"))?;
+        Ok(decisions)
+    }
+
+    /// Gives claims back (`running` → `queued`) when this worker returns the messages.
+    pub async fn release(&self, job_ids: &[Uuid], worker_id: &str) -> Result<(), DbError> {
+        sqlx::query("UPDATE jobs SET status = 'queued' WHERE job_id = ANY($1) AND status = 'running' AND worker_id = $2")
+            .bind(job_ids)
+            .bind(worker_id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("release claims"))?;
+        Ok(())
+    }
+}
+
+fn decide(j: &Job, existing: Option<&Existing>) -> Claim {
+    let Some((status, campaign, voice, text, speech, claimed_by, live)) = existing else { return Claim::Proceed };
+    if status == "rejected" {
+        return Claim::Proceed;
+    }
+    let field = if text != &j.text {
+        Some("text")
+    } else if speech != &speech_tokens_json(j) {
+        Some("speech_tokens")
+    } else if voice != &j.voice {
+        Some("voice")
+    } else if campaign != &j.campaign {
+        Some("campaign")
+    } else {
+        None
+    };
+    match (field, status.as_str()) {
+        (Some(field), _) => Claim::Conflict(RejectionKind::Conflict { job_id: j.job_id, field }),
+        (None, "done") => Claim::AlreadyDone,
+        (None, "running") if *live => Claim::Busy { worker_id: claimed_by.clone().unwrap_or_default() },
+        (None, _) => Claim::Proceed,
+    }
+}
+
+async fn insert_queued(tx: &mut sqlx::PgConnection, jobs: &[&Job]) -> Result<(), DbError> {
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
+    let campaigns: Vec<&str> = jobs.iter().map(|j| j.campaign.as_str()).collect();
+    let voices: Vec<&str> = jobs.iter().map(|j| j.voice.as_str()).collect();
+    let texts: Vec<&str> = jobs.iter().map(|j| j.text.as_str()).collect();
+    let priorities: Vec<i16> = jobs.iter().map(|j| i16::from(j.priority)).collect();
+    let metadata: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
+    let chars: Vec<i32> = jobs.iter().map(|j| j.chars() as i32).collect();
+    let speech: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| speech_tokens_json(j)).collect();
+    sqlx::query(
+        "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status, speech_tokens)
+         SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, 'queued', t.speech_tokens
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[], $8::jsonb[])
+           AS t(job_id, campaign, voice, text, priority, metadata, chars, speech_tokens)
+         ON CONFLICT (job_id) DO NOTHING",
+    )
+    .bind(&ids)
+    .bind(&campaigns)
+    .bind(&voices)
+    .bind(&texts)
+    .bind(&priorities)
+    .bind(&metadata)
+    .bind(&chars)
+    .bind(&speech)
+    .execute(&mut *tx)
+    .await
+    .map_err(q("insert jobs"))?;
+    Ok(())
+}
+
+/// Marks jobs `running` for `worker_id` (attempts + 1). The delivery's own fields replace the
+/// row's (a valid resubmission of a rejected id stores its priority and metadata).
+async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &str) -> Result<(), DbError> {
+    if jobs.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
+    let campaigns: Vec<&str> = jobs.iter().map(|j| j.campaign.as_str()).collect();
+    let voices: Vec<&str> = jobs.iter().map(|j| j.voice.as_str()).collect();
+    let texts: Vec<&str> = jobs.iter().map(|j| j.text.as_str()).collect();
+    let chars: Vec<i32> = jobs.iter().map(|j| j.chars() as i32).collect();
+    let speech: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| speech_tokens_json(j)).collect();
+    let priorities: Vec<i16> = jobs.iter().map(|j| i16::from(j.priority)).collect();
+    let metadata: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
+    sqlx::query(
+        "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, started_at = now(), worker_id = $6,
+           error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars,
+           speech_tokens = t.speech_tokens, priority = t.priority, metadata = t.metadata
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $7::jsonb[], $8::smallint[], $9::jsonb[])
+           AS t(job_id, campaign, voice, text, chars, speech_tokens, priority, metadata)
+         WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
+    )
+    .bind(&ids)
+    .bind(&campaigns)
+    .bind(&voices)
+    .bind(&texts)
+    .bind(&chars)
+    .bind(worker_id)
+    .bind(&speech)
+    .bind(&priorities)
+    .bind(&metadata)
+    .execute(&mut *tx)
+    .await
+    .map_err(q("mark running"))?;
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! Commit: encode each inferred batch, upload its audio, record it in Postgres, then ack.
+//!
+//! The order is the invariant: a job's message is acked only after its object is uploaded and
+//! its `done` row and the batch row are committed in one transaction. Any step that keeps
+//! failing past the hold limit gives the batch's messages back (and releases their claims);
+//! nothing is dropped. WAV encoding runs on blocking threads, spread over cores.
+//!
+//! Neighbours: `infer` sends [`InferredBatch`]es; `audio` encodes; `storage` uploads; `db`
+//! records; `delivery` acks or gives back.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::mpsc;
+use tracing::{error, info, info_span, Instrument};
+use uuid::Uuid;
+
+use super::delivery::Settler;
+use super::infer::{BatchMeta, InferredBatch};
+use super::intake::Received;
+use super::Counters;
+use crate::audio::{encode_wavs, EncodedAudio};
+use crate::cost::Prices;
+use crate::db::{BatchRecord, Db, JobResult};
+use crate::model::{Device, Manifest, Precision};
+use crate::storage::{AudioMeta, Storage};
+
+/// What the commit stage needs.
+pub struct Commit {
+    pub db: Db,
+    pub storage: Storage,
+    pub manifest: Arc<Manifest>,
+    pub device: Device,
+    pub precision: Precision,
+    pub worker_id: String,
+    pub prices: Prices,
+    pub hourly_usd: f64,
+    pub upload_concurrency: usize,
+    pub counters: Arc<Counters>,
+    pub settler: Arc<Settler>,
+}
+
+impl Commit {
+    /// Runs until the inference stage closes its sender.
+    pub async fn run(self, mut rx: mpsc::Receiver<InferredBatch>) {
+        let this = Arc::new(self);
+        while let Some(batch) = rx.recv().await {
+            let span = info_span!("batch", batch_id = %batch.meta.batch_id, size = batch.done.len());
+            this.commit(batch).instrument(span).await;
+        }
+    }
+
+    async fn commit(self: &Arc<Self>, batch: InferredBatch) {
+        let InferredBatch { meta, done, duplicates } = batch;
+        let (received, audio): (Vec<Received>, Vec<Vec<f32>>) = done.into_iter().unzip();
+        let deliveries = Deliveries { received, duplicates };
+
+        let encode_started = Instant::now();
+        let sample_rate = self.manifest.sample_rate;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+        let encoded = match tokio::task::spawn_blocking(move || encode_wavs(&audio, sample_rate, threads)).await {
+            Ok(e) => e,
+            Err(e) => {
+                error!(error = %e, "encoding panicked; giving the batch back");
+                return self.give_back(deliveries).await;
+            }
+        };
+        let encode_ms = encode_started.elapsed().as_secs_f64() * 1000.0;
+
+        let upload_started = Instant::now();
+        let keys: Vec<String> = deliveries.received.iter().map(|r| self.storage.key(&r.job.campaign, r.job.job_id)).collect();
+        if self.upload(&deliveries.received, &encoded, &keys).await.is_err() {
+            return self.give_back(deliveries).await;
+        }
+        let upload_ms = upload_started.elapsed().as_secs_f64() * 1000.0;
+
+        let results: Vec<JobResult> = deliveries
+            .received
+            .iter()
+            .zip(&encoded)
+            .zip(&keys)
+            .map(|((r, enc), key)| JobResult { job_id: r.job.job_id, s3_key: key.clone(), audio_seconds: enc.seconds, sha256: enc.sha256.clone() })
+            .collect();
+        let audio_seconds: f64 = results.iter().map(|r| r.audio_seconds).sum();
+        let mut record = self.record(&meta, results.len(), audio_seconds, encode_ms, upload_ms);
+        let db_started = Instant::now();
+        let committed = self
+            .settler
+            .retry
+            .run("record batch", || {
+                record.finished_at = Utc::now();
+                record.db_ms = meta.claim_ms + db_started.elapsed().as_secs_f64() * 1000.0;
+                let record = record.clone();
+                let results = &results;
+                async move { self.db.complete_batch(&record, results).await }
+            })
+            .await;
+        if committed.is_err() {
+            return self.give_back(deliveries).await;
+        }
+        // Committed: now, and only now, ack.
+        let n = deliveries.received.len() as u64;
+        for r in deliveries.received.into_iter().chain(deliveries.duplicates) {
+            r.delivery.ack().await;
+        }
+        let c = &self.counters;
+        c.batches.fetch_add(1, Ordering::SeqCst);
+        c.jobs_done.fetch_add(n, Ordering::SeqCst);
+        c.audio_ms.fetch_add((audio_seconds * 1000.0) as u64, Ordering::SeqCst);
+        info!(
+            jobs = n,
+            audio_seconds = format!("{audio_seconds:.1}"),
+            infer_ms = meta.infer_ms as u64,
+            encode_ms = encode_ms as u64,
+            upload_ms = upload_ms as u64,
+            "batch committed"
+        );
+    }
+
+    /// Uploads every object (a few at a time), each retried.
+    async fn upload(self: &Arc<Self>, received: &[Received], encoded: &[EncodedAudio], keys: &[String]) -> Result<(), ()> {
+        let uploads: Vec<(String, Vec<u8>, AudioMeta)> = received
+            .iter()
+            .zip(encoded)
+            .zip(keys)
+            .map(|((r, enc), key)| {
+                let meta = AudioMeta { job_id: r.job.job_id, model: self.manifest.name.clone(), voice: r.job.voice.clone(), sha256: enc.sha256.clone() };
+                (key.clone(), enc.wav.clone(), meta)
+            })
+            .collect();
+        futures::stream::iter(uploads.into_iter().map(|(key, wav, meta)| {
+            let this = self.clone();
+            async move { this.settler.retry.run("upload audio", || this.storage.put(&key, wav.clone(), &meta)).await }
+        }))
+        .buffer_unordered(self.upload_concurrency)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(|_| ())
+        .map_err(|_| ())
+    }
+
+    fn record(&self, meta: &BatchMeta, size: usize, audio_seconds: f64, encode_ms: f64, upload_ms: f64) -> BatchRecord {
+        let cost = self.prices.batch_cost(self.hourly_usd, meta.infer_ms, meta.gpu.as_ref().and_then(|g| g.energy_j));
+        BatchRecord {
+            batch_id: meta.batch_id,
+            worker_id: self.worker_id.clone(),
+            model: self.manifest.name.clone(),
+            device: self.device.to_string(),
+            precision: self.precision.to_string(),
+            batch_size: size as i32,
+            tokens: meta.tokens as i64,
+            padded_tokens: meta.padded_tokens as i64,
+            flush_reason: meta.flush_reason.to_string(),
+            queue_ms: meta.queue_ms,
+            infer_ms: meta.infer_ms,
+            encode_ms,
+            upload_ms,
+            db_ms: meta.claim_ms,
+            audio_seconds,
+            started_at: meta.started_at,
+            finished_at: Utc::now(),
+            padding_waste: Some(meta.padding_waste as f32),
+            predicted_peak_bytes: meta.predicted_peak.map(|p| p as i64),
+            measured_peak_bytes: meta.measured_peak.map(|p| p as i64),
+            process_mem_max_bytes: match self.device {
+                // On CPU the measured peak is the process's resident set.
+                Device::Cpu => meta.measured_peak.map(|p| p as i64),
+                Device::Cuda(_) => meta.gpu.as_ref().and_then(|g| g.process_mem_max_bytes).map(|b| b as i64),
+            },
+            hourly_usd: Some(cost.hourly_usd),
+            cost_usd: Some(cost.cost_usd),
+            energy_usd: cost.energy_usd,
+            gpu: meta.gpu.clone(),
+        }
+    }
+
+    async fn give_back(&self, d: Deliveries) {
+        let ids: Vec<Uuid> = d.received.iter().map(|r| r.job.job_id).collect();
+        let deliveries = d.received.into_iter().chain(d.duplicates).map(|r| r.delivery).collect();
+        self.settler.give_back_claimed(&ids, deliveries).await;
+    }
+}
+
+/// A batch's messages: first copies and duplicates.
+struct Deliveries {
+    received: Vec<Received>,
+    duplicates: Vec<Received>,
+}

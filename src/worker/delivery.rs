@@ -1,0 +1,275 @@
+//! The held message: every way a delivery the worker holds can end goes through this file.
+//!
+//! - [`Delivery::ack`]: the job is settled (committed, already done, or a duplicate of one).
+//! - [`Outbox::give_back`]: the worker returns messages that were not at fault (shutdown, an
+//!   outage past the hold limit, a batch it could not start). A fresh copy is published with
+//!   confirms and then the original acked, so giving back never spends the message's
+//!   `x-delivery-limit` budget; that budget stays for messages that really crash workers. If the
+//!   copy cannot be published the original is nacked with requeue (the broker keeps it).
+//! - [`Outbox::dead_letter`]: published to the dead-letter exchange with its code and reason
+//!   (confirmed), then acked; if that fails it is given back.
+//! - [`Settler::reject`] / [`Settler::fail`]: record the reason in Postgres, then dead-letter.
+//!
+//! Dropping a delivery unsettled leaves it to the broker (redelivered when the channel closes).
+//! Either way [`HeldCount`] goes down, which `--drain` and shutdown wait on.
+//!
+//! Neighbours: `intake` creates deliveries and rejects poison; `infer` settles conflicts, already
+//! done jobs and failures; `commit` acks after the commit; `queue` publishes.
+
+use std::sync::Arc;
+
+use lapin::Acker;
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+use tokio::sync::{watch, RwLock};
+use tracing::{debug, error, info, warn};
+use uuid::Uuid;
+
+use super::retry::Retry;
+use super::Counters;
+use crate::config::AmqpConfig;
+use crate::db::Db;
+use crate::job::Rejection;
+use crate::queue::{self, QueueError};
+
+/// Header counting how often workers gave a message back (informational).
+pub const RETURNED_HEADER: &str = "x-voxbatch-returned";
+
+/// The number of deliveries the worker holds; [`HeldCount::wait_zero`] resolves when it is 0.
+#[derive(Clone)]
+pub struct HeldCount(Arc<watch::Sender<usize>>);
+
+impl Default for HeldCount {
+    fn default() -> Self {
+        HeldCount(Arc::new(watch::channel(0).0))
+    }
+}
+
+impl HeldCount {
+    pub fn get(&self) -> usize {
+        *self.0.borrow()
+    }
+    fn add(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+    fn sub(&self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+    /// Resolves once every held delivery is settled or dropped.
+    pub async fn wait_zero(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// A message the worker holds.
+pub struct Delivery {
+    acker: Acker,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    held: HeldCount,
+}
+
+impl Delivery {
+    /// Takes a delivery from the consumer (counted as held until settled or dropped).
+    pub fn hold(d: lapin::message::Delivery, held: &HeldCount) -> Delivery {
+        held.add();
+        Delivery { acker: d.acker, body: d.data, properties: d.properties, held: held.clone() }
+    }
+
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// Acks; false when the ack could not be sent (the broker then redelivers, and the copy is
+    /// settled as already done).
+    pub async fn ack(self) -> bool {
+        match self.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => true,
+            Ok(false) => {
+                warn!("ack was not sent (channel closed or delivery already settled); the broker will redeliver");
+                false
+            }
+            Err(e) => {
+                warn!(error = %e, "ack failed; the broker will redeliver and the job will be acked as already done");
+                false
+            }
+        }
+    }
+
+    /// Nack with requeue: the fallback when no copy could be published (it counts toward the
+    /// delivery limit on a quorum queue).
+    async fn requeue(self) {
+        if let Err(e) = self.acker.nack(BasicNackOptions { requeue: true, multiple: false }).await {
+            debug!(error = %e, "nack failed; the broker requeues when the channel closes");
+        }
+    }
+
+    fn returned_copy_properties(&self) -> BasicProperties {
+        let mut headers = self.properties.headers().clone().unwrap_or_default();
+        let returned = match headers.inner().get(RETURNED_HEADER) {
+            Some(AMQPValue::LongLongInt(n)) => *n,
+            _ => 0,
+        };
+        headers.insert(RETURNED_HEADER.into(), AMQPValue::LongLongInt(returned + 1));
+        strip_broker_headers(&mut headers);
+        self.properties.clone().with_headers(headers)
+    }
+}
+
+/// Headers the broker adds on delivery that must not travel with a fresh copy.
+fn strip_broker_headers(headers: &mut FieldTable) {
+    let keep: FieldTable = headers
+        .inner()
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "x-delivery-count" | "x-death" | "x-first-death-exchange" | "x-first-death-queue" | "x-first-death-reason"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into();
+    *headers = keep;
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.held.sub();
+    }
+}
+
+/// Publishing on behalf of held messages: a channel in confirm mode, replaced on reconnect.
+pub struct Outbox {
+    amqp: AmqpConfig,
+    channel: RwLock<Option<Channel>>,
+}
+
+impl Outbox {
+    pub fn new(amqp: AmqpConfig) -> Outbox {
+        Outbox { amqp, channel: RwLock::new(None) }
+    }
+
+    /// Installs the confirm-mode channel of a new connection.
+    pub async fn set_channel(&self, channel: Channel) {
+        *self.channel.write().await = Some(channel);
+    }
+
+    async fn channel(&self) -> Result<Channel, QueueError> {
+        self.channel.read().await.clone().ok_or(QueueError::Timeout { op: "publish (no channel)" })
+    }
+
+    /// Returns messages to the queue without spending their delivery budget: a fresh copy each,
+    /// confirmed, then the original acked. A message whose copy is not confirmed is nacked with
+    /// requeue instead (the broker keeps it either way).
+    pub async fn give_back(&self, deliveries: Vec<Delivery>) {
+        if deliveries.is_empty() {
+            return;
+        }
+        let channel = match self.channel().await {
+            Ok(c) => c,
+            Err(_) => {
+                for d in deliveries {
+                    d.requeue().await;
+                }
+                return;
+            }
+        };
+        let mut pending = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            let published = channel
+                .basic_publish(
+                    self.amqp.exchange.as_str().into(),
+                    self.amqp.routing_key.as_str().into(),
+                    BasicPublishOptions { mandatory: true, ..Default::default() },
+                    &d.body,
+                    d.returned_copy_properties(),
+                )
+                .await;
+            pending.push((d, published));
+        }
+        let mut copied = 0usize;
+        for (d, published) in pending {
+            let confirmed = match published {
+                Ok(confirm) => match tokio::time::timeout(queue::CONFIRM_TIMEOUT, confirm).await {
+                    Ok(Ok(c)) => c.is_ack() && c.take_message().is_none(),
+                    _ => false,
+                },
+                Err(_) => false,
+            };
+            if confirmed {
+                copied += 1;
+                d.ack().await;
+            } else {
+                d.requeue().await;
+            }
+        }
+        debug!(copied, "gave messages back to the queue");
+    }
+
+    /// Publishes the message to the dead-letter exchange with its code and reason, then acks
+    /// it; gives it back when the dead letter cannot be published.
+    pub async fn dead_letter(&self, d: Delivery, code: &str, reason: &str, job_id: Option<Uuid>) -> bool {
+        let published = match self.channel().await {
+            Ok(ch) => queue::dead_letter(&ch, &self.amqp, &d.body, code, reason, job_id).await,
+            Err(e) => Err(e),
+        };
+        match published {
+            Ok(()) => {
+                d.ack().await;
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "could not dead-letter; giving the message back");
+                self.give_back(vec![d]).await;
+                false
+            }
+        }
+    }
+}
+
+/// Ending a message with a reason: recorded in Postgres first, then dead-lettered.
+pub struct Settler {
+    pub db: Db,
+    pub outbox: Arc<Outbox>,
+    pub retry: Retry,
+    pub worker_id: String,
+    pub counters: Arc<Counters>,
+}
+
+impl Settler {
+    /// A message that is not a valid job (or conflicts with a stored one): `rejections` row,
+    /// dead letter, ack.
+    pub async fn reject(&self, rejection: Rejection, d: Delivery) {
+        let reason = crate::job::escape_controls(&rejection.to_string());
+        warn!(job_id = ?rejection.job_id, code = rejection.kind.code(), %reason, "rejecting message");
+        let recorded = self.retry.run("record rejection", || self.db.record_rejection(&rejection, d.body(), &self.worker_id)).await;
+        if let Err(e) = recorded {
+            warn!(error = %e, "rejection not recorded in postgres; giving the message back");
+            self.outbox.give_back(vec![d]).await;
+            return;
+        }
+        if self.outbox.dead_letter(d, rejection.kind.code(), &reason, rejection.job_id).await {
+            self.counters.add_rejected(1);
+        }
+    }
+
+    /// A job that failed on its own: `failed` row with the reason, dead letter, ack.
+    pub async fn fail(&self, job_id: Uuid, reason: &str, d: Delivery) {
+        error!(%job_id, %reason, "job failed");
+        let ids = [job_id];
+        if self.retry.run("mark failed", || self.db.mark_failed(&ids, reason)).await.is_err() {
+            self.outbox.give_back(vec![d]).await;
+            return;
+        }
+        self.counters.add_failed(1);
+        self.outbox.dead_letter(d, "synthesis_failed", reason, Some(job_id)).await;
+    }
+
+    /// Gives messages back and releases their claims (best effort: a claim left behind expires).
+    pub async fn give_back_claimed(&self, job_ids: &[Uuid], deliveries: Vec<Delivery>) {
+        if !job_ids.is_empty() {
+            if let Err(e) = self.db.release(job_ids, &self.worker_id).await {
+                info!(error = %e, "claims not released; they expire on their own");
+            }
+        }
+        self.outbox.give_back(deliveries).await;
+    }
+}

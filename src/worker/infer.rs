@@ -1,0 +1,338 @@
+//! Inference: claim a batch's jobs in Postgres, run it on the model thread, hand the audio on.
+//!
+//! [`synthesize_splitting`] is the one split-on-failure path around the model (the policy bench
+//! calls it too): an out-of-memory error or any inference error splits the batch in halves down
+//! to single jobs; a job that fails alone is failed with its reason. Claims decide per job:
+//! synthesize it, ack it (already done), reject it (conflicting content), or park it for a
+//! while when another delivery of the same job is being synthesized right now.
+//!
+//! Neighbours: `intake` sends [`Assembled`] batches and receives parked jobs back; `commit`
+//! receives [`InferredBatch`]es; `delivery` settles; `db` claims; `model` runs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+use uuid::Uuid;
+
+use super::delivery::Settler;
+use super::intake::{Assembled, Received};
+use super::{Counters, WorkerClock};
+use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
+use crate::batch::{padding, BatchOutcome};
+use crate::db::{BatchEvent, Claim, ClaimLease, Db};
+use crate::gpu::sampler::{GpuSampler, GpuStats};
+use crate::model::{ModelError, ModelHandle, SynthItem};
+
+/// A batch whose audio is ready to be committed.
+pub struct InferredBatch {
+    pub meta: BatchMeta,
+    /// Jobs with their audio, in batch order.
+    pub done: Vec<(Received, Vec<f32>)>,
+    /// Extra deliveries of a job in `done` (same job_id twice in one batch): acked with it.
+    pub duplicates: Vec<Received>,
+}
+
+/// What the batch row records about inference.
+pub struct BatchMeta {
+    pub batch_id: Uuid,
+    pub flush_reason: &'static str,
+    pub started_at: DateTime<Utc>,
+    pub queue_ms: f64,
+    pub infer_ms: f64,
+    pub claim_ms: f64,
+    pub tokens: usize,
+    pub padded_tokens: usize,
+    pub padding_waste: f64,
+    pub predicted_peak: Option<f64>,
+    pub measured_peak: Option<u64>,
+    pub gpu: Option<GpuStats>,
+}
+
+/// What the inference stage needs.
+pub struct Infer {
+    pub db: Db,
+    pub model: ModelHandle,
+    pub worker_id: String,
+    pub lease: ClaimLease,
+    /// How long a job claimed by another delivery is parked before it is claimed again.
+    pub recheck: Duration,
+    pub sampler: Option<Arc<GpuSampler>>,
+    pub clock: Arc<WorkerClock>,
+    pub counters: Arc<Counters>,
+    pub settler: Arc<Settler>,
+    pub stop: CancellationToken,
+}
+
+impl Infer {
+    /// Runs until the intake closes its sender.
+    pub async fn run(
+        self,
+        mut rx: mpsc::Receiver<Assembled>,
+        post: mpsc::Sender<InferredBatch>,
+        outcomes: mpsc::UnboundedSender<BatchOutcome>,
+        returns: mpsc::UnboundedSender<Received>,
+    ) {
+        while let Some(Assembled { flush, predicted_peak }) = rx.recv().await {
+            let batch_id = Uuid::new_v4();
+            let reason = flush.reason.as_str();
+            let oldest = flush.items.iter().map(|p| p.arrived).min().unwrap_or_else(Instant::now);
+            let items: Vec<Received> = flush.items.into_iter().map(|p| p.item).collect();
+            if self.stop.is_cancelled() {
+                // Not started: back to the queue.
+                self.settler.outbox.give_back(items.into_iter().map(|r| r.delivery).collect()).await;
+                continue;
+            }
+            let span = info_span!("batch", %batch_id, size = items.len(), reason);
+            let batch = self.run_batch(batch_id, reason, oldest, items, predicted_peak, &outcomes, &returns).instrument(span.clone()).await;
+            if let Some(batch) = batch {
+                if post.send(batch).await.is_err() {
+                    error!(parent: &span, "commit stage stopped; the batch's messages go back to the queue");
+                }
+            }
+        }
+    }
+
+    /// Claim + inference for one batch. `None` when nothing is left to commit.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_batch(
+        &self,
+        batch_id: Uuid,
+        reason: &'static str,
+        oldest: Instant,
+        items: Vec<Received>,
+        predicted_peak: Option<f64>,
+        outcomes: &mpsc::UnboundedSender<BatchOutcome>,
+        returns: &mpsc::UnboundedSender<Received>,
+    ) -> Option<InferredBatch> {
+        let queue_ms = oldest.elapsed().as_secs_f64() * 1000.0;
+        let (unique, duplicates) = split_duplicates(items);
+
+        let claim_started = Instant::now();
+        let to_run = self.claim(unique, returns).await?;
+        let claim_ms = claim_started.elapsed().as_secs_f64() * 1000.0;
+        // Duplicates whose first copy was settled or parked: acked (the first copy decides).
+        let running: Vec<Uuid> = to_run.iter().map(|r| r.job.job_id).collect();
+        let (duplicates, settled): (Vec<_>, Vec<_>) = duplicates.into_iter().partition(|d| running.contains(&d.job.job_id));
+        for d in settled {
+            d.delivery.ack().await;
+        }
+        if to_run.is_empty() {
+            return None;
+        }
+
+        let started_at = Utc::now();
+        let (tokens, padded_tokens, padding_waste) = padding(to_run.iter().map(|r| r.length));
+        if let Some(s) = &self.sampler {
+            s.begin();
+        }
+        let infer_started = Instant::now();
+        let run = synthesize_splitting(&self.model, to_run, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice }).await;
+        let infer_elapsed = infer_started.elapsed();
+        let gpu = match &self.sampler {
+            Some(s) => Some(s.end().await),
+            None => None,
+        };
+        self.clock.add_busy(infer_elapsed);
+        let infer_ms = infer_elapsed.as_secs_f64() * 1000.0;
+        let oom = run.events.iter().any(|e| matches!(e, SplitEvent::OutOfMemory { .. }));
+        let _ = outcomes.send(if oom { BatchOutcome::OutOfMemory } else { BatchOutcome::Clean });
+        self.record_events(batch_id, &run.events).await;
+        let given_back_ids: Vec<Uuid> = run.given_back.iter().map(|r| r.job.job_id).collect();
+        self.settler.give_back_claimed(&given_back_ids, run.given_back.into_iter().map(|r| r.delivery).collect()).await;
+        for (r, reason) in run.failed {
+            self.settler.fail(r.job.job_id, &reason, r.delivery).await;
+        }
+        if run.done.is_empty() {
+            return None;
+        }
+        let done_ids: Vec<Uuid> = run.done.iter().map(|(r, _)| r.job.job_id).collect();
+        let (duplicates, orphans): (Vec<_>, Vec<_>) = duplicates.into_iter().partition(|d| done_ids.contains(&d.job.job_id));
+        for o in orphans {
+            o.delivery.ack().await; // its first copy failed and was dead-lettered with the reason
+        }
+        info!(jobs = run.done.len(), infer_ms = infer_ms as u64, "inferred");
+        let meta = BatchMeta {
+            batch_id,
+            flush_reason: reason,
+            started_at,
+            queue_ms,
+            infer_ms,
+            claim_ms,
+            tokens,
+            padded_tokens,
+            padding_waste,
+            predicted_peak,
+            measured_peak: run.peak,
+            gpu,
+        };
+        Some(InferredBatch { meta, done: run.done, duplicates })
+    }
+
+    /// Claims the jobs; returns those to synthesize. The others are settled or parked here.
+    /// `None` when the claim could not be made (the messages were given back).
+    async fn claim(&self, unique: Vec<Received>, returns: &mpsc::UnboundedSender<Received>) -> Option<Vec<Received>> {
+        let jobs: Vec<crate::job::Job> = unique.iter().map(|r| r.job.clone()).collect();
+        let claimed = self.settler.retry.run("claim jobs", || self.db.claim(&jobs, &self.worker_id, &self.lease)).await;
+        let decisions = match claimed {
+            Ok(d) => d,
+            Err(_) => {
+                self.settler.outbox.give_back(unique.into_iter().map(|r| r.delivery).collect()).await;
+                return None;
+            }
+        };
+        let mut to_run = Vec::new();
+        for (r, decision) in unique.into_iter().zip(decisions) {
+            match decision {
+                Claim::Proceed => to_run.push(r),
+                Claim::AlreadyDone => {
+                    info!(job_id = %r.job.job_id, "already done; acking without synthesis");
+                    self.counters.already_done.fetch_add(1, Ordering::SeqCst);
+                    r.delivery.ack().await;
+                }
+                Claim::Conflict(kind) => {
+                    let rejection = crate::job::Rejection { job_id: Some(r.job.job_id), kind };
+                    self.settler.reject(rejection, r.delivery).await;
+                }
+                Claim::Busy { worker_id } => {
+                    info!(job_id = %r.job.job_id, claimed_by = %worker_id, recheck_ms = self.recheck.as_millis() as u64, "being synthesized by another delivery; parked");
+                    self.park(r, returns.clone());
+                }
+            }
+        }
+        Some(to_run)
+    }
+
+    /// Holds a job claimed elsewhere and returns it to the intake after `recheck` (or gives it
+    /// back at once when the worker stops).
+    fn park(&self, r: Received, returns: mpsc::UnboundedSender<Received>) {
+        let (stop, recheck, outbox) = (self.stop.clone(), self.recheck, self.settler.outbox.clone());
+        tokio::spawn(async move {
+            let r = tokio::select! {
+                _ = tokio::time::sleep(recheck) => match returns.send(r) {
+                    Ok(()) => return,
+                    Err(mpsc::error::SendError(r)) => r,
+                },
+                _ = stop.cancelled() => r,
+            };
+            outbox.give_back(vec![r.delivery]).await;
+        });
+    }
+
+    /// Records a batch's OOM/split/failure events (best effort: they are also in the logs).
+    async fn record_events(&self, batch_id: Uuid, events: &[SplitEvent]) {
+        let rows: Vec<BatchEvent> = events.iter().map(BatchEvent::from).collect();
+        if let Err(e) = self.db.record_batch_events(batch_id, &self.worker_id, &rows).await {
+            warn!(error = %e, "batch events not recorded");
+        }
+    }
+}
+
+/// First copies, and further deliveries of the same job id (they ride along with the first).
+fn split_duplicates(items: Vec<Received>) -> (Vec<Received>, Vec<Received>) {
+    let mut first: HashMap<Uuid, ()> = HashMap::new();
+    let mut unique = Vec::with_capacity(items.len());
+    let mut duplicates = Vec::new();
+    for r in items {
+        if first.insert(r.job.job_id, ()).is_some() {
+            duplicates.push(r);
+        } else {
+            unique.push(r);
+        }
+    }
+    (unique, duplicates)
+}
+
+/// The outcome of running items on the model with splitting.
+#[derive(Debug)]
+pub struct ModelRun<T> {
+    pub done: Vec<(T, Vec<f32>)>,
+    pub failed: Vec<(T, String)>,
+    /// Not attempted: the inference thread is gone.
+    pub given_back: Vec<T>,
+    pub events: Vec<SplitEvent>,
+    /// Highest peak memory over the forward passes.
+    pub peak: Option<u64>,
+    /// Σ tokens and Σ (size × longest) over every forward pass, failed ones included.
+    pub forward_tokens: u64,
+    pub forward_padded_tokens: u64,
+}
+
+/// Runs `items` on `model`; on an out-of-memory error (the model thread releases cached memory)
+/// or any inference error, splits the batch in two and retries each half, down to single items
+/// (see `batch::split`). `synth_item` says what each item gives the model.
+pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_item: impl Fn(&T) -> SynthItem) -> ModelRun<T> {
+    let peak = Arc::new(AtomicU64::new(0));
+    let (mut forward_tokens, mut forward_padded_tokens) = (0u64, 0u64);
+    let run = run_splitting(items, |t: &T| synth_item(t).tokens.len(), |part: &[T]| {
+        let batch: Vec<SynthItem> = part.iter().map(&synth_item).collect();
+        let longest = batch.iter().map(|i| i.tokens.len()).max().unwrap_or(0) as u64;
+        forward_tokens += batch.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
+        forward_padded_tokens += longest * batch.len() as u64;
+        let (model, peak) = (model.clone(), peak.clone());
+        async move {
+            match model.synthesize(batch).await {
+                Ok(out) => {
+                    if let Some(p) = out.peak_bytes {
+                        peak.fetch_max(p, Ordering::SeqCst);
+                    }
+                    Ok(out.audio)
+                }
+                Err(ModelError::ThreadGone) => Err(AttemptError::Fatal("the inference thread is gone".into())),
+                Err(e) if e.is_oom() => Err(AttemptError::OutOfMemory(error_chain(&e))),
+                Err(e) => Err(AttemptError::Failed(error_chain(&e))),
+            }
+        }
+    })
+    .await;
+    for e in &run.events {
+        match e {
+            SplitEvent::OutOfMemory { size, max_tokens } => warn!(size, max_tokens, "out of memory; splitting the batch"),
+            SplitEvent::Split { size, into } => debug!(size, ?into, "split"),
+            SplitEvent::FailedAlone { reason } => warn!(%reason, "a job failed alone"),
+        }
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    ModelRun {
+        done: run.done,
+        failed: run.failed,
+        given_back: run.given_back,
+        events: run.events,
+        peak: (peak > 0).then_some(peak),
+        forward_tokens,
+        forward_padded_tokens,
+    }
+}
+
+/// An error and its sources, one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+impl From<&SplitEvent> for BatchEvent {
+    fn from(e: &SplitEvent) -> BatchEvent {
+        match e {
+            SplitEvent::OutOfMemory { size, max_tokens } => {
+                BatchEvent { kind: "oom", batch_size: *size as i32, max_tokens: Some(*max_tokens as i32), detail: None }
+            }
+            SplitEvent::Split { size, into } => {
+                BatchEvent { kind: "split", batch_size: *size as i32, max_tokens: None, detail: Some(format!("{} + {}", into.0, into.1)) }
+            }
+            SplitEvent::FailedAlone { reason } => {
+                BatchEvent { kind: "failed_alone", batch_size: 1, max_tokens: None, detail: Some(reason.clone()) }
+            }
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Intake: consume deliveries, validate them into jobs, and form batches.
+//!
+//! Connects (reconnecting with back-off), feeds each valid job to the batch policy and hands a
+//! batch to the inference stage only when that stage has room, so each batch is chosen from
+//! everything held at that moment. Poison is rejected at once (`Settler::reject`). Jobs parked
+//! by the inference stage (claimed elsewhere) come back through `returns`. On shutdown or drain
+//! it stops consuming, gives back every job not started, and waits for the other stages to
+//! settle what they hold before closing the connection.
+//!
+//! Neighbours: `mod.rs` wires it; `infer` receives its batches; `delivery` settles messages;
+//! `batch` decides; `job` validates.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, Consumer};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::delivery::{Delivery, HeldCount, Outbox, Settler};
+use super::retry::{backoff, Fatal, Transience};
+use super::WorkerError;
+use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, Pending};
+use crate::config::{AmqpConfig, Limits};
+use crate::job::{model_tokens, parse_job, Job, Rejection};
+use crate::model::Manifest;
+use crate::queue::{self, QueueError};
+
+/// A valid job and its delivery.
+pub struct Received {
+    pub job: Job,
+    /// What the model takes: tokenized text or the job's speech tokens.
+    pub tokens: Vec<i64>,
+    /// Index of the job's voice in the manifest.
+    pub voice: i64,
+    /// Tokens the batch policy counts (the voice's prompt included).
+    pub length: usize,
+    pub delivery: Delivery,
+}
+
+/// A batch as assembled, with the peak memory the policy predicted for it.
+pub struct Assembled {
+    pub flush: Flush<Received>,
+    pub predicted_peak: Option<f64>,
+}
+
+/// What the intake needs.
+pub struct Intake {
+    pub amqp: AmqpConfig,
+    pub limits: Limits,
+    pub manifest: Arc<Manifest>,
+    pub worker_id: String,
+    pub prefetch: u16,
+    /// Exit once the queue is empty and nothing is held.
+    pub drain: bool,
+    pub drain_poll: Duration,
+    pub held: HeldCount,
+    /// Cancelled when the intake stops (the other stages then give up retrying sooner).
+    pub stop: CancellationToken,
+    /// Raised by any stage on a permanent error: the worker stops.
+    pub fatal: Arc<Fatal>,
+    pub outbox: Arc<Outbox>,
+    pub settler: Arc<Settler>,
+}
+
+/// The stage's channels.
+pub struct IntakeChannels {
+    pub batches: mpsc::Sender<Assembled>,
+    pub outcomes: mpsc::UnboundedReceiver<BatchOutcome>,
+    /// Jobs the inference stage parked (claimed by another delivery) and now returns.
+    pub returns: mpsc::UnboundedReceiver<Received>,
+}
+
+/// How a connected session ended.
+enum SessionEnd {
+    /// Shutdown or drained: stop.
+    Stop,
+    /// The channel failed or the consumer was cancelled: connect again.
+    Reconnect,
+}
+
+impl Intake {
+    /// Runs until `shutdown` resolves (or, with `drain`, the queue is empty).
+    pub async fn run(
+        self,
+        mut policy: Box<dyn BatchPolicy<Received>>,
+        mut ch: IntakeChannels,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), WorkerError> {
+        tokio::pin!(shutdown);
+        let mut seq = 0u64;
+        loop {
+            let connected = tokio::select! {
+                c = self.connect() => c,
+                _ = &mut shutdown => None,
+                _ = self.fatal.raised() => None,
+            };
+            let Some((conn, channel, consumer)) = connected else { break };
+            let end = self.session(&channel, consumer, policy.as_mut(), &mut ch, &mut seq, &mut shutdown).await?;
+            match end {
+                SessionEnd::Stop => {
+                    self.stop_consuming(&channel, policy.as_mut(), ch.batches).await;
+                    let _ = conn.close(200, "worker stopping".into()).await;
+                    return Ok(());
+                }
+                SessionEnd::Reconnect => {
+                    // Jobs received on a dead channel cannot be acked; the broker redelivers them.
+                    let lost = policy.take_all();
+                    if !lost.is_empty() {
+                        info!(count = lost.len(), "dropping jobs of the closed channel; the broker redelivers them");
+                    }
+                    let _ = conn.close(0, "reconnecting".into()).await;
+                }
+            }
+        }
+        self.stop.cancel();
+        Ok(())
+    }
+
+    /// One connected session: consume and batch until it ends.
+    async fn session(
+        &self,
+        channel: &Channel,
+        mut consumer: Consumer,
+        policy: &mut dyn BatchPolicy<Received>,
+        ch: &mut IntakeChannels,
+        seq: &mut u64,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<SessionEnd, WorkerError> {
+        let mut drain_tick = tokio::time::interval(self.drain_poll);
+        let mut empty_polls = 0;
+        loop {
+            while let Ok(outcome) = ch.outcomes.try_recv() {
+                policy.observe(&outcome);
+            }
+            // Form a batch only when the inference stage can take it: until then the pool keeps
+            // absorbing deliveries.
+            let room = ch.batches.capacity() > 0;
+            let deadline = if room {
+                match policy.decide(Instant::now(), false) {
+                    Decision::Flush(flush) => {
+                        let max_tokens = flush.items.iter().map(|p| p.tokens).max().unwrap_or(0);
+                        let predicted_peak = policy.predicted_peak(flush.items.len(), max_tokens);
+                        send(&ch.batches, Assembled { flush, predicted_peak }).await?;
+                        continue;
+                    }
+                    Decision::Wait(at) => at,
+                }
+            } else {
+                None
+            };
+            tokio::select! {
+                _ = shutdown.as_mut() => return Ok(SessionEnd::Stop),
+                _ = self.fatal.raised() => return Ok(SessionEnd::Stop),
+                permit = ch.batches.reserve(), if !room => {
+                    // The inference stage took the queued batch: decide again with a full view.
+                    drop(permit.map_err(|_| WorkerError::Stage("inference stage stopped".into()))?);
+                }
+                Some(r) = ch.returns.recv() => self.push(policy, r, seq),
+                delivery = consumer.next() => match delivery {
+                    Some(Ok(d)) => {
+                        empty_polls = 0;
+                        self.receive(Delivery::hold(d, &self.held), policy, seq);
+                    }
+                    Some(Err(e)) => {
+                        warn!(error = %e, "consumer failed; reconnecting (unacked messages will be redelivered)");
+                        return Ok(SessionEnd::Reconnect);
+                    }
+                    None => {
+                        warn!("the broker cancelled the consumer; re-subscribing");
+                        return Ok(SessionEnd::Reconnect);
+                    }
+                },
+                _ = sleep_until(deadline), if deadline.is_some() => {}
+                _ = drain_tick.tick(), if self.drain => {
+                    if policy.is_empty() && self.held.get() == 0 {
+                        match queue::queue_depths(channel, &self.amqp).await {
+                            Ok((0, _)) => {
+                                empty_polls += 1;
+                                if empty_polls >= 2 {
+                                    info!("queue drained");
+                                    return Ok(SessionEnd::Stop);
+                                }
+                            }
+                            Ok(_) => empty_polls = 0,
+                            Err(e) => debug!(error = %e, "queue depth check failed"),
+                        }
+                    } else {
+                        empty_polls = 0;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Validates a delivery: a job goes to the policy, poison to the dead-letter queue.
+    fn receive(&self, delivery: Delivery, policy: &mut dyn BatchPolicy<Received>, seq: &mut u64) {
+        let parsed = parse_job(delivery.body(), &self.limits, Some(&self.manifest.voices), true).and_then(|job| {
+            match model_tokens(&job, &self.manifest) {
+                Ok(tokens) => Ok((job, tokens)),
+                Err(kind) => Err(Rejection { job_id: Some(job.job_id), kind }),
+            }
+        });
+        match parsed {
+            Ok((job, tokens)) => {
+                let voice = self.manifest.voice_index(&job.voice).unwrap_or(0);
+                let length = tokens.len() + self.manifest.prompt_tokens(voice);
+                self.push(policy, Received { job, tokens, voice, length, delivery }, seq);
+            }
+            Err(rejection) => {
+                let settler = self.settler.clone();
+                tokio::spawn(async move { settler.reject(rejection, delivery).await });
+            }
+        }
+    }
+
+    fn push(&self, policy: &mut dyn BatchPolicy<Received>, r: Received, seq: &mut u64) {
+        *seq += 1;
+        policy.push(Pending { tokens: r.length, priority: r.job.priority, arrived: Instant::now(), seq: *seq, item: r });
+    }
+
+    /// Stops consuming, gives back what was never started, and waits until the other stages
+    /// have settled what they hold (the connection must stay open for their acks).
+    async fn stop_consuming(&self, channel: &Channel, policy: &mut dyn BatchPolicy<Received>, batches: mpsc::Sender<Assembled>) {
+        self.stop.cancel();
+        let _ = channel.basic_cancel(self.worker_id.as_str().into(), BasicCancelOptions::default()).await;
+        let unstarted: Vec<Delivery> = policy.take_all().into_iter().map(|p| p.item.delivery).collect();
+        if !unstarted.is_empty() {
+            info!(count = unstarted.len(), "returning unstarted jobs to the queue");
+        }
+        self.outbox.give_back(unstarted).await;
+        drop(batches);
+        self.held.wait_zero().await;
+    }
+
+    /// Connects to the broker, retrying with back-off until it works or the worker stops.
+    async fn connect(&self) -> Option<(Connection, Channel, Consumer)> {
+        let mut attempt = 0;
+        loop {
+            if self.stop.is_cancelled() {
+                return None;
+            }
+            match self.try_connect().await {
+                Ok((conn, channel, outbox, consumer)) => {
+                    self.outbox.set_channel(outbox).await;
+                    info!(queue = %self.amqp.queue, prefetch = self.prefetch, "consuming");
+                    return Some((conn, channel, consumer));
+                }
+                Err(e) if e.is_permanent() => {
+                    error!(error = %e, "the broker refused this worker; check the user, password and vhost in amqp.url (AMQP_URL)");
+                    self.fatal.raise("RabbitMQ", &e);
+                    return None;
+                }
+                Err(e) => {
+                    let wait = backoff(attempt, self.amqp.reconnect_min, self.amqp.reconnect_max);
+                    if matches!(e, QueueError::TopologyMismatch { .. }) {
+                        error!(error = %e, source = ?std::error::Error::source(&e), retry_in_ms = wait.as_millis() as u64, "cannot consume");
+                    } else {
+                        warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "broker unavailable; reconnecting");
+                    }
+                    attempt += 1;
+                    tokio::select! { _ = tokio::time::sleep(wait) => {}, _ = self.stop.cancelled() => return None }
+                }
+            }
+        }
+    }
+
+    async fn try_connect(&self) -> Result<(Connection, Channel, Channel, Consumer), QueueError> {
+        let amqp = |op: &'static str| move |source: lapin::Error| QueueError::Amqp { op, source };
+        let conn = queue::connect(&self.amqp, &format!("voxbatch-worker {}", self.worker_id)).await?;
+        let channel = conn.create_channel().await.map_err(amqp("channel.open"))?;
+        queue::declare_topology(&channel, &self.amqp).await?;
+        channel.basic_qos(self.prefetch, BasicQosOptions { global: false }).await.map_err(amqp("basic.qos"))?;
+        let outbox = conn.create_channel().await.map_err(amqp("channel.open"))?;
+        outbox.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("confirm.select"))?;
+        let consumer = channel
+            .basic_consume(self.amqp.queue.as_str().into(), self.worker_id.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .map_err(amqp("basic.consume"))?;
+        Ok((conn, channel, outbox, consumer))
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn send(tx: &mpsc::Sender<Assembled>, batch: Assembled) -> Result<(), WorkerError> {
+    tx.send(batch).await.map_err(|_| WorkerError::Stage("inference stage stopped".into()))
+}
