@@ -107,6 +107,8 @@ pub enum RejectionKind {
     UnknownVoice { voice: String, known: String },
     #[error("job {job_id} was already submitted with a different {field}")]
     Conflict { job_id: Uuid, field: &'static str },
+    #[error("delivered {deliveries} times without finishing (a worker crashed or lost its broker connection each time); not tried again")]
+    DeliveryLimit { deliveries: u64 },
 }
 
 impl RejectionKind {
@@ -129,6 +131,7 @@ impl RejectionKind {
             RejectionKind::MissingSpeechTokens => "missing_speech_tokens",
             RejectionKind::UnknownVoice { .. } => "unknown_voice",
             RejectionKind::Conflict { .. } => "conflict",
+            RejectionKind::DeliveryLimit { .. } => "delivery_limit",
         }
     }
 }

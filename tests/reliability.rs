@@ -83,22 +83,7 @@ async fn a_worker_killed_mid_batch_loses_nothing_and_another_worker_completes_it
     let jobs: Vec<Job> = (0..8).map(|i| Job::new(format!("{i} {paragraph}"))).collect();
     env.publish(&jobs).await;
     // A worker process, as in production, with the test's queues, database and prefix.
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
-        .args(["work", "--max-batch", "2"])
-        .env("VOXBATCH_AMQP__EXCHANGE", &env.cfg.amqp.exchange)
-        .env("VOXBATCH_AMQP__QUEUE", &env.cfg.amqp.queue)
-        .env("VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE", &env.cfg.amqp.dead_letter_exchange)
-        .env("VOXBATCH_AMQP__DEAD_LETTER_QUEUE", &env.cfg.amqp.dead_letter_queue)
-        .env("DATABASE_URL", env.cfg.database.url.expose())
-        .env("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix())
-        .env("VOXBATCH_MODEL__DIR", &env.cfg.model.dir)
-        .env("VOXBATCH_MEMORY__CALIBRATION_DIR", &env.cfg.memory.calibration_dir)
-        // Its claims expire three missed heartbeats after the kill.
-        .env("VOXBATCH_WORKER__HEARTBEAT", "1s")
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_worker_process(&env, &["--max-batch", "2"]);
     // Kill it while a batch is running (jobs claimed, not all done).
     assert!(eventually(Duration::from_secs(60), || async { env.count("SELECT count(*) FROM jobs WHERE status = 'running'").await > 0 }).await);
     child.start_kill().unwrap(); // SIGKILL
@@ -161,5 +146,54 @@ async fn two_workers_receiving_the_same_job_at_once_synthesize_it_once() {
     assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, 1);
     assert_eq!(env.objects().await.len(), 1);
     assert_eq!(env.depths().await, (0, 0), "both copies settled");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_job_that_kills_its_worker_every_time_is_dead_lettered_at_the_limit_with_a_reason_and_a_row() {
+    let env = TestEnv::new_with("killer", |c| c.amqp.delivery_limit = 2).await;
+    let job = Job::new("A job that takes its worker down with it, every time. ".repeat(12));
+    env.publish(std::slice::from_ref(&job)).await;
+    // Each worker claims it and dies holding it (SIGKILL: as a segfault in libtorch would).
+    for attempt in 1..=2i64 {
+        let mut child = common::spawn_worker_process(&env, &["--max-batch", "1"]);
+        let claimed = eventually(Duration::from_secs(60), || async {
+            env.count("SELECT coalesce(max(attempts), 0)::bigint FROM jobs").await >= attempt
+        })
+        .await;
+        assert!(claimed, "worker {attempt} claimed the job");
+        child.start_kill().unwrap();
+        child.wait().await.unwrap();
+    }
+    // The next delivery is the last the broker allows: the worker gives up on it visibly.
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.jobs_failed), (0, 1));
+    assert_eq!(env.depths().await, (0, 1));
+    let dead = dead_letters(&env, 1).await;
+    assert_eq!(dead[0].0, "delivery_limit");
+    assert!(dead[0].1.contains("delivered 2 times"), "{}", dead[0].1);
+    let (status, error): (String, Option<String>) =
+        sqlx::query_as("SELECT status, error FROM jobs WHERE job_id = $1").bind(job.job_id).fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!(status, "failed");
+    assert!(error.unwrap_or_default().contains("worker crashed"));
+    assert_eq!(env.count("SELECT count(*) FROM rejections WHERE code = 'delivery_limit'").await, 1);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_resubmission_accepted_after_a_rejection_stores_its_own_fields() {
+    let env = TestEnv::new("resubmit").await;
+    let id = uuid::Uuid::new_v4();
+    let bad = format!(r#"{{"job_id":"{id}","text":"Hello.","voice":"nobody"}}"#);
+    env.publish_raw(&[bad.as_bytes()]).await;
+    env.drain().await;
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'rejected'").await, 1);
+    let good = format!(r#"{{"job_id":"{id}","text":"Hello.","priority":7,"metadata":{{"chapter":3}}}}"#);
+    env.publish_raw(&[good.as_bytes()]).await;
+    assert_eq!(env.drain().await.jobs_done, 1);
+    let (priority, metadata): (i16, Option<serde_json::Value>) =
+        sqlx::query_as("SELECT priority, metadata FROM jobs WHERE job_id = $1").bind(id).fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!(priority, 7);
+    assert_eq!(metadata, Some(serde_json::json!({"chapter": 3})));
     env.cleanup().await;
 }

@@ -30,7 +30,7 @@ use super::retry::Retry;
 use super::Counters;
 use crate::config::AmqpConfig;
 use crate::db::Db;
-use crate::job::Rejection;
+use crate::job::{Rejection, RejectionKind};
 use crate::queue::{self, QueueError};
 
 /// Header counting how often workers gave a message back (informational).
@@ -80,6 +80,21 @@ impl Delivery {
 
     pub fn body(&self) -> &[u8] {
         &self.body
+    }
+
+    /// How often the broker delivered this message before without it being settled
+    /// (`x-delivery-count`: crashed workers, lost connections; give-backs do not count).
+    pub fn previous_deliveries(&self) -> u64 {
+        let Some(headers) = self.properties.headers() else { return 0 };
+        match headers.inner().get("x-delivery-count") {
+            Some(AMQPValue::LongLongInt(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(AMQPValue::LongInt(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(AMQPValue::LongUInt(n)) => u64::from(*n),
+            Some(AMQPValue::ShortInt(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(AMQPValue::ShortShortInt(n)) => u64::try_from(*n).unwrap_or(0),
+            Some(AMQPValue::Timestamp(n)) => *n,
+            _ => 0,
+        }
     }
 
     /// Acks; false when the ack could not be sent (the broker then redelivers, and the copy is
@@ -249,6 +264,36 @@ impl Settler {
         if self.outbox.dead_letter(d, rejection.kind.code(), &reason, rejection.job_id).await {
             self.counters.add_rejected(1);
         }
+    }
+
+    /// A job on its last delivery the broker allows (the ones before crashed workers or lost
+    /// connections): dead-lettered here with the reason, so it never disappears silently into the
+    /// dead-letter queue. A job already done is just acked.
+    pub async fn give_up(&self, job_id: Uuid, d: Delivery) {
+        let rejection = Rejection { job_id: Some(job_id), kind: RejectionKind::DeliveryLimit { deliveries: d.previous_deliveries() } };
+        let reason = rejection.to_string();
+        error!(%job_id, %reason, "giving up on a job");
+        match self.retry.run("read job status", || self.db.job_status(job_id)).await {
+            Ok(Some(status)) if status == "done" => {
+                d.ack().await;
+                return;
+            }
+            Ok(_) => {}
+            Err(_) => return self.outbox.give_back(vec![d]).await,
+        }
+        let ids = [job_id];
+        let recorded = self
+            .retry
+            .run("record delivery limit", || async {
+                self.db.record_rejection(&rejection, d.body(), &self.worker_id).await?;
+                self.db.mark_failed(&ids, &reason).await
+            })
+            .await;
+        if recorded.is_err() {
+            return self.outbox.give_back(vec![d]).await;
+        }
+        self.counters.add_failed(1);
+        self.outbox.dead_letter(d, rejection.kind.code(), &reason, Some(job_id)).await;
     }
 
     /// A job that failed on its own: `failed` row with the reason, dead letter, ack.

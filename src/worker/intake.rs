@@ -207,6 +207,11 @@ impl Intake {
             }
         });
         match parsed {
+            // The broker's last allowed delivery: the earlier ones crashed workers.
+            Ok((job, _)) if delivery.previous_deliveries() >= u64::from(self.amqp.delivery_limit) => {
+                let settler = self.settler.clone();
+                tokio::spawn(async move { settler.give_up(job.job_id, delivery).await });
+            }
             Ok((job, tokens)) => {
                 let voice = self.manifest.voice_index(&job.voice).unwrap_or(0);
                 let length = tokens.len() + self.manifest.prompt_tokens(voice);

@@ -61,8 +61,15 @@ pub fn test_config(id: &str) -> Config {
 impl TestEnv {
     /// Creates and migrates the test's database, queues and bucket.
     pub async fn new(name: &str) -> TestEnv {
+        TestEnv::new_with(name, |_| {}).await
+    }
+
+    /// [`TestEnv::new`] with the configuration changed before the topology is declared (e.g. the
+    /// queue's delivery limit).
+    pub async fn new_with(name: &str, change: impl FnOnce(&mut Config)) -> TestEnv {
         let id = format!("{}_{}", name.chars().take(24).collect::<String>(), &uuid::Uuid::new_v4().simple().to_string()[..8]).replace('-', "_");
-        let cfg = test_config(&id);
+        let mut cfg = test_config(&id);
+        change(&mut cfg);
         commands::migrate(&cfg).await.expect("migrate (are RabbitMQ, Postgres and SeaweedFS up? run scripts/bootstrap.sh)");
         let db = Db::connect(&cfg.database).await.expect("connect");
         let storage = Storage::open(&cfg.storage).await.expect("storage");
@@ -153,6 +160,29 @@ pub async fn drop_database(id: &str) {
         let drop = format!("DROP DATABASE IF EXISTS \"vbt_{id}\" WITH (FORCE)");
         let _ = sqlx::raw_sql(&drop).execute(&mut conn).await;
     }
+}
+
+/// A `voxbatch work` process (as in production) on the test's queues, database and prefix,
+/// heartbeating every second so that its claims expire soon after it is killed.
+pub fn spawn_worker_process(env: &TestEnv, args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
+        .arg("work")
+        .args(args)
+        .env("VOXBATCH_AMQP__EXCHANGE", &env.cfg.amqp.exchange)
+        .env("VOXBATCH_AMQP__QUEUE", &env.cfg.amqp.queue)
+        .env("VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE", &env.cfg.amqp.dead_letter_exchange)
+        .env("VOXBATCH_AMQP__DEAD_LETTER_QUEUE", &env.cfg.amqp.dead_letter_queue)
+        .env("VOXBATCH_AMQP__DELIVERY_LIMIT", env.cfg.amqp.delivery_limit.to_string())
+        .env("VOXBATCH_AMQP__PREFETCH", env.cfg.amqp.prefetch.to_string())
+        .env("DATABASE_URL", env.cfg.database.url.expose())
+        .env("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix())
+        .env("VOXBATCH_MODEL__DIR", &env.cfg.model.dir)
+        .env("VOXBATCH_MEMORY__CALIBRATION_DIR", &env.cfg.memory.calibration_dir)
+        .env("VOXBATCH_WORKER__HEARTBEAT", "1s")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start voxbatch work")
 }
 
 /// Polls `f` until it returns true or `timeout` passes.

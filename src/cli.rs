@@ -1,0 +1,256 @@
+//! The command line's flags (clap). `main.rs` dispatches them.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use voxbatch::config::Config;
+use voxbatch::report::{Dimension, Format};
+
+/// Job-queue batch worker for bulk text-to-speech on GPUs.
+///
+/// Configuration: built-in defaults (config/default.toml) < --config FILE < environment
+/// (VOXBATCH_SECTION__KEY, AMQP_URL, DATABASE_URL, S3_ENDPOINT, AWS_*) < flags.
+#[derive(Parser, Debug)]
+#[command(name = "voxbatch", version, about, long_about = None)]
+pub struct Cli {
+    /// TOML file overriding config/default.toml (any subset of its keys).
+    #[arg(long, global = true, env = "VOXBATCH_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log format: text or json. Levels come from RUST_LOG (default info).
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create the database if missing, apply migrations, declare the queues, create the bucket.
+    Migrate,
+    /// Publish jobs from FILE: .txt (one job per non-empty line) or .jsonl (one job object per line).
+    Enqueue {
+        /// The job file.
+        file: PathBuf,
+        /// Campaign for jobs that do not name one.
+        #[arg(long)]
+        campaign: Option<String>,
+        /// Voice for jobs that do not name one.
+        #[arg(long)]
+        voice: Option<String>,
+        /// Skip the first N jobs of the file (resuming an interrupted enqueue; running it again
+        /// without this is safe too: the ids are the same and done jobs are not synthesized twice).
+        #[arg(long, default_value_t = 0)]
+        skip: usize,
+    },
+    /// Consume jobs and synthesize them until stopped (SIGINT/SIGTERM finish the current batch).
+    Work(WorkArgs),
+    /// Queue depth, dead-letter depth and jobs by status.
+    Status,
+    /// Throughput and cost: jobs, characters, audio hours, GPU hours, real-time factor,
+    /// audio-seconds per GPU-second, $ per audio hour and per million characters, utilisation, energy.
+    Report {
+        /// Group by campaign, day, batch_size, precision, gpu or model.
+        #[arg(long, default_value = "campaign")]
+        by: Dimension,
+        /// Only jobs finished at or after this time (RFC 3339, e.g. 2026-12-01T18:00:00Z, or a date).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this campaign.
+        #[arg(long)]
+        campaign: Option<String>,
+        /// table, csv or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+        /// Also write a chart ($ per audio hour, audio-seconds per GPU-second) to this .svg or .png file.
+        #[arg(long, value_name = "FILE.svg|FILE.png")]
+        plot: Option<PathBuf>,
+    },
+    /// Check that every done job of a campaign has its audio object (and list orphan objects).
+    Audit {
+        /// The campaign to check.
+        #[arg(long)]
+        campaign: String,
+        /// table or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
+    /// Measure peak memory over batch size × length and fit the model the batch policy uses.
+    Calibrate {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Ceiling as a fraction of device memory (host memory on CPU).
+        #[arg(long, default_value_t = 0.8)]
+        vram_fraction: f64,
+        /// Shortest padded length swept, in input tokens (powers of two from here).
+        #[arg(long, default_value_t = 16)]
+        min_tokens: usize,
+        /// Longest padded length swept, in input tokens.
+        #[arg(long, default_value_t = 4096)]
+        max_tokens: usize,
+        /// Stop the sweep after this many seconds and fit what was measured.
+        #[arg(long, default_value_t = 600)]
+        max_seconds: u64,
+        /// Do not record the profile in Postgres (the JSON file is always written).
+        #[arg(long)]
+        no_db: bool,
+    },
+    /// The sweet-spot bench (or `bench policy`): tables, JSON and plots under bench/results/.
+    Bench(BenchArgs),
+    /// Migrate, enqueue the bundled sample corpus, drain it with a worker, print the report.
+    Demo {
+        /// Corpus to enqueue (.txt or .jsonl).
+        #[arg(long, default_value = "corpus/sample.jsonl")]
+        corpus: PathBuf,
+        /// Campaign name for the demo's jobs.
+        #[arg(long, default_value = "demo")]
+        campaign: String,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    #[command(flatten)]
+    pub sweet: SweetSpotArgs,
+}
+
+/// Baseline, precision and quality, batch sweep, knee, soak, cost table, recommended config.
+#[derive(Args, Debug)]
+pub struct SweetSpotArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Precisions to compare (fp32 is always the reference).
+    #[arg(long, value_delimiter = ',', default_value = "fp32,tf32,fp16,bf16")]
+    pub precisions: Vec<String>,
+    /// Length of each synthetic utterance, in seconds of audio.
+    #[arg(long, default_value_t = 10.0)]
+    pub utterance_seconds: f64,
+    /// VRAM ceiling as a fraction of device memory.
+    #[arg(long, default_value_t = 0.8)]
+    pub vram_fraction: f64,
+    /// Soak at the sweet spot for this many minutes (0 = skip).
+    #[arg(long, default_value_t = 2.0)]
+    pub soak_minutes: f64,
+    /// Timed repetitions per point (median reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Precisions under this SNR against fp32 are not recommended.
+    #[arg(long, default_value_t = 20.0)]
+    pub min_snr_db: f64,
+    /// Where results go.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// The memory-aware policy against fixed batch sizes 1, 2, 4, … on a mixed-length corpus.
+    Policy {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Jobs in the synthetic corpus.
+        #[arg(long, default_value_t = 400)]
+        jobs: usize,
+        /// Corpus seed.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Budget as a fraction of device memory (overrides memory.vram_fraction).
+        #[arg(long)]
+        vram_fraction: Option<f64>,
+        /// Where results go.
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+        /// Run only the policy (no fixed batch sizes): the model-only figure for an end-to-end run.
+        #[arg(long)]
+        policy_only: bool,
+    },
+    /// CosyVoice2 token2wav: audio-s/s per batch size and precision, peak memory, time per stage.
+    Token2wav {
+        /// A cosyvoice2-token2wav model directory (tools/convert_cosyvoice.py).
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// cpu or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        #[arg(long, value_delimiter = ',', default_value = "fp32,fp16,bf16")]
+        precisions: Vec<String>,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128")]
+        batches: Vec<usize>,
+        /// Length of each utterance, in seconds of audio (25 speech tokens a second).
+        #[arg(long, default_value_t = 10.0)]
+        utterance_seconds: f64,
+        /// Timed repetitions per point, after one warm-up (median reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Where results go.
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+    },
+    /// Print the policy bench's synthetic corpus as JSONL (for `enqueue`), same seed, same texts.
+    Corpus {
+        #[arg(long, default_value_t = 400)]
+        jobs: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    /// Model directory (model.toml + weights).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// cpu or cuda:N.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// fp32, tf32, fp16 or bf16.
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// Hard cap on jobs per batch.
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkArgs {
+    /// Exit 0 once the queue is empty and every job taken is committed.
+    #[arg(long)]
+    pub drain: bool,
+    /// Worker id recorded in Postgres (default: host-pid-random).
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    /// One worker per device in this process: `all` (every CUDA device) or `0,1,…` (overrides --device).
+    #[arg(long, value_name = "all|0,1,…")]
+    pub devices: Option<String>,
+    /// Workers per device (with --devices, or on --device): e.g. two sharing one GPU.
+    #[arg(long, default_value_t = 1)]
+    pub workers_per_device: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+impl ModelArgs {
+    pub fn apply(&self, cfg: &mut Config) -> Result<()> {
+        if let Some(dir) = &self.model {
+            cfg.model.dir = dir.clone();
+        }
+        if let Some(d) = &self.device {
+            cfg.model.device = d.parse().context("--device")?;
+        }
+        if let Some(p) = &self.precision {
+            cfg.model.precision = p.parse().context("--precision")?;
+        }
+        if let Some(b) = self.max_batch {
+            anyhow::ensure!(b > 0, "--max-batch must be > 0");
+            cfg.batching.max_batch = b;
+        }
+        Ok(())
+    }
+}
+
