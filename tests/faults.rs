@@ -121,3 +121,59 @@ async fn faults_seaweedfs_stopped_during_uploads_then_started() {
     assert_each_done_once(&env, 30).await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+#[ignore = "a long outage and repeated restarts: run alone (scripts/test.sh does)"]
+async fn faults_an_outage_past_the_hold_limit_never_spends_the_delivery_limit() {
+    // The reproduction: delivery_limit 2, max_hold 2 s, S3 unreachable for many hold periods.
+    let env = TestEnv::new_with("outage", |c| c.amqp.delivery_limit = 2).await;
+    let batch = jobs(3, 4);
+    env.publish(&batch).await;
+    let mut broken = env.cfg.clone();
+    broken.storage.endpoint = Some("http://127.0.0.1:1".into());
+    broken.worker.max_hold = Duration::from_secs(2);
+    let (stop, handle) = spawn_worker(&env, broken);
+    let cycled = eventually(Duration::from_secs(60), || async {
+        env.count("SELECT coalesce(min(attempts), 0)::bigint FROM jobs").await >= 4
+    })
+    .await;
+    assert!(cycled, "each job was given back and claimed again more often than the delivery limit");
+    assert_eq!(env.depths().await.1, 0, "nothing dead-lettered by the broker");
+    let _ = stop.send(());
+    handle.await.unwrap();
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'running'").await, 0, "claims released, none stuck in running");
+    // The store is back: everything completes.
+    assert_eq!(env.drain().await.jobs_done, 3);
+    assert_each_done_once(&env, 3).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "a long outage and repeated restarts: run alone (scripts/test.sh does)"]
+async fn faults_seven_graceful_restarts_dead_letter_nothing() {
+    // The reproduction: default delivery limit, prefetch 100, max_batch 1, 400 jobs, SIGTERM soon
+    // after each start, seven times.
+    let env = TestEnv::new_with("restarts", |c| c.amqp.prefetch = 100).await;
+    let batch = jobs(400, 2);
+    env.publish(&batch).await;
+    for round in 0..7 {
+        let mut child = common::spawn_worker_process(&env, &["--max-batch", "1"]);
+        let before = env.count("SELECT coalesce(sum(attempts), 0)::bigint FROM jobs").await;
+        let started = eventually(Duration::from_secs(60), || async {
+            env.count("SELECT coalesce(sum(attempts), 0)::bigint FROM jobs").await > before
+        })
+        .await;
+        assert!(started, "round {round}: the worker started consuming");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let pid = child.id().expect("running") as i32;
+        // SAFETY: sends SIGTERM to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.expect("stops promptly").unwrap();
+        assert!(status.success(), "round {round}: a graceful stop exits 0 ({status})");
+        assert_eq!(env.depths().await.1, 0, "round {round}: nothing dead-lettered");
+    }
+    let rest = env.drain().await;
+    assert_eq!((rest.jobs_failed, rest.rejected), (0, 0));
+    assert_each_done_once(&env, 400).await;
+    env.cleanup().await;
+}
