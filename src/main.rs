@@ -166,14 +166,44 @@ fn print_worker(s: &WorkerSummary) {
 }
 
 fn print_status(s: &commands::Status) {
-    println!("queue {}: {} ready", s.queue, s.ready);
-    println!("dead-letter queue {}: {} message(s)", s.dead_letter_queue, s.dead);
-    println!("jobs by status:");
-    if s.jobs_by_status.is_empty() {
-        println!("  (none)");
+    use voxbatch::job::escape_controls as esc;
+    match &s.depths {
+        Ok((ready, dead)) => {
+            println!("queue {}: {ready} ready", s.queue);
+            println!("dead-letter queue {}: {dead} message(s)", s.dead_letter_queue);
+        }
+        Err(e) => println!("RabbitMQ: UNREACHABLE ({})", esc(e)),
     }
-    for (status, n) in &s.jobs_by_status {
-        println!("  {status:<9} {n}");
+    match &s.storage {
+        Ok(()) => println!("storage: ok"),
+        Err(e) => println!("storage: UNREACHABLE ({}): workers hold and retry, nothing is lost", esc(e)),
+    }
+    match &s.jobs_by_status {
+        Ok(jobs) => {
+            println!("jobs by status:");
+            if jobs.is_empty() {
+                println!("  (none)");
+            }
+            for (status, n) in jobs {
+                println!("  {status:<9} {n}");
+            }
+        }
+        Err(e) => println!("Postgres: UNREACHABLE ({})", esc(e)),
+    }
+    if s.orphaned_running > 0 {
+        println!("{} running job(s) have no live worker: they run again when the broker redelivers them", s.orphaned_running);
+    }
+    if !s.workers.is_empty() {
+        println!("workers:");
+        for w in &s.workers {
+            println!("  {:<40} {:<8} {:<7} last heartbeat {:.0} s ago", esc(&w.worker_id), w.device, w.state, w.seconds_since_heartbeat);
+        }
+    }
+    if !s.rejections_by_code.is_empty() {
+        println!("rejected or dead-lettered, by code:");
+        for (code, n) in &s.rejections_by_code {
+            println!("  {code:<22} {n}");
+        }
     }
 }
 

@@ -197,3 +197,25 @@ async fn a_resubmission_accepted_after_a_rejection_stores_its_own_fields() {
     assert_eq!(metadata, Some(serde_json::json!({"chapter": 3})));
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn status_shows_jobs_stuck_in_running_with_no_live_worker_and_a_storage_outage() {
+    use voxbatch::db::{ClaimLease, WorkerRow};
+    let env = TestEnv::new("status").await;
+    let row = WorkerRow { worker_id: "w-gone", device: "cpu", model: "m", precision: "fp32", gpu_name: None, hourly_usd: 0.0 };
+    env.db.register_worker(&row).await.unwrap();
+    let job = Job::new("Claimed by a worker that then went away.");
+    env.db.claim(std::slice::from_ref(&job), "w-gone", &ClaimLease::for_worker(&env.cfg.worker)).await.unwrap();
+    let s = voxbatch::commands::status(&env.cfg).await.unwrap();
+    assert_eq!(s.orphaned_running, 0, "its worker is live");
+    assert!(s.storage.is_ok());
+    env.db.worker_stopped("w-gone", 0.0, 1.0).await.unwrap();
+    let mut cfg = env.cfg.clone();
+    cfg.storage.endpoint = Some("http://127.0.0.1:1".into());
+    let s = voxbatch::commands::status(&cfg).await.unwrap();
+    assert_eq!(s.orphaned_running, 1);
+    assert!(s.workers.iter().any(|w| w.worker_id == "w-gone" && w.state == "stopped"));
+    assert!(s.storage.is_err(), "the outage is visible");
+    assert_eq!(s.depths, Ok((0, 0)));
+    env.cleanup().await;
+}
