@@ -63,6 +63,13 @@ async fn enqueue_publishes_every_line_and_status_and_work_see_them() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("3 job(s) done"), "{}", text(&o));
 
+    // The same file again: the same ids, so nothing is synthesized or billed twice.
+    let o = voxbatch(&vars, &["enqueue", file.to_str().unwrap(), "--campaign", "cli-test", "--voice", "narrator"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = voxbatch(&vars, &["work", "--drain"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("0 job(s) done, 0 failed, 3 already done"), "{}", text(&o));
+    assert_eq!(env.objects().await.len(), 3);
+
     let o = voxbatch(&vars, &["report", "--campaign", "cli-test", "--format", "csv"]);
     assert!(o.status.success(), "{}", text(&o));
     let csv = String::from_utf8_lossy(&o.stdout).to_string();
@@ -137,5 +144,45 @@ async fn refused_credentials_end_the_command_at_once_with_what_to_check() {
     assert!(out.lines().any(|l| l.starts_with("error: ") && l.contains("s3 ") && l.contains("HTTP 403")), "{out}");
     assert!(!out.contains("not-the-secret"), "{out}");
     assert!(started.elapsed() < std::time::Duration::from_secs(60), "both ended at once");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_interrupted_enqueue_says_how_many_it_published_and_resuming_publishes_the_rest_once() {
+    let env = TestEnv::new("enqint").await;
+    let vars = test_env_vars(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("many.txt");
+    let total = 60_000;
+    let lines: String = (0..total).map(|i| format!("Line number {i} of a long backlog.\n")).collect();
+    std::fs::write(&file, lines).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"));
+    cmd.args(["enqueue", file.to_str().unwrap()]).env("RUST_LOG", "warn").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap();
+    // Interrupt once publishing is under way.
+    let started = std::time::Instant::now();
+    while env.depths().await.0 == 0 && started.elapsed() < std::time::Duration::from_secs(30) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // SAFETY: sends SIGTERM to our own child process.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(130), "{out}");
+    let published: usize = out
+        .split("interrupted: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("says how many: {out}"));
+    assert!(published > 0 && published < total, "{out}");
+    assert!(out.contains(&format!("--skip {published}")), "{out}");
+    assert_eq!(env.depths().await.0 as usize, published, "exactly what it said it published");
+    let o = voxbatch(&vars, &["enqueue", file.to_str().unwrap(), "--skip", &published.to_string()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(env.depths().await.0 as usize, total, "every line once");
     env.cleanup().await;
 }
