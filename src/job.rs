@@ -148,6 +148,8 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
         return Err(reject(None, RejectionKind::TooLarge { bytes: body.len(), limit: limits.max_message_bytes }));
     }
     let text = std::str::from_utf8(body).map_err(|e| reject(None, RejectionKind::NotUtf8 { at: e.valid_up_to() }))?;
+    // A byte-order mark (editors on Windows write one) is not part of the JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let value: Value = serde_json::from_str(text).map_err(|e| reject(None, RejectionKind::NotJson(e.to_string())))?;
     let Value::Object(mut obj) = value else {
         return Err(reject(None, RejectionKind::NotObject));
@@ -173,7 +175,7 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
         Some(Value::String(s)) => s,
         Some(_) => return Err(reject(id, RejectionKind::TextNotString)),
     };
-    if text.trim().is_empty() && speech_tokens.is_none() {
+    if is_blank(&text) && speech_tokens.is_none() {
         return Err(reject(id, RejectionKind::EmptyText));
     }
     if let Some(at) = text.chars().position(|c| c == '\0') {
@@ -194,7 +196,8 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
 
     let priority = match obj.remove("priority") {
         None | Some(Value::Null) => 0,
-        Some(Value::Number(n)) => match n.as_u64() {
+        // 5 and 5.0 are the same number in JSON; 5.5 is not a priority.
+        Some(Value::Number(n)) => match n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= 9.0).map(|f| f as u64)) {
             Some(p) if p <= 9 => p as u8,
             _ => {
                 return Err(reject(id, RejectionKind::InvalidField { field: "priority", reason: format!("{n} is not an integer 0-9") }))
@@ -216,6 +219,15 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
     };
     // Unknown fields are ignored (forward compatibility), except those later issues reserve.
     Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata })
+}
+
+/// Whether `text` has nothing to speak: only whitespace (Unicode White_Space, e.g. U+0085),
+/// control characters, or invisible format characters (zero-width space U+200B, joiners,
+/// U+2060, the BOM U+FEFF, the soft hyphen). The one rule for "empty", in code and schema.
+pub fn is_blank(text: &str) -> bool {
+    text.chars().all(|c| {
+        c.is_whitespace() || c.is_control() || matches!(c, '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}' | '\u{180e}' | '\u{00ad}')
+    })
 }
 
 /// `speech_tokens`: a non-empty array of at most `limit` integers in 0..2³¹.
@@ -245,7 +257,7 @@ fn speech_tokens(v: Value, limit: usize) -> Result<Vec<i64>, RejectionKind> {
 /// vocabulary) for a speech-token model, its tokenized text otherwise.
 pub fn model_tokens(job: &Job, manifest: &crate::model::Manifest) -> Result<Vec<i64>, RejectionKind> {
     if !manifest.takes_speech_tokens() {
-        if job.text.trim().is_empty() {
+        if is_blank(&job.text) {
             return Err(RejectionKind::EmptyText);
         }
         return Ok(manifest.tokenize(&job.text));
@@ -323,6 +335,26 @@ pub fn truncate(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edge_cases_of_the_wire_format_are_settled() {
+        let id = "6f1c1b5e-2f7a-4b8e-9a43-0c1d2e3f4a5b";
+        // Integral numbers are priorities whatever their JSON spelling; fractions are not.
+        assert_eq!(parse(&format!(r#"{{"job_id":"{id}","text":"a","priority":5.0}}"#)).unwrap().priority, 5);
+        assert!(parse(&format!(r#"{{"job_id":"{id}","text":"a","priority":5.5}}"#)).is_err());
+        // A UTF-8 byte-order mark before the JSON is ignored.
+        assert!(parse(&format!("\u{feff}{{\"job_id\":\"{id}\",\"text\":\"a\"}}")).is_ok());
+        // Nothing to speak: whitespace, NEL, zero-width spaces and BOMs alike.
+        for blank in ["\\u0085", "\\u200b\\ufeff", " \\u2060 "] {
+            let e = parse(&format!(r#"{{"job_id":"{id}","text":"{blank}"}}"#)).unwrap_err();
+            assert_eq!(e.kind, RejectionKind::EmptyText, "{blank}");
+        }
+        // UUIDs in other spellings are accepted and normalised.
+        for spelling in [id.to_uppercase(), format!("{{{id}}}"), format!("urn:uuid:{id}"), id.replace('-', "")] {
+            let job = parse(&format!(r#"{{"job_id":"{spelling}","text":"a"}}"#)).unwrap();
+            assert_eq!(job.job_id.to_string(), id, "{spelling}");
+        }
+    }
 
     #[test]
     fn text_quoted_in_reasons_has_its_control_characters_escaped() {
