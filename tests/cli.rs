@@ -186,3 +186,30 @@ async fn an_interrupted_enqueue_says_how_many_it_published_and_resuming_publishe
     assert_eq!(env.depths().await.0 as usize, total, "every line once");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn control_characters_in_a_rejected_message_never_reach_the_log_raw_and_secrets_in_query_strings_are_redacted() {
+    let env = TestEnv::new("inject").await;
+    let vars = test_env_vars(&env);
+    let evil = "\u{1b}[2J\n2026-12-03T00:00:00Z  INFO forged line";
+    let body = serde_json::json!({ "job_id": uuid::Uuid::new_v4().to_string(), "text": "hi", "voice": evil, "campaign": evil }).to_string();
+    env.publish_raw(&[body.as_bytes()]).await;
+    let o = voxbatch(&vars, &["work", "--drain"]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("rejecting message"), "{err}");
+    assert!(!err.contains('\u{1b}'), "an escape sequence reached the log: {err:?}");
+    assert!(!err.lines().any(|l| l.starts_with("2026-12-03T00:00:00Z")), "a forged line: {err}");
+    // A password in the query string of DATABASE_URL is redacted like one in the authority.
+    let mut vars = test_env_vars(&env);
+    vars.retain(|(k, _)| *k != "DATABASE_URL");
+    vars.push(("DATABASE_URL", "postgres://postgres@127.0.0.1:1/vbt_never?password=Qs-Secret-77".into()));
+    let o = voxbatch(&vars, &["status"]);
+    let out = text(&o);
+    assert!(out.contains("Postgres: UNREACHABLE"), "{out}");
+    assert!(!out.contains("Qs-Secret-77"), "{out}");
+    // audit refuses a campaign that would match every object.
+    let o = voxbatch(&test_env_vars(&env), &["audit", "--campaign", ""]);
+    assert!(!o.status.success() && text(&o).contains("name one campaign"), "{}", text(&o));
+    env.cleanup().await;
+}
