@@ -135,7 +135,7 @@ fn encoder_output_matches_the_reference_per_item() {
     let items = items(&fx);
     assert!(items.len() >= 3, "the fixtures hold {} items", items.len());
     for (i, item) in items.iter().enumerate() {
-        let (mu, lens) = tch::no_grad(|| model.flow.encode(&flow_items(std::slice::from_ref(item))));
+        let (mu, lens) = tch::no_grad(|| model.flow.encode(&flow_items(std::slice::from_ref(item)))).unwrap();
         assert_eq!(lens, vec![2 * (item.tokens.len() + item.prompt.len()) as i64]);
         assert_close(&format!("item{i} encoder"), &mu.get(0), fx.get(&format!("item{i}.encoder_out")));
     }
@@ -147,7 +147,7 @@ fn one_estimator_call_matches_the_reference() {
     let model = load_model();
     for i in 0..fx.items() {
         let g = |k: &str| fx.get(&format!("item{i}.est.{k}"));
-        let out = tch::no_grad(|| model.flow.estimator.forward(g("x"), g("mask"), g("mu"), g("t"), g("spks"), g("cond")));
+        let out = tch::no_grad(|| model.flow.estimator.forward(g("x"), g("mask"), g("mu"), g("t"), g("spks"), g("cond"))).unwrap();
         assert_close(&format!("item{i} estimator"), &out, g("out"));
     }
 }
@@ -157,7 +157,7 @@ fn final_mel_matches_the_reference_per_item() {
     let fx = Fixtures::load();
     let model = load_model();
     for (i, item) in items(&fx).iter().enumerate() {
-        let mels = tch::no_grad(|| model.flow.forward(&flow_items(std::slice::from_ref(item))));
+        let mels = tch::no_grad(|| model.flow.forward(&flow_items(std::slice::from_ref(item)))).unwrap();
         assert_close(&format!("item{i} mel"), &mels[0], fx.get(&format!("item{i}.mel")));
     }
 }
@@ -173,14 +173,14 @@ fn vocoder_stages_match_the_reference_per_item() {
         let samples = frames[0] * SAMPLES_PER_FRAME;
         tch::no_grad(|| {
             // Stage by stage, each from the reference's own input.
-            assert_close(&format!("item{i} f0"), &model.hift.f0(&mel, &frames).get(0), g("f0"));
-            let source = model.hift.source(&g("f0").unsqueeze(0), &draws(&fx, &[i]), samples);
+            assert_close(&format!("item{i} f0"), &model.hift.f0(&mel, &frames).unwrap().get(0), g("f0"));
+            let source = model.hift.source(&g("f0").unsqueeze(0), &draws(&fx, &[i]), samples).unwrap();
             assert_within(&format!("item{i} source"), &source.get(0), g("source"), phase_tolerance());
-            let wav = model.hift.decode(&mel, &g("source").unsqueeze(0), &frames);
+            let wav = model.hift.decode(&mel, &g("source").unsqueeze(0), &frames).unwrap();
             assert_close(&format!("item{i} waveform (decoder)"), &wav.get(0), g("wav"));
             // The whole vocoder. The source integrates F0 into phase (thousands of radians), so F0's
             // last-bit differences grow there; it still stays within the tolerance on these inputs.
-            let out = model.hift.forward(&mel, &frames, &draws(&fx, &[i]));
+            let out = model.hift.forward(&mel, &frames, &draws(&fx, &[i])).unwrap();
             assert_within(&format!("item{i} waveform (mel to audio)"), &out.wav.get(0), g("wav"), phase_tolerance());
         });
     }
@@ -193,9 +193,9 @@ fn each_item_of_a_padded_batch_equals_its_unbatched_result() {
     let items = items(&fx);
     let all: Vec<usize> = (0..items.len()).collect();
     // Flow: one padded batch of items with different lengths and prompts.
-    let batched = tch::no_grad(|| model.flow.forward(&flow_items(&items)));
+    let batched = tch::no_grad(|| model.flow.forward(&flow_items(&items))).unwrap();
     for (i, item) in items.iter().enumerate() {
-        let alone = tch::no_grad(|| model.flow.forward(&flow_items(std::slice::from_ref(item))));
+        let alone = tch::no_grad(|| model.flow.forward(&flow_items(std::slice::from_ref(item)))).unwrap();
         assert_close(&format!("item{i} mel, batched vs alone"), &batched[i], &alone[0]);
         assert_close(&format!("item{i} mel, batched vs reference"), &batched[i], fx.get(&format!("item{i}.mel")));
     }
@@ -206,21 +206,22 @@ fn each_item_of_a_padded_batch_equals_its_unbatched_result() {
     for (row, &f) in frames.iter().enumerate() {
         mel.get(row as i64).narrow(1, 0, f).copy_(fx.get(&format!("item{row}.mel")));
     }
-    let out = tch::no_grad(|| model.hift.forward(&mel, &frames, &draws(&fx, &all)));
+    let out = tch::no_grad(|| model.hift.forward(&mel, &frames, &draws(&fx, &all))).unwrap();
     // The decoder alone, from the reference sources padded into one batch: per item equal too.
     let sources = Tensor::zeros([items.len() as i64, t_max * SAMPLES_PER_FRAME], (Kind::Float, dev()));
     for (row, &f) in frames.iter().enumerate() {
         sources.get(row as i64).narrow(0, 0, f * SAMPLES_PER_FRAME).copy_(fx.get(&format!("item{row}.source")));
     }
-    let decoded = tch::no_grad(|| model.hift.decode(&mel, &sources, &frames));
+    let decoded = tch::no_grad(|| model.hift.decode(&mel, &sources, &frames)).unwrap();
     for (i, &f) in frames.iter().enumerate() {
         let alone = tch::no_grad(|| {
             model.hift.decode(&fx.get(&format!("item{i}.mel")).unsqueeze(0), &fx.get(&format!("item{i}.source")).unsqueeze(0), &[f])
-        });
+        })
+        .unwrap();
         assert_close(&format!("item{i} decoder, batched vs alone"), &decoded.get(i as i64).narrow(0, 0, f * SAMPLES_PER_FRAME), &alone.get(0));
     }
     for (i, &f) in frames.iter().enumerate() {
-        let alone = tch::no_grad(|| model.hift.forward(&fx.get(&format!("item{i}.mel")).unsqueeze(0), &[f], &draws(&fx, &[i])));
+        let alone = tch::no_grad(|| model.hift.forward(&fx.get(&format!("item{i}.mel")).unsqueeze(0), &[f], &draws(&fx, &[i]))).unwrap();
         let wav = out.wav.get(i as i64).narrow(0, 0, f * SAMPLES_PER_FRAME);
         assert_within(&format!("item{i} waveform, batched vs alone"), &wav, &alone.wav.get(0), phase_tolerance());
         assert_within(&format!("item{i} waveform, batched vs reference"), &wav, fx.get(&format!("item{i}.wav")), phase_tolerance());
@@ -297,9 +298,19 @@ fn vocoder_fp32_keeps_the_vocoder_out_of_autocast() {
     assert!(relative_error(&mel_fp32_voc, &mel_amp) <= 1e-6, "the flow runs under bf16 autocast either way");
     // The same mel through the vocoder in fp32 (no autocast) gives vocoder_fp32's waveform.
     let frames = mel_amp.size()[1];
-    let fp32_wav = tch::no_grad(|| load_model().hift.forward(&mel_amp.unsqueeze(0), &[frames], &draws)).wav.get(0);
+    let fp32_wav = tch::no_grad(|| load_model().hift.forward(&mel_amp.unsqueeze(0), &[frames], &draws)).unwrap().wav.get(0);
     let kept_fp32 = relative_error(&Tensor::from_slice(&wav_fp32_voc), &fp32_wav);
     let under_amp = relative_error(&Tensor::from_slice(&wav_amp), &fp32_wav);
     assert!(kept_fp32 <= 1e-5, "vocoder_fp32 runs the vocoder in fp32: {kept_fp32:e}");
     assert!(under_amp > 1e-3, "under autocast the vocoder differs: {under_amp:e}");
+}
+
+#[test]
+fn a_libtorch_failure_inside_the_port_is_an_error_not_a_panic() {
+    let model = load_model();
+    // 40 mel channels where the vocoder's first convolution takes 80: libtorch refuses.
+    let mel = Tensor::zeros([1, 40, 10], (Kind::Float, dev()));
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tch::no_grad(|| model.hift.forward(&mel, &[10], &draws(&Fixtures::load(), &[0])).err())));
+    let err = run.expect("no panic crosses the port");
+    assert!(err.is_some_and(|e| !e.to_string().is_empty()), "an error value");
 }

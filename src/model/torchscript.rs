@@ -116,18 +116,13 @@ fn ivalue_kind(v: &IValue) -> &'static str {
 }
 
 /// Sorts libtorch errors into out-of-memory (retry smaller) and the rest.
-fn classify(e: tch::TchError, batch_size: usize) -> ModelError {
+pub(crate) fn classify(e: tch::TchError, batch_size: usize) -> ModelError {
     let msg = e.to_string();
     if msg.contains("out of memory") || msg.contains("OutOfMemory") {
         ModelError::OutOfMemory { batch_size, source: e }
     } else {
         ModelError::Inference(e)
     }
-}
-
-/// [`classify`] for a libtorch failure known only by its message (a panic out of tch's operators).
-pub(crate) fn classify_message(msg: String, batch_size: usize) -> ModelError {
-    classify(tch::TchError::Torch(msg), batch_size)
 }
 
 impl Synthesizer for TorchScriptModel {

@@ -10,7 +10,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{Conv1d, LayerNorm, Linear};
+use super::layers::{Conv1d, LayerNorm, Linear, R};
 use super::weights::Weights;
 
 const D: i64 = 512;
@@ -18,16 +18,16 @@ const LOOKAHEAD: i64 = 3;
 
 /// ESPnet's relative positional encoding for `t` positions: `[1, 2t − 1, d]`, relative positions
 /// `t − 1` down to `−(t − 1)`, interleaved sin/cos as `EspnetRelPositionalEncoding` builds them.
-fn rel_positions(t: i64, d: i64, device: tch::Device) -> Tensor {
+fn rel_positions(t: i64, d: i64, device: tch::Device) -> R<Tensor> {
     let opts = (Kind::Float, device);
-    let position = Tensor::arange(t, opts).unsqueeze(1);
-    let div = (Tensor::arange_start_step(0, d, 2, opts) * -(10000f64.ln() / d as f64)).exp();
-    let interleave = |sin: Tensor, cos: Tensor| Tensor::stack(&[sin, cos], 2).view([t, d]);
-    let angle = &position * &div;
-    let positive = interleave(angle.sin(), angle.cos()).flip([0]);
-    let neg_angle = (&position * -1.0) * &div;
-    let negative = interleave(neg_angle.sin(), neg_angle.cos()).narrow(0, 1, t - 1);
-    Tensor::cat(&[positive, negative], 0).unsqueeze(0)
+    let position = Tensor::f_arange(t, opts)?.f_unsqueeze(1)?;
+    let div = Tensor::f_arange_start_step(0, d, 2, opts)?.f_mul_scalar(-(10000f64.ln() / d as f64))?.f_exp()?;
+    let interleave = |angle: &Tensor| -> R<Tensor> { Tensor::f_stack(&[angle.f_sin()?, angle.f_cos()?], 2)?.f_view([t, d]) };
+    let angle = position.f_mul(&div)?;
+    let positive = interleave(&angle)?.f_flip([0])?;
+    let neg_angle = position.f_mul_scalar(-1.0)?.f_mul(&div)?;
+    let negative = interleave(&neg_angle)?.f_narrow(0, 1, t - 1)?;
+    Tensor::f_cat(&[positive, negative], 0)?.f_unsqueeze(0)
 }
 
 struct RelSelfAttention {
@@ -57,31 +57,30 @@ impl RelSelfAttention {
     }
 
     /// `x`: `[B, T, D]`; `key_pad`: `[B, 1, 1, T]` true where the key is padding; `pos`: `[1, 2T−1, D]`.
-    fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> Tensor {
-        let (b, t, _) = x.size3().unwrap_or((0, 0, 0));
+    fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> R<Tensor> {
+        let (b, t, _) = x.size3()?;
         let (h, dk) = (self.heads, D / self.heads);
-        let q = self.q.forward(x).view([b, t, h, dk]);
-        let k = self.k.forward(x).view([b, t, h, dk]).transpose(1, 2);
-        let v = self.v.forward(x).view([b, t, h, dk]).transpose(1, 2);
-        let p = self.pos.forward(pos).view([1, -1, h, dk]).transpose(1, 2);
-        let q_u = (&q + &self.bias_u).transpose(1, 2);
-        let q_v = (&q + &self.bias_v).transpose(1, 2);
-        let ac = q_u.matmul(&k.transpose(-2, -1));
-        let bd = rel_shift(&q_v.matmul(&p.transpose(-2, -1)));
-        let scores = (ac + bd) / (dk as f64).sqrt();
-        let attn = scores.masked_fill(key_pad, f64::NEG_INFINITY).softmax(-1, None::<Kind>).masked_fill(key_pad, 0.0);
-        let ctx = attn.matmul(&v).transpose(1, 2).contiguous().view([b, t, h * dk]);
+        let q = self.q.forward(x)?.f_view([b, t, h, dk])?;
+        let k = self.k.forward(x)?.f_view([b, t, h, dk])?.f_transpose(1, 2)?;
+        let v = self.v.forward(x)?.f_view([b, t, h, dk])?.f_transpose(1, 2)?;
+        let p = self.pos.forward(pos)?.f_view([1, -1, h, dk])?.f_transpose(1, 2)?;
+        let q_u = q.f_add(&self.bias_u)?.f_transpose(1, 2)?;
+        let q_v = q.f_add(&self.bias_v)?.f_transpose(1, 2)?;
+        let ac = q_u.f_matmul(&k.f_transpose(-2, -1)?)?;
+        let bd = rel_shift(&q_v.f_matmul(&p.f_transpose(-2, -1)?)?)?;
+        let scores = ac.f_add(&bd)?.f_div_scalar((dk as f64).sqrt())?;
+        let attn = scores.f_masked_fill(key_pad, f64::NEG_INFINITY)?.f_softmax(-1, None::<Kind>)?.f_masked_fill(key_pad, 0.0)?;
+        let ctx = attn.f_matmul(&v)?.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, h * dk])?;
         self.out.forward(&ctx)
     }
 }
 
 /// Transformer-XL's shift: `[B, H, T, 2T−1]` scores by relative position → `[B, H, T, T]` by key.
-fn rel_shift(x: &Tensor) -> Tensor {
-    let s = x.size();
-    let (b, h, t1, n) = (s[0], s[1], s[2], s[3]);
-    let zero = Tensor::zeros([b, h, t1, 1], (x.kind(), x.device()));
-    let padded = Tensor::cat(&[zero, x.shallow_clone()], -1).view([b, h, n + 1, t1]);
-    padded.narrow(2, 1, n).reshape([b, h, t1, n]).narrow(3, 0, n / 2 + 1)
+fn rel_shift(x: &Tensor) -> R<Tensor> {
+    let (b, h, t1, n) = x.size4()?;
+    let zero = Tensor::f_zeros([b, h, t1, 1], (x.kind(), x.device()))?;
+    let padded = Tensor::f_cat(&[zero, x.shallow_clone()], -1)?.f_view([b, h, n + 1, t1])?;
+    padded.f_narrow(2, 1, n)?.f_reshape([b, h, t1, n])?.f_narrow(3, 0, n / 2 + 1)
 }
 
 struct EncoderLayer {
@@ -102,9 +101,9 @@ impl EncoderLayer {
             w_2: Linear::new(w, &format!("{p}.feed_forward.w_2"), units, D, true),
         }
     }
-    fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> Tensor {
-        let x = x + self.attn.forward(&self.norm_mha.forward(x), key_pad, pos);
-        &x + self.w_2.forward(&self.w_1.forward(&self.norm_ff.forward(&x)).silu())
+    fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> R<Tensor> {
+        let x = x.f_add(&self.attn.forward(&self.norm_mha.forward(x)?, key_pad, pos)?)?;
+        x.f_add(&self.w_2.forward(&self.w_1.forward(&self.norm_ff.forward(&x)?)?.f_silu()?)?)
     }
 }
 
@@ -118,11 +117,11 @@ impl Embed {
     fn new(w: &Weights, p: &str) -> Self {
         Embed { linear: Linear::new(w, &format!("{p}.out.0"), D, D, true), norm: LayerNorm::new(w, &format!("{p}.out.1"), D, 1e-5) }
     }
-    fn forward(&self, x: &Tensor) -> (Tensor, Tensor) {
-        let t = x.size()[1];
-        let x = self.norm.forward(&self.linear.forward(x)) * (D as f64).sqrt();
-        let pos = rel_positions(t, D, x.device());
-        (x, pos)
+    fn forward(&self, x: &Tensor) -> R<(Tensor, Tensor)> {
+        let (_, t, _) = x.size3()?;
+        let x = self.norm.forward(&self.linear.forward(x)?)?.f_mul_scalar((D as f64).sqrt())?;
+        let pos = rel_positions(t, D, x.device())?;
+        Ok((x, pos))
     }
 }
 
@@ -152,26 +151,27 @@ impl Encoder {
     }
 
     /// `xs`: `[B, T, 512]` masked token embeddings; `mask`: `[B, T]` → `[B, 2T, 512]`.
-    pub fn forward(&self, xs: &Tensor, mask: &Tensor) -> Tensor {
-        let (x, pos) = self.embed.forward(xs);
-        let x = x * mask.unsqueeze(-1);
+    pub fn forward(&self, xs: &Tensor, mask: &Tensor) -> R<Tensor> {
+        let (x, pos) = self.embed.forward(xs)?;
+        let x = x.f_mul(&mask.f_unsqueeze(-1)?)?;
         // Pre-lookahead: each token sees the next three.
-        let c = x.transpose(1, 2);
-        let c = self.lookahead1.forward(&c).leaky_relu();
-        let c = self.lookahead2.forward(&c).transpose(1, 2);
-        let mut x = c + x;
-        let key_pad = mask.eq(0.0).view([mask.size()[0], 1, 1, -1]);
+        let c = x.f_transpose(1, 2)?;
+        let c = self.lookahead1.forward(&c)?.f_leaky_relu()?;
+        let c = self.lookahead2.forward(&c)?.f_transpose(1, 2)?;
+        let mut x = c.f_add(&x)?;
+        let b = mask.size2()?.0;
+        let key_pad = mask.f_eq(0.0)?.f_view([b, 1, 1, -1])?;
         for layer in &self.layers {
-            x = layer.forward(&x, &key_pad, &pos);
+            x = layer.forward(&x, &key_pad, &pos)?;
         }
         // ×2 upsampling to the mel frame rate.
-        let up = x.transpose(1, 2).repeat_interleave_self_int(2, 2, None);
-        let x = self.up_conv.forward(&up).transpose(1, 2);
-        let mask2 = mask.repeat_interleave_self_int(2, 1, None);
-        let (mut x, pos) = self.up_embed.forward(&x);
-        let key_pad = mask2.eq(0.0).view([mask2.size()[0], 1, 1, -1]);
+        let up = x.f_transpose(1, 2)?.f_repeat_interleave_self_int(2, 2, None)?;
+        let x = self.up_conv.forward(&up)?.f_transpose(1, 2)?;
+        let mask2 = mask.f_repeat_interleave_self_int(2, 1, None)?;
+        let (mut x, pos) = self.up_embed.forward(&x)?;
+        let key_pad = mask2.f_eq(0.0)?.f_view([b, 1, 1, -1])?;
         for layer in &self.up_layers {
-            x = layer.forward(&x, &key_pad, &pos);
+            x = layer.forward(&x, &key_pad, &pos)?;
         }
         self.after_norm.forward(&x)
     }

@@ -9,7 +9,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{Conv1d, LayerNorm, Linear};
+use super::layers::{Conv1d, LayerNorm, Linear, R};
 use super::weights::Weights;
 
 const IN: i64 = 320;
@@ -28,9 +28,9 @@ impl CausalBlock {
             norm: LayerNorm::new(w, &format!("{p}.block.2"), output, 1e-5),
         }
     }
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Tensor {
-        let h = self.conv.forward(&(x * mask));
-        self.norm.forward(&h.transpose(1, 2)).transpose(1, 2).mish() * mask
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> R<Tensor> {
+        let h = self.conv.forward(&x.f_mul(mask)?)?;
+        self.norm.forward(&h.f_transpose(1, 2)?)?.f_transpose(1, 2)?.f_mish()?.f_mul(mask)
     }
 }
 
@@ -51,9 +51,9 @@ impl ResnetBlock {
             res_conv: Conv1d::new(w, &format!("{p}.res_conv"), input, output, 1, 1, 1, (0, 0)),
         }
     }
-    fn forward(&self, x: &Tensor, mask: &Tensor, t: &Tensor) -> Tensor {
-        let h = self.block1.forward(x, mask) + self.mlp.forward(&t.mish()).unsqueeze(-1);
-        self.block2.forward(&h, mask) + self.res_conv.forward(&(x * mask))
+    fn forward(&self, x: &Tensor, mask: &Tensor, t: &Tensor) -> R<Tensor> {
+        let h = self.block1.forward(x, mask)?.f_add(&self.mlp.forward(&t.f_mish()?)?.f_unsqueeze(-1)?)?;
+        self.block2.forward(&h, mask)?.f_add(&self.res_conv.forward(&x.f_mul(mask)?)?)
     }
 }
 
@@ -87,18 +87,18 @@ impl TransformerBlock {
         }
     }
     /// `x`: `[B, T, C]`; `bias`: `[B, 1, T, T]` additive attention bias (0 or −1e10).
-    fn forward(&self, x: &Tensor, bias: &Tensor) -> Tensor {
-        let (b, t, _) = x.size3().unwrap_or((0, 0, 0));
-        let n = self.norm1.forward(x);
-        let split = |y: Tensor| y.view([b, t, self.heads, -1]).transpose(1, 2);
-        let q = split(self.to_q.forward(&n));
-        let k = split(self.to_k.forward(&n));
-        let v = split(self.to_v.forward(&n));
-        let bias = bias.to_kind(q.kind());
-        let a = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&bias), 0.0, false, None, false);
-        let a = a.transpose(1, 2).reshape([b, t, -1]);
-        let x = x + self.to_out.forward(&a);
-        &x + self.ff_out.forward(&self.ff_in.forward(&self.norm3.forward(&x)).gelu("none"))
+    fn forward(&self, x: &Tensor, bias: &Tensor) -> R<Tensor> {
+        let (b, t, _) = x.size3()?;
+        let n = self.norm1.forward(x)?;
+        let split = |y: Tensor| y.f_view([b, t, self.heads, -1])?.f_transpose(1, 2);
+        let q = split(self.to_q.forward(&n)?)?;
+        let k = split(self.to_k.forward(&n)?)?;
+        let v = split(self.to_v.forward(&n)?)?;
+        let bias = bias.f_to_kind(q.kind())?;
+        let a = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(&bias), 0.0, false, None, false)?;
+        let a = a.f_transpose(1, 2)?.f_reshape([b, t, -1])?;
+        let x = x.f_add(&self.to_out.forward(&a)?)?;
+        x.f_add(&self.ff_out.forward(&self.ff_in.forward(&self.norm3.forward(&x)?)?.f_gelu("none")?)?)
     }
 }
 
@@ -109,12 +109,20 @@ struct Level {
 }
 
 impl Level {
-    fn forward(&self, x: &Tensor, mask: &Tensor, bias: &Tensor, t: &Tensor) -> Tensor {
-        let mut h = self.resnet.forward(x, mask, t).transpose(1, 2);
+    fn forward(&self, x: &Tensor, mask: &Tensor, bias: &Tensor, t: &Tensor) -> R<Tensor> {
+        let mut h = self.resnet.forward(x, mask, t)?.f_transpose(1, 2)?;
         for block in &self.transformers {
-            h = block.forward(&h, bias);
+            h = block.forward(&h, bias)?;
         }
-        h.transpose(1, 2)
+        h.f_transpose(1, 2)
+    }
+
+    /// The level's resampling convolution (length-keeping), or `h` itself.
+    fn resample(&self, h: &Tensor, mask: &Tensor) -> R<Tensor> {
+        match &self.conv {
+            Some(c) => c.forward(&h.f_mul(mask)?),
+            None => Ok(h.shallow_clone()),
+        }
     }
 }
 
@@ -161,33 +169,34 @@ impl Estimator {
     }
 
     /// Matcha's `SinusoidalPosEmb(320)` of `t` (scale 1000): `[B]` → `[B, 320]`.
-    fn time_embedding(t: &Tensor) -> Tensor {
+    fn time_embedding(t: &Tensor) -> R<Tensor> {
         let half = IN / 2;
         let step = 10000f64.ln() / (half - 1) as f64;
-        let freqs = (Tensor::arange(half, (Kind::Float, t.device())) * -step).exp();
-        let emb = t.unsqueeze(1) * 1000.0 * freqs.unsqueeze(0);
-        Tensor::cat(&[emb.sin(), emb.cos()], -1)
+        let freqs = Tensor::f_arange(half, (Kind::Float, t.device()))?.f_mul_scalar(-step)?.f_exp()?;
+        let emb = t.f_unsqueeze(1)?.f_mul_scalar(1000.0)?.f_mul(&freqs.f_unsqueeze(0)?)?;
+        Tensor::f_cat(&[emb.f_sin()?, emb.f_cos()?], -1)
     }
 
     /// `x`, `mu`, `cond`: `[B, 80, T]`; `mask`: `[B, 1, T]`; `t`: `[B]`; `spks`: `[B, 80]` → `[B, 80, T]`.
-    pub fn forward(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> Tensor {
-        let t = Self::time_embedding(t).to_kind(t.kind());
-        let t = self.time_2.forward(&self.time_1.forward(&t).silu());
-        let len = x.size()[2];
-        let spks = spks.unsqueeze(-1).expand([-1, -1, len], false);
-        let h = Tensor::cat(&[x.shallow_clone(), mu.shallow_clone(), spks, cond.shallow_clone()], 1);
+    pub fn forward(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
+        let t = Self::time_embedding(t)?.f_to_kind(t.kind())?;
+        let t = self.time_2.forward(&self.time_1.forward(&t)?.f_silu()?)?;
+        let (_, _, len) = x.size3()?;
+        let spks = spks.f_unsqueeze(-1)?.f_expand([-1, -1, len], false)?;
+        let h = Tensor::f_cat(&[x.shallow_clone(), mu.shallow_clone(), spks, cond.shallow_clone()], 1)?;
         // Key-padding bias, the same for every query row and head: (1 − mask) · −1e10.
-        let bias = ((mask.unsqueeze(1) * -1.0 + 1.0) * -1.0e10).expand([-1, -1, len, -1], false);
+        let bias = mask.f_unsqueeze(1)?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?.f_mul_scalar(-1.0e10)?.f_expand([-1, -1, len, -1], false)?;
 
-        let skip = self.down.forward(&h, mask, &bias, &t);
-        let mut h = self.down.conv.as_ref().map_or_else(|| skip.shallow_clone(), |c| c.forward(&(&skip * mask)));
+        let skip = self.down.forward(&h, mask, &bias, &t)?;
+        let mut h = self.down.resample(&skip, mask)?;
         for level in &self.mid {
-            h = level.forward(&h, mask, &bias, &t);
+            h = level.forward(&h, mask, &bias, &t)?;
         }
-        let h = Tensor::cat(&[h.narrow(2, 0, skip.size()[2]), skip], 1);
-        let h = self.up.forward(&h, mask, &bias, &t);
-        let h = self.up.conv.as_ref().map_or(h.shallow_clone(), |c| c.forward(&(&h * mask)));
-        let h = self.final_block.forward(&h, mask);
-        self.final_proj.forward(&(h * mask)) * mask
+        let (_, _, skip_len) = skip.size3()?;
+        let h = Tensor::f_cat(&[h.f_narrow(2, 0, skip_len)?, skip], 1)?;
+        let h = self.up.forward(&h, mask, &bias, &t)?;
+        let h = self.up.resample(&h, mask)?;
+        let h = self.final_block.forward(&h, mask)?;
+        self.final_proj.forward(&h.f_mul(mask)?)?.f_mul(mask)
     }
 }

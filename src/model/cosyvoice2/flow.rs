@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 
 use super::encoder::Encoder;
 use super::estimator::{Estimator, EstimatorDims};
-use super::layers::{length_mask, Linear};
+use super::layers::{length_mask, Linear, R};
 use super::weights::Weights;
 
 /// One item of a flow batch.
@@ -65,7 +65,7 @@ impl Flow {
     }
 
     /// Encoder stage: `[B, T_mel, 80]` mu and the mel lengths (prompt included).
-    pub fn encode(&self, items: &[FlowItem]) -> (Tensor, Vec<i64>) {
+    pub fn encode(&self, items: &[FlowItem]) -> R<(Tensor, Vec<i64>)> {
         let device = self.embedding.device();
         let lens: Vec<i64> = items.iter().map(|i| (i.tokens.len() + i.prompt_tokens.len()) as i64).collect();
         let t = lens.iter().copied().max().unwrap_or(1).max(1);
@@ -76,11 +76,11 @@ impl Flow {
             flat[start..start + p].copy_from_slice(item.prompt_tokens);
             flat[start + p..start + p + item.tokens.len()].copy_from_slice(item.tokens);
         }
-        let tokens = Tensor::from_slice(&flat).view([items.len() as i64, t]).to_device(device);
-        let mask = length_mask(&lens, t, device);
-        let h = Tensor::embedding(&self.embedding, &tokens.clamp_min(0), -1, false, false) * mask.unsqueeze(-1);
-        let h = self.encoder.forward(&h, &mask);
-        (self.encoder_proj.forward(&h), lens.iter().map(|l| 2 * l).collect())
+        let tokens = Tensor::f_from_slice(&flat)?.f_view([items.len() as i64, t])?.f_to_device(device)?;
+        let mask = length_mask(&lens, t, device)?;
+        let h = Tensor::f_embedding(&self.embedding, &tokens.f_clamp_min(0)?, -1, false, false)?.f_mul(&mask.f_unsqueeze(-1)?)?;
+        let h = self.encoder.forward(&h, &mask)?;
+        Ok((self.encoder_proj.forward(&h)?, lens.iter().map(|l| 2 * l).collect()))
     }
 
     pub fn vocab_size(&self) -> i64 {
@@ -88,72 +88,71 @@ impl Flow {
     }
 
     /// Encoder stage, then sampling: per item the mel `[80, frames]` without the prompt frames.
-    pub fn forward(&self, items: &[FlowItem]) -> Vec<Tensor> {
-        self.sample(items, &self.encode(items))
+    pub fn forward(&self, items: &[FlowItem]) -> R<Vec<Tensor>> {
+        self.sample(items, &self.encode(items)?)
     }
 
     /// Flow matching from the encoder's output ([`Flow::encode`]).
-    pub fn sample(&self, items: &[FlowItem], encoded: &(Tensor, Vec<i64>)) -> Vec<Tensor> {
+    pub fn sample(&self, items: &[FlowItem], encoded: &(Tensor, Vec<i64>)) -> R<Vec<Tensor>> {
         let device = self.embedding.device();
         let b = items.len() as i64;
         let (mu, mel_lens) = encoded;
-        let frames = mu.size()[1];
-        let mu_t = mu.transpose(1, 2).contiguous();
+        let (_, frames, _) = mu.size3()?;
+        let mu_t = mu.f_transpose(1, 2)?.f_contiguous()?;
         // x-vectors: L2-normalised, then affine to 80.
-        let emb = Tensor::stack(&items.iter().map(|i| i.embedding.to_kind(Kind::Float)).collect::<Vec<_>>(), 0).to_device(device);
-        let norm = emb.norm_scalaropt_dim(2.0, [1], true).clamp_min(1e-12);
-        let spks = self.spk_affine.forward(&(emb / norm));
+        let embeddings = items.iter().map(|i| i.embedding.f_to_kind(Kind::Float)).collect::<R<Vec<_>>>()?;
+        let emb = Tensor::f_stack(&embeddings, 0)?.f_to_device(device)?;
+        let norm = emb.f_norm_scalaropt_dim(2.0, [1], true)?.f_clamp_min(1e-12)?;
+        let spks = self.spk_affine.forward(&emb.f_div(&norm)?)?;
         // Prompt mel conditions the first frames.
-        let cond = Tensor::zeros([b, frames, 80], (Kind::Float, device));
+        let cond = Tensor::f_zeros([b, frames, 80], (Kind::Float, device))?;
         for (row, item) in items.iter().enumerate() {
-            let p = item.prompt_feat.size()[0];
+            let p = item.prompt_feat.size().first().copied().unwrap_or(0);
             if p > 0 {
-                cond.get(row as i64).narrow(0, 0, p).copy_(&item.prompt_feat.to_device(device));
+                let mut rows = cond.f_get(row as i64)?.f_narrow(0, 0, p)?;
+                rows.f_copy_(&item.prompt_feat.f_to_device(device)?)?;
             }
         }
-        let cond = cond.transpose(1, 2).contiguous();
-        let mask = length_mask(mel_lens, frames, device).unsqueeze(1);
-        let z = self.noise.narrow(2, 0, frames).expand([b, 80, frames], false).to_kind(mu_t.kind());
-        let x = self.solve_euler(z, &mask, &mu_t, &spks, &cond);
+        let cond = cond.f_transpose(1, 2)?.f_contiguous()?;
+        let mask = length_mask(mel_lens, frames, device)?.f_unsqueeze(1)?;
+        let z = self.noise.f_narrow(2, 0, frames)?.f_expand([b, 80, frames], false)?.f_to_kind(mu_t.kind())?;
+        let x = self.solve_euler(z, &mask, &mu_t, &spks, &cond)?;
         items
             .iter()
             .enumerate()
             .map(|(row, item)| {
                 let p = 2 * item.prompt_tokens.len() as i64;
-                x.get(row as i64).narrow(1, p, 2 * item.tokens.len() as i64)
+                x.f_get(row as i64)?.f_narrow(1, p, 2 * item.tokens.len() as i64)
             })
             .collect()
     }
 
     /// `ConditionalCFM.solve_euler` with classifier-free guidance as one doubled batch.
-    fn solve_euler(&self, z: Tensor, mask: &Tensor, mu: &Tensor, spks: &Tensor, cond: &Tensor) -> Tensor {
+    fn solve_euler(&self, z: Tensor, mask: &Tensor, mu: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
         let device = mu.device();
-        let t_span = Tensor::linspace(0.0, 1.0, self.steps as i64 + 1, (Kind::Float, device));
-        let t_span = (&t_span * 0.5 * std::f64::consts::PI).cos() * -1.0 + 1.0;
-        let mut t = t_span.narrow(0, 0, 1);
-        let mut dt = t_span.narrow(0, 1, 1) - t_span.narrow(0, 0, 1);
-        let b = mu.size()[0];
-        let mask_in = Tensor::cat(&[mask, mask], 0);
-        let mu_in = Tensor::cat(&[mu.shallow_clone(), mu.zeros_like()], 0);
-        let spks_in = Tensor::cat(&[spks.shallow_clone(), spks.zeros_like()], 0);
-        let cond_in = Tensor::cat(&[cond.shallow_clone(), cond.zeros_like()], 0);
-        let mut x = z.to_kind(Kind::Float);
+        let t_span = Tensor::f_linspace(0.0, 1.0, self.steps as i64 + 1, (Kind::Float, device))?;
+        let t_span = t_span.f_mul_scalar(0.5)?.f_mul_scalar(std::f64::consts::PI)?.f_cos()?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?;
+        let mut t = t_span.f_narrow(0, 0, 1)?;
+        let mut dt = t_span.f_narrow(0, 1, 1)?.f_sub(&t_span.f_narrow(0, 0, 1)?)?;
+        let (b, _, _) = mu.size3()?;
+        let mask_in = Tensor::f_cat(&[mask, mask], 0)?;
+        let mu_in = Tensor::f_cat(&[mu.shallow_clone(), mu.f_zeros_like()?], 0)?;
+        let spks_in = Tensor::f_cat(&[spks.shallow_clone(), spks.f_zeros_like()?], 0)?;
+        let cond_in = Tensor::f_cat(&[cond.shallow_clone(), cond.f_zeros_like()?], 0)?;
+        let mut x = z.f_to_kind(Kind::Float)?;
         for step in 1..=self.steps {
-            let x_in = Tensor::cat(&[&x, &x], 0);
-            let t_in = t.expand([2 * b], false);
-            let d = self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in).to_kind(Kind::Float);
-            let (d, cfg) = (d.narrow(0, 0, b), d.narrow(0, b, b));
-            let d = d * (1.0 + self.cfg_rate) - cfg * self.cfg_rate;
-            // Not `+=`: x starts as an expanded (broadcast) view of the fixed noise.
-            #[allow(clippy::assign_op_pattern)]
-            {
-                x = x + &dt * d;
-            }
-            t = &t + &dt;
+            let x_in = Tensor::f_cat(&[&x, &x], 0)?;
+            let t_in = t.f_expand([2 * b], false)?;
+            let d = self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?.f_to_kind(Kind::Float)?;
+            let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);
+            let d = d.f_mul_scalar(1.0 + self.cfg_rate)?.f_sub(&cfg.f_mul_scalar(self.cfg_rate)?)?;
+            // A new tensor, not in place: x starts as an expanded (broadcast) view of the fixed noise.
+            x = x.f_add(&dt.f_mul(&d)?)?;
+            t = t.f_add(&dt)?;
             if step < self.steps {
-                dt = t_span.narrow(0, step as i64 + 1, 1) - &t;
+                dt = t_span.f_narrow(0, step as i64 + 1, 1)?.f_sub(&t)?;
             }
         }
-        x
+        Ok(x)
     }
 }

@@ -15,7 +15,7 @@ use std::f64::consts::PI;
 
 use tch::{Kind, Tensor};
 
-use super::layers::{length_mask, Conv1d, ConvTranspose1d, Linear};
+use super::layers::{length_mask, Conv1d, ConvTranspose1d, Linear, R};
 use super::weights::Weights;
 
 const N_FFT: i64 = 16;
@@ -38,11 +38,11 @@ pub struct SourceDraws {
 
 impl SourceDraws {
     /// Fresh draws for `b` items of up to `samples` samples on `device`.
-    pub fn random(b: i64, samples: i64, device: tch::Device) -> SourceDraws {
-        SourceDraws {
-            rand_ini: Tensor::rand([b, HARMONICS], (Kind::Float, device)),
-            noise: Tensor::randn([b, samples, HARMONICS], (Kind::Float, device)),
-        }
+    pub fn random(b: i64, samples: i64, device: tch::Device) -> R<SourceDraws> {
+        Ok(SourceDraws {
+            rand_ini: Tensor::f_rand([b, HARMONICS], (Kind::Float, device))?,
+            noise: Tensor::f_randn([b, samples, HARMONICS], (Kind::Float, device))?,
+        })
     }
 }
 
@@ -55,9 +55,10 @@ impl Snake {
         Snake { alpha: w.get(name, &[ch]).view([1, ch, 1]) }
     }
     /// x + 1/α · sin²(αx)
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let alpha = self.alpha.to_kind(x.kind());
-        x + (&alpha + 1e-9).reciprocal() * (x * &alpha).sin().pow_tensor_scalar(2)
+    fn forward(&self, x: &Tensor) -> R<Tensor> {
+        let alpha = self.alpha.f_to_kind(x.kind())?;
+        let sin2 = x.f_mul(&alpha)?.f_sin()?.f_pow_tensor_scalar(2)?;
+        x.f_add(&alpha.f_add_scalar(1e-9)?.f_reciprocal()?.f_mul(&sin2)?)
     }
 }
 
@@ -78,14 +79,14 @@ impl ResBlock {
             acts2: (0..n).map(|i| Snake::new(w, &format!("{p}.activations2.{i}.alpha"), ch)).collect(),
         }
     }
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Tensor {
+    fn forward(&self, x: &Tensor, mask: &Tensor) -> R<Tensor> {
         let mut x = x.shallow_clone();
         for i in 0..self.convs1.len() {
-            let xt = self.convs1[i].forward(&self.acts1[i].forward(&x)) * mask;
-            let xt = self.convs2[i].forward(&self.acts2[i].forward(&xt)) * mask;
-            x = xt + x;
+            let xt = self.convs1[i].forward(&self.acts1[i].forward(&x)?)?.f_mul(mask)?;
+            let xt = self.convs2[i].forward(&self.acts2[i].forward(&xt)?)?.f_mul(mask)?;
+            x = xt.f_add(&x)?;
         }
-        x
+        Ok(x)
     }
 }
 
@@ -161,126 +162,131 @@ impl Hift {
     }
 
     /// `mel`: `[B, 80, T]` (zero past each length), `frames`: mel frames per item.
-    pub fn forward(&self, mel: &Tensor, frames: &[i64], draws: &SourceDraws) -> HiftOutput {
-        let f0 = self.f0(mel, frames);
-        let samples = mel.size()[2] * SAMPLES_PER_FRAME;
-        let source = self.source(&f0, draws, samples) * self.mask(frames, samples, SAMPLES_PER_FRAME, 0).squeeze_dim(1);
-        let wav = self.decode(mel, &source, frames);
-        HiftOutput { wav, f0, source }
+    pub fn forward(&self, mel: &Tensor, frames: &[i64], draws: &SourceDraws) -> R<HiftOutput> {
+        let f0 = self.f0(mel, frames)?;
+        let (_, _, t) = mel.size3()?;
+        let samples = t * SAMPLES_PER_FRAME;
+        let source = self.source(&f0, draws, samples)?.f_mul(&self.mask(frames, samples, SAMPLES_PER_FRAME, 0)?.f_squeeze_dim(1)?)?;
+        let wav = self.decode(mel, &source, frames)?;
+        Ok(HiftOutput { wav, f0, source })
     }
 
     /// `[B, 1, t_max · scale + extra]` mask of each item's `frames · scale + extra` positions.
-    fn mask(&self, frames: &[i64], t_len: i64, scale: i64, extra: i64) -> Tensor {
+    fn mask(&self, frames: &[i64], t_len: i64, scale: i64, extra: i64) -> R<Tensor> {
         let lens: Vec<i64> = frames.iter().map(|f| f * scale + extra).collect();
-        length_mask(&lens, t_len, self.window.device()).unsqueeze(1)
+        length_mask(&lens, t_len, self.window.device())?.f_unsqueeze(1)
     }
 
     /// `ConvRNNF0Predictor`: mel → F0 `[B, T]` in Hz (zero past each length).
-    pub fn f0(&self, mel: &Tensor, frames: &[i64]) -> Tensor {
-        let mel_mask = self.mask(frames, mel.size()[2], 1, 0);
-        let mut h = mel * &mel_mask;
+    pub fn f0(&self, mel: &Tensor, frames: &[i64]) -> R<Tensor> {
+        let (_, _, t) = mel.size3()?;
+        let mel_mask = self.mask(frames, t, 1, 0)?;
+        let mut h = mel.f_mul(&mel_mask)?;
         for conv in &self.f0_convs {
-            h = (conv.forward(&h) * &mel_mask).elu();
+            h = conv.forward(&h)?.f_mul(&mel_mask)?.f_elu()?;
         }
-        self.f0_classifier.forward(&h.transpose(1, 2)).squeeze_dim(-1).abs().to_kind(Kind::Float) * mel_mask.squeeze_dim(1)
+        let f0 = self.f0_classifier.forward(&h.f_transpose(1, 2)?)?.f_squeeze_dim(-1)?.f_abs()?.f_to_kind(Kind::Float)?;
+        f0.f_mul(&mel_mask.f_squeeze_dim(1)?)
     }
 
     /// The HiFi-GAN/iSTFT decoder: mel `[B, 80, T]` and harmonic source `[B, 480·T]` → waveform
     /// `[B, 480·T]`, zero past each item's length.
-    pub fn decode(&self, mel: &Tensor, source: &Tensor, frames: &[i64]) -> Tensor {
-        let t = mel.size()[2];
-        let mel_mask = self.mask(frames, t, 1, 0);
-        let s_stft = self.source_stft(&source.to_kind(Kind::Float), frames);
-        let mut x = self.conv_pre.forward(&(mel * &mel_mask)) * &mel_mask;
+    pub fn decode(&self, mel: &Tensor, source: &Tensor, frames: &[i64]) -> R<Tensor> {
+        let (_, _, t) = mel.size3()?;
+        let mel_mask = self.mask(frames, t, 1, 0)?;
+        let s_stft = self.source_stft(&source.f_to_kind(Kind::Float)?, frames)?;
+        let mut x = self.conv_pre.forward(&mel.f_mul(&mel_mask)?)?.f_mul(&mel_mask)?;
         let mut scale = 1;
-        for i in 0..3 {
-            x = self.ups[i].forward(&x.maximum(&(&x * 0.1)));
+        for (i, up) in self.ups.iter().enumerate() {
+            x = up.forward(&x.f_maximum(&x.f_mul_scalar(0.1)?)?)?;
             scale *= UPSAMPLE[i];
             let extra = i64::from(i == 2);
             if i == 2 {
-                x = x.reflection_pad1d([1, 0]);
+                x = x.f_reflection_pad1d([1, 0])?;
             }
-            let mask = self.mask(frames, t * scale + extra, scale, extra);
-            x *= &mask;
-            let si = self.source_resblocks[i].forward(&(self.source_downs[i].forward(&s_stft) * &mask), &mask);
-            x += si;
-            let mut xs = self.resblocks[3 * i].forward(&x, &mask);
+            let mask = self.mask(frames, t * scale + extra, scale, extra)?;
+            x = x.f_mul(&mask)?;
+            let si = self.source_resblocks[i].forward(&self.source_downs[i].forward(&s_stft)?.f_mul(&mask)?, &mask)?;
+            x = x.f_add(&si)?;
+            let mut xs = self.resblocks[3 * i].forward(&x, &mask)?;
             for j in 1..3 {
-                xs += self.resblocks[3 * i + j].forward(&x, &mask);
+                xs = xs.f_add(&self.resblocks[3 * i + j].forward(&x, &mask)?)?;
             }
-            x = xs / 3.0;
+            x = xs.f_div_scalar(3.0)?;
         }
-        let x = self.conv_post.forward(&x.leaky_relu()).to_kind(Kind::Float);
+        let x = self.conv_post.forward(&x.f_leaky_relu()?)?.f_to_kind(Kind::Float)?;
         let samples = t * SAMPLES_PER_FRAME;
-        self.istft(&x, frames).clamp(-0.99, 0.99) * self.mask(frames, samples, SAMPLES_PER_FRAME, 0).squeeze_dim(1)
+        self.istft(&x, frames)?.f_clamp(-0.99, 0.99)?.f_mul(&self.mask(frames, samples, SAMPLES_PER_FRAME, 0)?.f_squeeze_dim(1)?)
     }
 
     /// `SineGen2` + `SourceModuleHnNSF2`: F0 `[B, T]` (Hz) → harmonic source `[B, samples]`.
-    pub fn source(&self, f0: &Tensor, draws: &SourceDraws, samples: i64) -> Tensor {
+    pub fn source(&self, f0: &Tensor, draws: &SourceDraws, samples: i64) -> R<Tensor> {
         let device = f0.device();
-        let b = f0.size()[0];
-        let frames = f0.size()[1];
+        let (b, frames) = f0.size2()?;
         // nn.Upsample(scale_factor=480), nearest, with its own index arithmetic.
-        let f0_up = f0.unsqueeze(1).upsample_nearest1d([samples], SAMPLES_PER_FRAME as f64).transpose(1, 2); // [B, S, 1]
-        let harmonics = Tensor::arange_start(1, HARMONICS + 1, (Kind::Float, device)).view([1, 1, HARMONICS]);
-        let fn_ = &f0_up * harmonics;
-        let rad = (fn_ / SAMPLE_RATE).remainder(1.0);
-        let rand_ini = draws.rand_ini.to_device(device).narrow(0, 0, b).copy();
-        let _ = rand_ini.narrow(1, 0, 1).fill_(0.0);
-        let first = rad.narrow(1, 0, 1) + rand_ini.unsqueeze(1);
-        let rad = Tensor::cat(&[first, rad.narrow(1, 1, samples - 1)], 1);
+        let f0_up = f0.f_unsqueeze(1)?.f_upsample_nearest1d([samples], SAMPLES_PER_FRAME as f64)?.f_transpose(1, 2)?; // [B, S, 1]
+        let harmonics = Tensor::f_arange_start(1, HARMONICS + 1, (Kind::Float, device))?.f_view([1, 1, HARMONICS])?;
+        let fn_ = f0_up.f_mul(&harmonics)?;
+        let rad = fn_.f_div_scalar(SAMPLE_RATE)?.f_remainder(1.0)?;
+        let drawn = draws.rand_ini.f_to_device(device)?.f_narrow(0, 0, b)?;
+        let mut rand_ini = drawn.f_empty_like()?;
+        rand_ini.f_copy_(&drawn)?;
+        let _ = rand_ini.f_narrow(1, 0, 1)?.f_fill_(0.0)?;
+        let first = rad.f_narrow(1, 0, 1)?.f_add(&rand_ini.f_unsqueeze(1)?)?;
+        let rad = Tensor::f_cat(&[first, rad.f_narrow(1, 1, samples - 1)?], 1)?;
         let scale = SAMPLES_PER_FRAME as f64;
-        let rad_down = rad.transpose(1, 2).upsample_linear1d([frames], false, 1.0 / scale).transpose(1, 2);
-        let phase = rad_down.cumsum(1, None::<Kind>) * 2.0 * PI;
-        let phase = (phase.transpose(1, 2) * scale).upsample_linear1d([samples], false, scale).transpose(1, 2);
-        let sines = phase.sin() * 0.1;
-        let uv = f0_up.gt(10.0).to_kind(Kind::Float);
-        let noise_amp = &uv * 0.003 + (uv.ones_like() - &uv) * 0.1 / 3.0;
-        let noise = noise_amp * draws.noise.to_device(device).narrow(0, 0, b).narrow(1, 0, samples);
-        let sine_waves = sines * &uv + noise;
-        self.source_linear.forward(&sine_waves).tanh().squeeze_dim(-1)
+        let rad_down = rad.f_transpose(1, 2)?.f_upsample_linear1d([frames], false, 1.0 / scale)?.f_transpose(1, 2)?;
+        let phase = rad_down.f_cumsum(1, None::<Kind>)?.f_mul_scalar(2.0)?.f_mul_scalar(PI)?;
+        let phase = phase.f_transpose(1, 2)?.f_mul_scalar(scale)?.f_upsample_linear1d([samples], false, scale)?.f_transpose(1, 2)?;
+        let sines = phase.f_sin()?.f_mul_scalar(0.1)?;
+        let uv = f0_up.f_gt(10.0)?.f_to_kind(Kind::Float)?;
+        let noise_amp = uv.f_mul_scalar(0.003)?.f_add(&uv.f_ones_like()?.f_sub(&uv)?.f_mul_scalar(0.1)?.f_div_scalar(3.0)?)?;
+        let noise = noise_amp.f_mul(&draws.noise.f_to_device(device)?.f_narrow(0, 0, b)?.f_narrow(1, 0, samples)?)?;
+        let sine_waves = sines.f_mul(&uv)?.f_add(&noise)?;
+        self.source_linear.forward(&sine_waves)?.f_tanh()?.f_squeeze_dim(-1)
     }
 
     /// `torch.stft(center=True, reflect)` of each item's own samples: `[B, 18, frames·120 + 1]`.
-    fn source_stft(&self, s: &Tensor, frames: &[i64]) -> Tensor {
-        let (b, samples) = (s.size()[0], s.size()[1]);
+    fn source_stft(&self, s: &Tensor, frames: &[i64]) -> R<Tensor> {
+        let (b, samples) = s.size2()?;
         let pad = N_FFT / 2;
-        let padded = Tensor::zeros([b, samples + 2 * pad], (Kind::Float, s.device()));
+        let padded = Tensor::f_zeros([b, samples + 2 * pad], (Kind::Float, s.device()))?;
         for (row, &f) in frames.iter().enumerate() {
             let len = f * SAMPLES_PER_FRAME;
             if len == 0 {
                 continue;
             }
-            let item = s.get(row as i64).narrow(0, 0, len).view([1, 1, len]).reflection_pad1d([pad, pad]);
-            padded.get(row as i64).narrow(0, 0, len + 2 * pad).copy_(&item.view([-1]));
+            let item = s.f_get(row as i64)?.f_narrow(0, 0, len)?.f_view([1, 1, len])?.f_reflection_pad1d([pad, pad])?;
+            let mut dst = padded.f_get(row as i64)?.f_narrow(0, 0, len + 2 * pad)?;
+            dst.f_copy_(&item.f_view([-1])?)?;
         }
-        let spec = (padded.unfold(1, N_FFT, HOP) * &self.window).fft_rfft(None, -1, "backward"); // [B, F, 9]
-        let spec = tch::Tensor::view_as_real(&spec); // [B, F, 9, 2]
-        let real = spec.select(-1, 0).transpose(1, 2);
-        let imag = spec.select(-1, 1).transpose(1, 2);
+        let spec = padded.f_unfold(1, N_FFT, HOP)?.f_mul(&self.window)?.f_fft_rfft(None, -1, "backward")?; // [B, F, 9]
+        let spec = Tensor::f_view_as_real(&spec)?; // [B, F, 9, 2]
+        let real = spec.f_select(-1, 0)?.f_transpose(1, 2)?;
+        let imag = spec.f_select(-1, 1)?.f_transpose(1, 2)?;
         let frames_max = samples / HOP + 1;
-        let mask = length_mask(&frames.iter().map(|f| f * SAMPLES_PER_FRAME / HOP + 1).collect::<Vec<_>>(), frames_max, s.device());
-        Tensor::cat(&[real, imag], 1) * mask.unsqueeze(1)
+        let mask = length_mask(&frames.iter().map(|f| f * SAMPLES_PER_FRAME / HOP + 1).collect::<Vec<_>>(), frames_max, s.device())?;
+        Tensor::f_cat(&[real, imag], 1)?.f_mul(&mask.f_unsqueeze(1)?)
     }
 
     /// `torch.istft(center=True)` with the window envelope of each item's own frames.
-    fn istft(&self, x: &Tensor, frames: &[i64]) -> Tensor {
+    fn istft(&self, x: &Tensor, frames: &[i64]) -> R<Tensor> {
         let device = x.device();
         let bins = N_FFT / 2 + 1;
-        let n = x.size()[2];
-        let frame_mask = length_mask(&frames.iter().map(|f| f * SAMPLES_PER_FRAME / HOP + 1).collect::<Vec<_>>(), n, device);
-        let magnitude = x.narrow(1, 0, bins).exp().clamp_max(100.0) * frame_mask.unsqueeze(1);
-        let phase = x.narrow(1, bins, bins).sin();
-        let spec = Tensor::complex(&(&magnitude * phase.cos()), &(&magnitude * phase.sin())).transpose(1, 2);
-        let frames_t = spec.fft_irfft(N_FFT, -1, "backward") * &self.window; // [B, F, 16]
-        let eye = Tensor::eye(N_FFT, (Kind::Float, device)).view([N_FFT, 1, N_FFT]);
-        let ola = frames_t.transpose(1, 2).conv_transpose1d(&eye, None::<&Tensor>, [HOP], [0], [0], 1, [1]);
-        let win_sq = (&self.window * &self.window).view([1, 1, N_FFT]);
-        let envelope = frame_mask.unsqueeze(1).conv_transpose1d(&win_sq, None::<&Tensor>, [HOP], [0], [0], 1, [1]);
+        let (_, _, n) = x.size3()?;
+        let frame_mask = length_mask(&frames.iter().map(|f| f * SAMPLES_PER_FRAME / HOP + 1).collect::<Vec<_>>(), n, device)?;
+        let magnitude = x.f_narrow(1, 0, bins)?.f_exp()?.f_clamp_max(100.0)?.f_mul(&frame_mask.f_unsqueeze(1)?)?;
+        let phase = x.f_narrow(1, bins, bins)?.f_sin()?;
+        let spec = Tensor::f_complex(&magnitude.f_mul(&phase.f_cos()?)?, &magnitude.f_mul(&phase.f_sin()?)?)?.f_transpose(1, 2)?;
+        let frames_t = spec.f_fft_irfft(N_FFT, -1, "backward")?.f_mul(&self.window)?; // [B, F, 16]
+        let eye = Tensor::f_eye(N_FFT, (Kind::Float, device))?.f_view([N_FFT, 1, N_FFT])?;
+        let ola = frames_t.f_transpose(1, 2)?.f_conv_transpose1d(&eye, None::<&Tensor>, [HOP], [0], [0], 1, [1])?;
+        let win_sq = self.window.f_mul(&self.window)?.f_view([1, 1, N_FFT])?;
+        let envelope = frame_mask.f_unsqueeze(1)?.f_conv_transpose1d(&win_sq, None::<&Tensor>, [HOP], [0], [0], 1, [1])?;
         let len = (n - 1) * HOP;
-        let ola = ola.narrow(2, N_FFT / 2, len).squeeze_dim(1);
-        let envelope = envelope.narrow(2, N_FFT / 2, len).squeeze_dim(1);
-        let safe = envelope.gt(1e-11);
-        (ola / envelope.where_scalarother(&safe, 1.0)) * safe.to_kind(Kind::Float)
+        let ola = ola.f_narrow(2, N_FFT / 2, len)?.f_squeeze_dim(1)?;
+        let envelope = envelope.f_narrow(2, N_FFT / 2, len)?.f_squeeze_dim(1)?;
+        let safe = envelope.f_gt(1e-11)?;
+        ola.f_div(&envelope.f_where_scalarother(&safe, 1.0)?)?.f_mul(&safe.f_to_kind(Kind::Float)?)
     }
 }

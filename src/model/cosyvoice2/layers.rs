@@ -1,7 +1,13 @@
 //! The building blocks shared by the flow and the vocoder: linear, convolutions, layer norm, and
 //! the padding masks that keep a padded batch equal, item by item, to unbatched runs.
+//!
+//! Every forward pass in this port uses tch's fallible `f_*` operations and returns [`R`]: a
+//! libtorch failure (out of memory above all) is an error value, never a panic.
 
-use tch::{Kind, Tensor};
+use tch::{Kind, TchError, Tensor};
+
+/// The result of a libtorch computation.
+pub type R<T> = Result<T, TchError>;
 
 use super::weights::Weights;
 
@@ -17,8 +23,8 @@ impl Linear {
             b: bias.then(|| w.get(&format!("{prefix}.bias"), &[output])),
         }
     }
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.linear(&self.w, self.b.as_ref())
+    pub fn forward(&self, x: &Tensor) -> R<Tensor> {
+        x.f_linear(&self.w, self.b.as_ref())
     }
 }
 
@@ -51,12 +57,12 @@ impl Conv1d {
         let p = dilation * (kernel - 1) / 2;
         Conv1d::new(w, prefix, input, output, kernel, 1, dilation, (p, p))
     }
-    pub fn forward(&self, x: &Tensor) -> Tensor {
+    pub fn forward(&self, x: &Tensor) -> R<Tensor> {
         let (l, r) = self.pad;
         if l == r {
-            x.conv1d(&self.w, self.b.as_ref(), [self.stride], [l], [self.dilation], 1)
+            x.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [l], [self.dilation], 1)
         } else {
-            x.constant_pad_nd([l, r]).conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], 1)
+            x.f_constant_pad_nd([l, r])?.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], 1)
         }
     }
 }
@@ -77,8 +83,8 @@ impl ConvTranspose1d {
             padding,
         }
     }
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.conv_transpose1d(&self.w, Some(&self.b), [self.stride], [self.padding], [0], 1, [1])
+    pub fn forward(&self, x: &Tensor) -> R<Tensor> {
+        x.f_conv_transpose1d(&self.w, Some(&self.b), [self.stride], [self.padding], [0], 1, [1])
     }
 }
 
@@ -94,23 +100,27 @@ impl LayerNorm {
         LayerNorm { w: w.get(&format!("{prefix}.weight"), &[dim]), b: w.get(&format!("{prefix}.bias"), &[dim]), dim, eps }
     }
     /// Normalises the last dimension.
-    pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.layer_norm([self.dim], Some(&self.w), Some(&self.b), self.eps, true)
+    pub fn forward(&self, x: &Tensor) -> R<Tensor> {
+        x.f_layer_norm([self.dim], Some(&self.w), Some(&self.b), self.eps, true)
     }
 }
 
 /// `[B, T]` float mask: 1 where `t < lengths[b]`.
-pub fn length_mask(lengths: &[i64], t: i64, device: tch::Device) -> Tensor {
+pub fn length_mask(lengths: &[i64], t: i64, device: tch::Device) -> R<Tensor> {
     let b = lengths.len() as i64;
-    let lens = Tensor::from_slice(lengths).to_device(device).view([b, 1]);
-    Tensor::arange(t, (Kind::Int64, device)).view([1, t]).lt_tensor(&lens).to_kind(Kind::Float)
+    let lens = Tensor::f_from_slice(lengths)?.f_to_device(device)?.f_view([b, 1])?;
+    Tensor::f_arange(t, (Kind::Int64, device))?.f_view([1, t])?.f_lt_tensor(&lens)?.f_to_kind(Kind::Float)
 }
 
-/// Largest absolute difference of two tensors relative to the largest absolute value of `reference`.
+/// Largest absolute difference of two tensors relative to the largest absolute value of
+/// `reference` (infinite when they cannot be compared, e.g. shapes that do not broadcast).
 pub fn relative_error(actual: &Tensor, reference: &Tensor) -> f64 {
-    let a = actual.to_kind(Kind::Double).to_device(tch::Device::Cpu);
-    let r = reference.to_kind(Kind::Double).to_device(tch::Device::Cpu);
-    let diff = (&a - &r).abs().max().double_value(&[]);
-    let scale = r.abs().max().double_value(&[]).max(f64::MIN_POSITIVE);
-    diff / scale
+    let compare = || -> R<f64> {
+        let a = actual.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?;
+        let r = reference.f_to_kind(Kind::Double)?.f_to_device(tch::Device::Cpu)?;
+        let diff = a.f_sub(&r)?.f_abs()?.f_max()?.f_double_value(&[])?;
+        let scale = r.f_abs()?.f_max()?.f_double_value(&[])?.max(f64::MIN_POSITIVE);
+        Ok(diff / scale)
+    };
+    compare().unwrap_or(f64::INFINITY)
 }

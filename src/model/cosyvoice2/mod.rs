@@ -30,7 +30,7 @@ use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 pub use self::weights::Weights;
 use super::shim::AutocastGuard;
-use super::torchscript::{classify_message, prepare_device};
+use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
 
 pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
@@ -133,23 +133,11 @@ impl Token2Wav {
     pub fn run(&mut self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<Vec<(Tensor, Vec<f32>)>, ModelError> {
         self.check(items)?;
         let _no_grad = tch::no_grad_guard();
-        // libtorch reports failures (out of memory above all) by panicking through tch's operators.
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.forward(items, draws)));
-        match run {
-            Ok(Ok((result, timing))) => {
-                self.last_timing = Some(timing);
-                Ok(result)
-            }
-            Ok(Err(e)) => Err(e),
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "libtorch failed".into());
-                Err(classify_message(msg, items.len()))
-            }
-        }
+        // Every operation of the port is tch's fallible `f_*` form: a libtorch failure (out of
+        // memory above all) comes back as an error, classified here.
+        let (result, timing) = self.forward(items, draws)?;
+        self.last_timing = Some(timing);
+        Ok(result)
     }
 
     /// Input checks, so that nothing a job carries can make libtorch fail.
@@ -187,41 +175,46 @@ impl Token2Wav {
             .collect();
         let t0 = Instant::now();
         let vocoder_precision = if self.vocoder_fp32 { Precision::Fp32 } else { self.precision };
+        let failed = |e: tch::TchError| classify(e, items.len());
         let (mels, wav, frames, t1, t2) = {
             let flow_autocast = AutocastGuard::enter(self.device, self.precision)?;
-            let encoded = self.flow.encode(&flow_items);
+            let encoded = self.flow.encode(&flow_items).map_err(failed)?;
             sync();
             let t1 = t0.elapsed();
-            let mels = self.flow.sample(&flow_items, &encoded);
+            let mels = self.flow.sample(&flow_items, &encoded).map_err(failed)?;
             sync();
             let t2 = t0.elapsed();
             drop(flow_autocast);
             let _vocoder_autocast = AutocastGuard::enter(self.device, vocoder_precision)?;
-            let frames: Vec<i64> = mels.iter().map(|m| m.size()[1]).collect();
+            let frames: Vec<i64> = mels.iter().map(|m| m.size().get(1).copied().unwrap_or(0)).collect();
             let t_max = frames.iter().copied().max().unwrap_or(1);
-            let mel = Tensor::zeros([items.len() as i64, 80, t_max], (Kind::Float, dev));
-            for (row, m) in mels.iter().enumerate() {
-                mel.get(row as i64).narrow(1, 0, frames[row]).copy_(m);
-            }
-            let fresh;
-            let draws = match draws {
-                Some(d) => d,
-                None => {
-                    fresh = SourceDraws::random(items.len() as i64, t_max * SAMPLES_PER_FRAME, dev);
-                    &fresh
+            let vocode = || -> layers::R<Tensor> {
+                let mel = Tensor::f_zeros([items.len() as i64, 80, t_max], (Kind::Float, dev))?;
+                for (row, m) in mels.iter().enumerate() {
+                    let mut dst = mel.f_get(row as i64)?.f_narrow(1, 0, frames[row])?;
+                    dst.f_copy_(m)?;
                 }
+                let fresh;
+                let draws = match draws {
+                    Some(d) => d,
+                    None => {
+                        fresh = SourceDraws::random(items.len() as i64, t_max * SAMPLES_PER_FRAME, dev)?;
+                        &fresh
+                    }
+                };
+                Ok(self.hift.forward(&mel, &frames, draws)?.wav)
             };
-            let wav = self.hift.forward(&mel, &frames, draws).wav;
+            let wav = vocode().map_err(failed)?;
             (mels, wav, frames, t1, t2)
         };
-        let wav = wav.to_kind(Kind::Float).to_device(tch::Device::Cpu);
+        let wav = wav.f_to_kind(Kind::Float).and_then(|w| w.f_to_device(tch::Device::Cpu)).map_err(failed)?;
         let t3 = t0.elapsed();
         let result = mels
             .into_iter()
             .zip(&frames)
             .enumerate()
             .map(|(row, (mel, &f))| {
-                let samples = wav.get(row as i64).narrow(0, 0, f * SAMPLES_PER_FRAME).contiguous();
+                let samples = wav.f_get(row as i64).and_then(|w| w.f_narrow(0, 0, f * SAMPLES_PER_FRAME)).and_then(|w| w.f_contiguous()).map_err(failed)?;
                 let audio = Vec::<f32>::try_from(samples).map_err(|e| ModelError::BadOutput(format!("waveform of item {row}: {e}")))?;
                 Ok((mel, audio))
             })
