@@ -2,11 +2,15 @@
 # The CosyVoice2 parity tests on the GPU: builds the tiny fixtures there from the reference code
 # (carried wheels in .whl), converts them, and runs the carried test binary
 # (.t2w/cosyvoice2_parity.xz: target/debug/deps/cosyvoice2_parity-*, stripped) on cuda:0.
+# .whl and .t2w are made by scripts/device/pack-gpu.sh.
 # The binary finds its files under the path it was built in (/work/main): linked to here.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# Wheel by wheel: a binary wheel built for another Python is skipped (the machine's own copy serves).
+for w in .whl/*.whl; do
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" 2>/dev/null || echo "skipped $(basename "$w")"
+done
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
