@@ -64,7 +64,11 @@ pub async fn calibrate(
 ) -> Result<Profile, CalibrateError> {
     let manifest = model.manifest().clone();
     let device = model.device();
-    let info = crate::gpu::memory_info(device).map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?;
+    // NVML: off the async runtime.
+    let info = tokio::task::spawn_blocking(move || crate::gpu::memory_info(device))
+        .await
+        .map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?
+        .map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?;
     let ceiling = opts.vram_fraction * info.total_bytes as f64;
     let vocab = manifest.vocab_size();
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);

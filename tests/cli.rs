@@ -134,6 +134,13 @@ async fn refused_credentials_end_the_command_at_once_with_what_to_check() {
     assert!(!o.status.success(), "{out}");
     assert!(out.contains("hint: RabbitMQ refused"), "{out}");
     assert!(!out.contains("wrong-password"), "{out}");
+    // enqueue does not retry refused credentials for minutes either.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("one.txt");
+    std::fs::write(&file, "One line.\n").unwrap();
+    let o = voxbatch(&vars, &["enqueue", file.to_str().unwrap()]);
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("hint: RabbitMQ refused"), "{out}");
     // A wrong S3 secret: one line naming S3 and the refusal, not a debug dump.
     let mut vars = test_env_vars(&env);
     vars.push(("AWS_SECRET_ACCESS_KEY", "not-the-secret".into()));

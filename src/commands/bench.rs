@@ -14,8 +14,7 @@ pub async fn bench_sweetspot(
     progress: impl FnMut(&str),
 ) -> Result<(sweetspot::SweetSpotReport, Vec<PathBuf>), CommandError> {
     let report = sweetspot::run(opts, progress).await?;
-    let dir = bench::results_dir(out_root, "sweetspot").map_err(io("create the results directory"))?;
-    let paths = sweetspot::write(&report, &dir).map_err(io("write the results"))?;
+    let paths = write_results(out_root, "sweetspot", report.clone(), |r, dir| sweetspot::write(&r, dir)).await?;
     Ok((report, paths))
 }
 
@@ -26,8 +25,7 @@ pub async fn bench_token2wav(
     progress: impl FnMut(&token2wav::Point) + Send + 'static,
 ) -> Result<(token2wav::Token2WavReport, Vec<PathBuf>), CommandError> {
     let report = tokio::task::spawn_blocking(move || token2wav::run(&opts, progress)).await.map_err(|_| ModelError::ThreadGone)??;
-    let dir = bench::results_dir(out_root, "token2wav").map_err(io("create the results directory"))?;
-    let paths = token2wav::write(&report, &dir).map_err(io("write the results"))?;
+    let paths = write_results(out_root, "token2wav", report.clone(), |r, dir| token2wav::write(&r, dir)).await?;
     Ok((report, paths))
 }
 
@@ -60,9 +58,24 @@ pub async fn bench_policy(
         policy_only,
     };
     let report = policy::run(&model, admission, &opts, progress).await;
-    let dir = bench::results_dir(out_root, "policy").map_err(io("create the results directory"))?;
-    let paths = policy::write(&report, &dir).map_err(io("write the results"))?;
+    let paths = write_results(out_root, "policy", report.clone(), |r, dir| policy::write(&r, dir)).await?;
     Ok((report, paths))
+}
+
+/// Writes a report under `out_root/<name>-<time>/` on a blocking thread; returns the files.
+async fn write_results<T: Send + 'static>(
+    out_root: &Path,
+    name: &'static str,
+    report: T,
+    write: impl FnOnce(T, &Path) -> std::io::Result<Vec<PathBuf>> + Send + 'static,
+) -> Result<Vec<PathBuf>, CommandError> {
+    let root = out_root.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let dir = bench::results_dir(&root, name).map_err(io("create the results directory"))?;
+        write(report, &dir).map_err(io("write the results"))
+    })
+    .await
+    .map_err(|_| ModelError::ThreadGone)?
 }
 
 /// The policy bench's synthetic corpus as JSONL lines (for `enqueue`): same seed, same texts.
