@@ -15,8 +15,6 @@
 #include <cstring>
 #include <exception>
 
-extern "C" {
-
 // Copies an exception's message into `err` (NUL-terminated, truncated to `err_len`).
 static void copy_message(const char* what, char* err, size_t err_len) {
   if (err == nullptr || err_len == 0) return;
@@ -24,52 +22,43 @@ static void copy_message(const char* what, char* err, size_t err_len) {
   err[err_len - 1] = '\0';
 }
 
-// Every function that can throw returns 0 on success and -1 on a C++ exception, whose message goes
-// to `err`: no exception crosses extern "C".
-
-// device_type: c10's DeviceType (0 = CPU, 1 = CUDA). dtype: 0 = float16, 1 = bfloat16.
-int voxbatch_autocast_set(int device_type, int enabled, int dtype, char* err, size_t err_len) {
+// Runs `f`; 0 on success, -1 on a C++ exception, whose message goes to `err`. Every shim
+// function that can throw goes through this: no exception crosses extern "C".
+template <typename F>
+static int guarded(F&& f, char* err, size_t err_len) {
   try {
-    const auto dev = static_cast<at::DeviceType>(device_type);
-    at::autocast::set_autocast_dtype(dev, dtype == 1 ? at::kBFloat16 : at::kHalf);
-    at::autocast::set_autocast_enabled(dev, enabled != 0);
+    f();
     return 0;
   } catch (const std::exception& e) {
     copy_message(e.what(), err, err_len);
-    return -1;
   } catch (...) {
     copy_message("unknown C++ exception", err, err_len);
-    return -1;
   }
+  return -1;
+}
+
+extern "C" {
+
+// device_type: c10's DeviceType (0 = CPU, 1 = CUDA). dtype: 0 = float16, 1 = bfloat16.
+int voxbatch_autocast_set(int device_type, int enabled, int dtype, char* err, size_t err_len) {
+  return guarded([&] {
+    const auto dev = static_cast<at::DeviceType>(device_type);
+    at::autocast::set_autocast_dtype(dev, dtype == 1 ? at::kBFloat16 : at::kHalf);
+    at::autocast::set_autocast_enabled(dev, enabled != 0);
+  }, err, err_len);
 }
 
 // Drops autocast's cache of casted weights (call after each forward).
 int voxbatch_autocast_clear_cache(char* err, size_t err_len) {
-  try {
-    at::autocast::clear_cache();
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), err, err_len);
-    return -1;
-  } catch (...) {
-    copy_message("unknown C++ exception", err, err_len);
-    return -1;
-  }
+  return guarded([] { at::autocast::clear_cache(); }, err, err_len);
 }
 
 // TF32 for cuBLAS matmuls and cuDNN convolutions.
 int voxbatch_set_tf32(int enabled, char* err, size_t err_len) {
-  try {
+  return guarded([&] {
     at::globalContext().setAllowTF32CuBLAS(enabled != 0);
     at::globalContext().setAllowTF32CuDNN(enabled != 0);
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), err, err_len);
-    return -1;
-  } catch (...) {
-    copy_message("unknown C++ exception", err, err_len);
-    return -1;
-  }
+  }, err, err_len);
 }
 
 // Caching-allocator statistics of `device` in bytes: what = 0 current allocated, 1 peak allocated

@@ -150,7 +150,14 @@ async fn refused_credentials_end_the_command_at_once_with_what_to_check() {
     assert!(out.contains("hint: S3 refused"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("error: ") && l.contains("s3 ") && l.contains("HTTP 403")), "{out}");
     assert!(!out.contains("not-the-secret"), "{out}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(60), "both ended at once");
+    // A role Postgres does not know (28000): refused, not retried.
+    let mut vars = test_env_vars(&env);
+    vars.retain(|(k, _)| *k != "DATABASE_URL");
+    vars.push(("DATABASE_URL", "postgres://no_such_role_vbt@127.0.0.1:5432/vbt_never".into()));
+    let o = voxbatch(&vars, &["work", "--drain"]);
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("hint: Postgres refused"), "{out}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "all ended at once");
     env.cleanup().await;
 }
 

@@ -86,7 +86,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
     let quality_items = &items[..QUALITY_ITEMS.min(items.len())];
     tch::manual_seed(opts.seed as i64);
     let draws = SourceDraws::random(quality_items.len() as i64, tokens as i64 * 2 * SAMPLES_PER_FRAME, tch::Device::Cpu)
-        .map_err(|e| ModelError::Inference(e))?;
+        .map_err(ModelError::Inference)?;
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let mut precisions = opts.precisions.clone();
     if !precisions.contains(&Precision::Fp32) {
