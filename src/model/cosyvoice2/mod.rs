@@ -18,6 +18,7 @@ pub mod estimator;
 pub mod flow;
 pub mod hift;
 pub mod layers;
+pub mod llm;
 mod weights;
 
 use std::path::Path;

@@ -1,0 +1,50 @@
+//! The slot KV cache: `[layers, slots, kv_heads, max_len, head_dim]` keys and values,
+//! preallocated, with each slot's filled length. A slot holds one sequence; freeing it is setting
+//! its length to 0 (stale entries past a slot's length are never attended to).
+//!
+//! Neighbours: `qwen2` writes and reads it.
+
+use tch::{Device, Kind, Tensor};
+
+use super::super::layers::R;
+
+pub struct SlotCache {
+    pub(super) k: Tensor,
+    pub(super) v: Tensor,
+    lens: Vec<i64>,
+    max_len: i64,
+}
+
+impl SlotCache {
+    /// A cache for `slots` sequences of up to `max_len` positions.
+    pub fn new(layers: i64, slots: usize, kv_heads: i64, max_len: i64, head_dim: i64, kind: Kind, device: Device) -> R<SlotCache> {
+        let shape = [layers, slots as i64, kv_heads, max_len, head_dim];
+        Ok(SlotCache { k: Tensor::f_zeros(shape, (kind, device))?, v: Tensor::f_zeros(shape, (kind, device))?, lens: vec![0; slots], max_len })
+    }
+
+    /// Bytes one position of one slot takes (keys and values, every layer).
+    pub fn bytes_per_token(layers: i64, kv_heads: i64, head_dim: i64, kind: Kind) -> u64 {
+        (2 * layers * kv_heads * head_dim) as u64 * kind.elt_size_in_bytes() as u64
+    }
+
+    pub fn slots(&self) -> usize {
+        self.lens.len()
+    }
+    pub fn max_len(&self) -> i64 {
+        self.max_len
+    }
+    /// Positions filled in `slot`.
+    pub fn len(&self, slot: usize) -> i64 {
+        self.lens[slot]
+    }
+    pub fn is_empty(&self, slot: usize) -> bool {
+        self.lens[slot] == 0
+    }
+    /// Frees `slot` for the next sequence.
+    pub fn free(&mut self, slot: usize) {
+        self.lens[slot] = 0;
+    }
+    pub(super) fn advance(&mut self, slot: usize, by: i64) {
+        self.lens[slot] += by;
+    }
+}

@@ -1,0 +1,360 @@
+//! The Qwen2 decoder (Hugging Face `Qwen2Model`, as CosyVoice2's `Qwen2Encoder` wraps it): token
+//! embeddings, `layers` × (RMSNorm → grouped-query self-attention with rotary positions, q/k/v with
+//! bias → RMSNorm → SwiGLU), final RMSNorm. Dimensions come from the checkpoint's config.
+//!
+//! It runs over a [`SlotCache`]: [`Qwen2::prefill`] feeds one sequence's prompt into its slot
+//! without padding it to any other; [`Qwen2::decode`] advances any set of slots by one position
+//! each, every row at its own position and attending to its own slot's length. A slot freed and
+//! refilled mid-decode does not disturb the others.
+//!
+//! Neighbours: `cache` holds the keys and values; `weights` loads the tensors.
+
+use tch::{Kind, Tensor};
+
+use super::super::layers::{Linear, R};
+use super::super::weights::Weights;
+use super::cache::SlotCache;
+
+/// Qwen2's dimensions (CosyVoice2-0.5B: 24 layers, hidden 896, 14 heads, 2 KV heads of 64,
+/// intermediate 4864, θ 1e6, ε 1e-6, vocabulary 151936).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Qwen2Dims {
+    pub layers: usize,
+    pub hidden: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub intermediate: i64,
+    pub vocab: i64,
+    pub rope_theta: f64,
+    pub eps: f64,
+}
+
+/// `Qwen2RMSNorm`: in fp32, then back to the input's dtype, times the weight.
+struct RmsNorm {
+    w: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn forward(&self, x: &Tensor) -> R<Tensor> {
+        let xf = x.f_to_kind(Kind::Float)?;
+        let var = xf.f_pow_tensor_scalar(2)?.f_mean_dim(Some([-1i64].as_slice()), true, None::<Kind>)?;
+        let y = xf.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?.f_to_kind(x.kind())?;
+        y.f_mul(&self.w.f_to_kind(x.kind())?)
+    }
+}
+
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    post_norm: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl DecoderLayer {
+    fn new(w: &Weights, p: &str, d: &Qwen2Dims) -> DecoderLayer {
+        let (h, q_out, kv_out) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        DecoderLayer {
+            input_norm: RmsNorm { w: w.get(&format!("{p}.input_layernorm.weight"), &[h]), eps: d.eps },
+            q: Linear::new(w, &format!("{p}.self_attn.q_proj"), h, q_out, true),
+            k: Linear::new(w, &format!("{p}.self_attn.k_proj"), h, kv_out, true),
+            v: Linear::new(w, &format!("{p}.self_attn.v_proj"), h, kv_out, true),
+            o: Linear::new(w, &format!("{p}.self_attn.o_proj"), q_out, h, false),
+            post_norm: RmsNorm { w: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h]), eps: d.eps },
+            gate: Linear::new(w, &format!("{p}.mlp.gate_proj"), h, d.intermediate, false),
+            up: Linear::new(w, &format!("{p}.mlp.up_proj"), h, d.intermediate, false),
+            down: Linear::new(w, &format!("{p}.mlp.down_proj"), d.intermediate, h, false),
+        }
+    }
+
+    fn mlp(&self, x: &Tensor) -> R<Tensor> {
+        let h = self.post_norm.forward(x)?;
+        self.down.forward(&self.gate.forward(&h)?.f_silu()?.f_mul(&self.up.forward(&h)?)?)
+    }
+}
+
+pub struct Qwen2 {
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    inv_freq: Tensor,
+    dims: Qwen2Dims,
+}
+
+/// `rotate_half`: (x1, x2) → (−x2, x1) over the last dimension.
+fn rotate_half(x: &Tensor) -> R<Tensor> {
+    let half = x.size().last().copied().unwrap_or(0) / 2;
+    Tensor::f_cat(&[x.f_narrow(-1, half, half)?.f_neg()?, x.f_narrow(-1, 0, half)?], -1)
+}
+
+impl Qwen2 {
+    /// The decoder under `prefix` (`llm.model.model` in CosyVoice2's `llm.pt`).
+    pub fn new(w: &Weights, prefix: &str, dims: Qwen2Dims) -> R<Qwen2> {
+        let device = w.get(&format!("{prefix}.norm.weight"), &[dims.hidden]).device();
+        let hd = dims.head_dim;
+        let exponents = Tensor::f_arange_start_step(0, hd, 2, (Kind::Float, device))?.f_div_scalar(hd as f64)?;
+        let inv_freq = Tensor::f_full([hd / 2], dims.rope_theta, (Kind::Float, device))?.f_pow(&exponents)?.f_reciprocal()?;
+        Ok(Qwen2 {
+            embed_tokens: w.get(&format!("{prefix}.embed_tokens.weight"), &[dims.vocab, dims.hidden]),
+            layers: (0..dims.layers).map(|i| DecoderLayer::new(w, &format!("{prefix}.layers.{i}"), &dims)).collect(),
+            norm: RmsNorm { w: w.get(&format!("{prefix}.norm.weight"), &[dims.hidden]), eps: dims.eps },
+            inv_freq,
+            dims,
+        })
+    }
+
+    pub fn dims(&self) -> Qwen2Dims {
+        self.dims
+    }
+
+    /// Token embeddings `[T, hidden]` of `ids`.
+    pub fn embed(&self, ids: &[i64]) -> R<Tensor> {
+        let ids = Tensor::f_from_slice(ids)?.f_to_device(self.embed_tokens.device())?;
+        self.embed_tokens.f_index_select(0, &ids)
+    }
+
+    /// A cache for this model: `slots` sequences of up to `max_len` positions, in `kind`.
+    pub fn cache(&self, slots: usize, max_len: i64, kind: Kind) -> R<SlotCache> {
+        let d = self.dims;
+        SlotCache::new(d.layers as i64, slots, d.kv_heads, max_len, d.head_dim, kind, self.embed_tokens.device())
+    }
+
+    /// cos and sin `[N, head_dim]` of the rotary embedding at `positions` `[N]`.
+    fn rope(&self, positions: &Tensor, kind: Kind) -> R<(Tensor, Tensor)> {
+        let freqs = positions.f_to_kind(Kind::Float)?.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
+        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
+        Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
+    }
+
+    /// `x` `[N, heads, head_dim]` rotated by `cos`, `sin` `[N, head_dim]`.
+    fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> R<Tensor> {
+        x.f_mul(&cos.f_unsqueeze(1)?)?.f_add(&rotate_half(x)?.f_mul(&sin.f_unsqueeze(1)?)?)
+    }
+
+    /// Feeds `x` (`[T, hidden]` input embeddings of one sequence) into `slot` after what it holds;
+    /// returns the final hidden states `[T, hidden]`.
+    pub fn prefill(&self, cache: &mut SlotCache, slot: usize, x: &Tensor) -> R<Tensor> {
+        let d = self.dims;
+        let (t, _) = x.size2()?;
+        let start = cache.len(slot);
+        if start + t > cache.max_len() {
+            return Err(tch::TchError::Shape(format!("slot {slot}: {start} + {t} positions exceed the cache's {}", cache.max_len())));
+        }
+        let device = x.device();
+        let positions = Tensor::f_arange_start(start, start + t, (Kind::Int64, device))?;
+        let (cos, sin) = self.rope(&positions, x.kind())?;
+        let total = start + t;
+        // Query i (position start + i) sees keys 0..=start + i.
+        let keys = Tensor::f_arange(total, (Kind::Int64, device))?.f_unsqueeze(0)?;
+        let mask = keys.f_le_tensor(&positions.f_unsqueeze(1)?)?.f_view([1, 1, t, total])?;
+        let group = d.heads / d.kv_heads;
+        let mut x = x.shallow_clone();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x)?;
+            let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([t, d.heads, d.head_dim])?, &cos, &sin)?;
+            let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([t, d.kv_heads, d.head_dim])?, &cos, &sin)?;
+            let v = layer.v.forward(&h)?.f_view([t, d.kv_heads, d.head_dim])?;
+            let (cache_k, cache_v) = (cache.k.f_get(l as i64)?.f_get(slot as i64)?, cache.v.f_get(l as i64)?.f_get(slot as i64)?);
+            cache_k.f_narrow(1, start, t)?.f_copy_(&k.f_transpose(0, 1)?.f_to_kind(cache_k.kind())?)?;
+            cache_v.f_narrow(1, start, t)?.f_copy_(&v.f_transpose(0, 1)?.f_to_kind(cache_v.kind())?)?;
+            let keys = cache_k.f_narrow(1, 0, total)?.f_repeat_interleave_self_int(group, 0, None)?.f_to_kind(q.kind())?;
+            let values = cache_v.f_narrow(1, 0, total)?.f_repeat_interleave_self_int(group, 0, None)?.f_to_kind(q.kind())?;
+            let a = Tensor::f_scaled_dot_product_attention(
+                &q.f_transpose(0, 1)?.f_unsqueeze(0)?,
+                &keys.f_unsqueeze(0)?,
+                &values.f_unsqueeze(0)?,
+                Some(&mask),
+                0.0,
+                false,
+                None,
+                false,
+            )?; // [1, H, T, hd]
+            let a = a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([t, d.heads * d.head_dim])?;
+            x = x.f_add(&layer.o.forward(&a)?)?;
+            x = x.f_add(&layer.mlp(&x)?)?;
+        }
+        cache.advance(slot, t);
+        self.norm.forward(&x)
+    }
+
+    /// Advances each of `slots` by one position: `x` `[N, hidden]` holds each slot's next input
+    /// embedding, row `i` for `slots[i]`. Returns the final hidden states `[N, hidden]`.
+    pub fn decode(&self, cache: &mut SlotCache, slots: &[usize], x: &Tensor) -> R<Tensor> {
+        let d = self.dims;
+        let n = slots.len() as i64;
+        let device = x.device();
+        let lens: Vec<i64> = slots.iter().map(|&s| cache.len(s)).collect();
+        if let Some(full) = slots.iter().find(|&&s| cache.len(s) >= cache.max_len()) {
+            return Err(tch::TchError::Shape(format!("slot {full} is full ({} positions)", cache.max_len())));
+        }
+        let span = lens.iter().copied().max().unwrap_or(0) + 1;
+        let positions = Tensor::f_from_slice(&lens)?.f_to_device(device)?;
+        let slot_ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+        let slot_index = Tensor::f_from_slice(&slot_ids)?.f_to_device(device)?;
+        let (cos, sin) = self.rope(&positions, x.kind())?;
+        // Row i sees keys 0..=lens[i] of its own slot.
+        let mask = Tensor::f_arange(span, (Kind::Int64, device))?
+            .f_unsqueeze(0)?
+            .f_le_tensor(&positions.f_unsqueeze(1)?)?
+            .f_view([n, 1, 1, span])?;
+        let group = d.heads / d.kv_heads;
+        let mut x = x.shallow_clone();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x)?;
+            let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([n, d.heads, d.head_dim])?, &cos, &sin)?;
+            let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([n, d.kv_heads, d.head_dim])?, &cos, &sin)?;
+            let v = layer.v.forward(&h)?.f_view([n, d.kv_heads, d.head_dim])?;
+            let (mut cache_k, mut cache_v) = (cache.k.f_get(l as i64)?, cache.v.f_get(l as i64)?); // [S, KVH, T, hd]
+            let at = [Some(slot_index.shallow_clone()), None, Some(positions.shallow_clone())];
+            let _ = cache_k.f_index_put_(&at, &k.f_to_kind(cache_k.kind())?, false)?;
+            let _ = cache_v.f_index_put_(&at, &v.f_to_kind(cache_v.kind())?, false)?;
+            let gather = |c: &Tensor| -> R<Tensor> {
+                c.f_index_select(0, &slot_index)?.f_narrow(2, 0, span)?.f_repeat_interleave_self_int(group, 1, None)?.f_to_kind(q.kind())
+            };
+            let (keys, values) = (gather(&cache_k)?, gather(&cache_v)?); // [N, H, span, hd]
+            let a = Tensor::f_scaled_dot_product_attention(&q.f_unsqueeze(2)?, &keys, &values, Some(&mask), 0.0, false, None, false)?;
+            let a = a.f_reshape([n, d.heads * d.head_dim])?;
+            x = x.f_add(&layer.o.forward(&a)?)?;
+            x = x.f_add(&layer.mlp(&x)?)?;
+        }
+        for &s in slots {
+            cache.advance(s, 1);
+        }
+        self.norm.forward(&x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Qwen2Dims {
+        Qwen2Dims { layers: 2, hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 96, vocab: 50, rope_theta: 1e6, eps: 1e-6 }
+    }
+
+    /// A random decoder (fixed seed) written to safetensors and loaded as the converter's output would be.
+    fn random_model(dir: &std::path::Path) -> Qwen2 {
+        let d = tiny();
+        tch::manual_seed(11);
+        let r = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, tch::Device::Cpu)) * 0.2;
+        let (h, q, kv, i) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.intermediate);
+        let mut tensors: Vec<(String, Tensor)> = vec![("m.embed_tokens.weight".into(), r(&[d.vocab, h])), ("m.norm.weight".into(), r(&[h]) + 1.0)];
+        for l in 0..d.layers {
+            let p = format!("m.layers.{l}");
+            for (name, shape) in [
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+                ("self_attn.q_proj.weight", vec![q, h]),
+                ("self_attn.q_proj.bias", vec![q]),
+                ("self_attn.k_proj.weight", vec![kv, h]),
+                ("self_attn.k_proj.bias", vec![kv]),
+                ("self_attn.v_proj.weight", vec![kv, h]),
+                ("self_attn.v_proj.bias", vec![kv]),
+                ("self_attn.o_proj.weight", vec![h, q]),
+                ("mlp.gate_proj.weight", vec![i, h]),
+                ("mlp.up_proj.weight", vec![i, h]),
+                ("mlp.down_proj.weight", vec![h, i]),
+            ] {
+                tensors.push((format!("{p}.{name}"), r(&shape)));
+            }
+        }
+        let path = dir.join("llm.safetensors");
+        Tensor::write_safetensors(&tensors, &path).unwrap();
+        let w = Weights::load(&path, tch::Device::Cpu).unwrap();
+        let model = Qwen2::new(&w, "m", d).unwrap();
+        w.finish().unwrap();
+        model
+    }
+
+    /// Greedy steps with tied embeddings: each step's hidden state and the token it picks.
+    fn step_token(model: &Qwen2, hidden: &Tensor) -> i64 {
+        hidden.matmul(&model.embed_tokens.tr()).argmax(-1, false).int64_value(&[])
+    }
+
+    fn solo(model: &Qwen2, prompt: &[i64], steps: usize) -> Vec<Tensor> {
+        let mut cache = model.cache(1, 64, Kind::Float).unwrap();
+        let h = model.prefill(&mut cache, 0, &model.embed(prompt).unwrap()).unwrap();
+        let mut last = h.get(h.size()[0] - 1);
+        let mut out = vec![last.shallow_clone()];
+        for _ in 0..steps {
+            let next = step_token(model, &last);
+            last = model.decode(&mut cache, &[0], &model.embed(&[next]).unwrap()).unwrap().get(0);
+            out.push(last.shallow_clone());
+        }
+        out
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[])
+    }
+
+    #[test]
+    fn slots_refilled_mid_decode_give_every_sequence_its_solo_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tch::no_grad(|| random_model(dir.path()));
+        let prompts: [&[i64]; 3] = [&[3, 7, 1, 9, 4], &[2, 2, 8, 5, 6, 1, 0, 3, 7], &[11, 12, 13]];
+        let steps = [3usize, 7, 5];
+        let alone: Vec<Vec<Tensor>> = tch::no_grad(|| prompts.iter().zip(steps).map(|(p, s)| solo(&model, p, s)).collect());
+
+        // Two slots: A and B decode together; when A finishes, C is prefilled into A's slot and
+        // decodes beside B. Each sequence at each step must equal its solo run.
+        tch::no_grad(|| {
+            let mut cache = model.cache(2, 64, Kind::Float).unwrap();
+            let mut got: Vec<Vec<Tensor>> = (0..3).map(|_| Vec::new()).collect();
+            let mut last: Vec<Option<Tensor>> = vec![None, None, None];
+            let mut slot_of = [Some(0usize), Some(1), None];
+            let mut left = steps;
+            for seq in 0..2 {
+                let h = model.prefill(&mut cache, seq, &model.embed(prompts[seq]).unwrap()).unwrap();
+                let l = h.get(h.size()[0] - 1);
+                got[seq].push(l.shallow_clone());
+                last[seq] = Some(l);
+            }
+            while left.iter().any(|&s| s > 0) {
+                let active: Vec<usize> = (0..3).filter(|&s| slot_of[s].is_some() && left[s] > 0).collect();
+                let slots: Vec<usize> = active.iter().map(|&s| slot_of[s].unwrap()).collect();
+                let next: Vec<i64> = active.iter().map(|&s| step_token(&model, last[s].as_ref().unwrap())).collect();
+                let h = model.decode(&mut cache, &slots, &model.embed(&next).unwrap()).unwrap();
+                for (row, &s) in active.iter().enumerate() {
+                    let l = h.get(row as i64);
+                    got[s].push(l.shallow_clone());
+                    last[s] = Some(l);
+                    left[s] -= 1;
+                }
+                // A finished: free its slot and refill it with C at once.
+                if left[0] == 0 && slot_of[0].is_some() {
+                    let slot = slot_of[0].take().unwrap();
+                    cache.free(slot);
+                    let h = model.prefill(&mut cache, slot, &model.embed(prompts[2]).unwrap()).unwrap();
+                    let l = h.get(h.size()[0] - 1);
+                    got[2].push(l.shallow_clone());
+                    last[2] = Some(l);
+                    slot_of[2] = Some(slot);
+                }
+            }
+            for seq in 0..3 {
+                assert_eq!(got[seq].len(), alone[seq].len(), "sequence {seq}");
+                for (step, (a, b)) in got[seq].iter().zip(&alone[seq]).enumerate() {
+                    let diff = max_diff(a, b);
+                    assert!(diff <= 1e-5, "sequence {seq} step {step}: {diff}");
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn a_prompt_longer_than_its_slot_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = random_model(dir.path());
+        let mut cache = model.cache(1, 4, Kind::Float).unwrap();
+        let e = tch::no_grad(|| model.prefill(&mut cache, 0, &model.embed(&[1, 2, 3, 4, 5]).unwrap())).unwrap_err();
+        assert!(e.to_string().contains("exceed"), "{e}");
+        assert_eq!(SlotCache::bytes_per_token(24, 2, 64, Kind::BFloat16), 12 * 1024, "12 KiB per token for CosyVoice2-0.5B in bf16");
+    }
+}
