@@ -10,4 +10,5 @@
 //! Neighbours: `weights` loads the tensors; `layers` has the result type.
 
 pub mod cache;
+pub mod sampler;
 pub mod qwen2;

@@ -1,0 +1,134 @@
+//! The reference's repetition-aware sampling (`ras_sampling` in `cosyvoice/utils/common.py`),
+//! vectorised over a batch: nucleus sampling (top-p 0.8, at most top-k 25, in probability order);
+//! if the pick already occurs ≥ `win_size · tau_r` times among the sequence's last `win_size`
+//! tokens, a draw from the full distribution instead. Probabilities in fp32.
+//!
+//! The draws are inverse-CDF picks from uniforms the caller supplies, one pair per row, so each
+//! sequence has its own seeded stream ([`SequenceRng`]) and a batched run picks what a solo run
+//! would.
+//!
+//! Neighbours: `speech_lm` calls [`ras_sample`] on each decode step's log-probabilities.
+
+use rand::{Rng, SeedableRng};
+use tch::{Kind, Tensor};
+
+use super::super::layers::R;
+
+/// Sampling settings (CosyVoice2's `cosyvoice2.yaml`: top_p 0.8, top_k 25, win_size 10, tau_r 0.1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    pub top_p: f64,
+    pub top_k: i64,
+    pub win_size: usize,
+    pub tau_r: f64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { top_p: 0.8, top_k: 25, win_size: 10, tau_r: 0.1 }
+    }
+}
+
+/// One sequence's stream of uniforms, seeded (e.g. from job id and segment), so that a retried
+/// job samples the same draws.
+pub struct SequenceRng(rand::rngs::StdRng);
+
+impl SequenceRng {
+    pub fn new(seed: u64) -> SequenceRng {
+        SequenceRng(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+    /// The (nucleus, full-distribution) uniforms of the next draw.
+    pub fn next_pair(&mut self) -> (f64, f64) {
+        (self.0.gen::<f64>(), self.0.gen::<f64>())
+    }
+}
+
+/// For rows whose uniform `u` falls in `cdf` `[N, V]` (non-decreasing, ending at 1): the first
+/// column whose value exceeds `u`.
+fn inverse_cdf(cdf: &Tensor, u: &Tensor) -> R<Tensor> {
+    let (_, v) = cdf.size2()?;
+    cdf.f_le_tensor(&u.f_unsqueeze(1)?)?.f_sum_dim_intlist(Some([1i64].as_slice()), false, Kind::Int64)?.f_clamp_max(v - 1)
+}
+
+/// Picks one token per row of `logp` `[N, V]` (log-probabilities). `history[i]` is row i's
+/// tokens so far; `uniforms[i]` its (nucleus, full) draws.
+pub fn ras_sample(logp: &Tensor, history: &[&[i64]], uniforms: &[(f64, f64)], p: &SamplingParams) -> R<Vec<i64>> {
+    let device = logp.device();
+    let probs = logp.f_to_kind(Kind::Float)?.f_softmax(-1, Kind::Float)?;
+    let (_, v) = probs.size2()?;
+    let (sorted, order) = probs.f_sort_stable(true, -1, true)?;
+    // The reference adds tokens in probability order while the sum so far is under top_p and
+    // fewer than top_k are taken.
+    let before = sorted.f_cumsum(-1, Kind::Float)?.f_sub(&sorted)?;
+    let rank = Tensor::f_arange(v, (Kind::Int64, device))?.f_unsqueeze(0)?;
+    let keep = before.f_lt(p.top_p)?.f_logical_and(&rank.f_lt(p.top_k)?)?;
+    let kept = sorted.f_mul(&keep.f_to_kind(Kind::Float)?)?;
+    let nucleus_cdf = kept.f_cumsum(-1, Kind::Float)?.f_div(&kept.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
+    let u1: Vec<f32> = uniforms.iter().map(|u| u.0 as f32).collect();
+    let u2: Vec<f32> = uniforms.iter().map(|u| u.1 as f32).collect();
+    let u1 = Tensor::f_from_slice(&u1)?.f_to_device(device)?;
+    let u2 = Tensor::f_from_slice(&u2)?.f_to_device(device)?;
+    let nucleus = order.f_gather(1, &inverse_cdf(&nucleus_cdf, &u1)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
+    let full_cdf = probs.f_cumsum(-1, Kind::Float)?.f_div(&probs.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
+    let full = inverse_cdf(&full_cdf, &u2)?;
+    let nucleus = Vec::<i64>::try_from(nucleus.f_to_device(tch::Device::Cpu)?)?;
+    let full = Vec::<i64>::try_from(full.f_to_device(tch::Device::Cpu)?)?;
+    Ok(nucleus
+        .into_iter()
+        .zip(full)
+        .zip(history)
+        .map(|((pick, other), h)| {
+            let window = &h[h.len().saturating_sub(p.win_size)..];
+            let repeats = window.iter().filter(|&&t| t == pick).count();
+            if repeats as f64 >= p.win_size as f64 * p.tau_r {
+                other
+            } else {
+                pick
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logp(probs: &[f32]) -> Tensor {
+        Tensor::from_slice(probs).log().unsqueeze(0)
+    }
+
+    #[test]
+    fn nucleus_picks_stay_within_top_p_and_top_k_in_probability_order() {
+        // Sorted: 0.5 (id 2), 0.2 (id 0), 0.15 (id 3), 0.1 (id 1), 0.05 (id 4). Sum before each:
+        // 0, 0.5, 0.7, 0.85 → ids 2, 0, 3 are kept under top_p 0.8.
+        let lp = logp(&[0.2, 0.1, 0.5, 0.15, 0.05]);
+        let p = SamplingParams::default();
+        let pick = |u: f64| ras_sample(&lp, &[&[]], &[(u, 0.0)], &p).unwrap()[0];
+        // Renormalised over 0.85: id 2 up to 0.588, id 0 up to 0.824, id 3 after.
+        assert_eq!((pick(0.1), pick(0.7), pick(0.95), pick(0.9999)), (2, 0, 3, 3));
+        let k1 = SamplingParams { top_k: 1, ..p };
+        assert_eq!(ras_sample(&lp, &[&[]], &[(0.99, 0.0)], &k1).unwrap()[0], 2, "top_k 1 is greedy");
+    }
+
+    #[test]
+    fn a_repeated_pick_is_drawn_again_from_the_full_distribution() {
+        let lp = logp(&[0.2, 0.1, 0.5, 0.15, 0.05]);
+        let p = SamplingParams::default();
+        // The nucleus pick (id 2) occurs once in the last 10 tokens (≥ 10 · 0.1): the full draw
+        // (u = 0.25 → cumulative 0.2, 0.3 → id 1) is taken instead.
+        let history: &[i64] = &[2, 7, 7];
+        assert_eq!(ras_sample(&lp, &[history], &[(0.1, 0.25)], &p).unwrap()[0], 1);
+        // Outside the window it does not count.
+        let old: Vec<i64> = std::iter::once(2).chain(std::iter::repeat(7).take(10)).collect();
+        assert_eq!(ras_sample(&lp, &[&old], &[(0.1, 0.25)], &p).unwrap()[0], 2);
+    }
+
+    #[test]
+    fn rows_are_sampled_independently_with_their_own_streams() {
+        let lp = Tensor::cat(&[logp(&[0.2, 0.1, 0.5, 0.15, 0.05]), logp(&[0.05, 0.05, 0.05, 0.05, 0.8])], 0);
+        let (mut a, mut b) = (SequenceRng::new(1), SequenceRng::new(1));
+        assert_eq!(a.next_pair(), b.next_pair(), "a seed gives the same draws again");
+        let picks = ras_sample(&lp, &[&[], &[]], &[(0.1, 0.0), (0.5, 0.0)], &SamplingParams::default()).unwrap();
+        assert_eq!(picks, vec![2, 4]);
+    }
+}
