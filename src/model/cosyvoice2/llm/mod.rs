@@ -2,13 +2,16 @@
 //!
 //! So far: [`qwen2`], the Qwen2 decoder CosyVoice2's `Qwen2LM` wraps, over a slot KV cache
 //! ([`cache`]) so that many sequences decode at once and a finished slot is refilled while the
-//! others keep decoding (each sequence computes what it would alone; tested). Still to come: the
-//! CosyVoice2 wrapper (`llm_embedding`, `speech_embedding`, `llm_decoder`, the input layout), the
-//! repetition-aware sampler, the converter for `llm.pt`, parity against the reference, CUDA
-//! graphs and the bench.
+//! others keep decoding; [`sampler`], the repetition-aware sampling with per-sequence seeded
+//! draws; [`speech_lm`], `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules)
+//! batched with continuous refill — each sequence gets the same tokens batched or alone (tested
+//! on CPU with random weights). Still to come: the converter for `llm.pt`, parity against the
+//! reference (`transformers` 4.x in a fixture venv), bf16 and CUDA graphs for the decode step,
+//! the memory policy for the cache, the bench, and wiring into the worker (issue 14).
 //!
 //! Neighbours: `weights` loads the tensors; `layers` has the result type.
 
 pub mod cache;
 pub mod sampler;
+pub mod speech_lm;
 pub mod qwen2;
