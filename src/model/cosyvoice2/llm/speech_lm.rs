@@ -211,6 +211,32 @@ impl SpeechLm {
         Ok(results.into_iter().map(|r| r.unwrap_or(Err(LmError::EmptyText))).collect())
     }
 
+    /// Teacher forcing (parity): every item prefilled into its own slot, then all decoded together,
+    /// item `i` fed `fed[i]` one token a step (items with fewer tokens drop out). Per item: the
+    /// prefill's hidden states `[T, hidden]` and the log-probabilities `[1 + fed, V]` of each step.
+    pub fn teacher_forced(&self, items: &[(&LmRequest, &[i64])], max_positions: i64) -> R<Vec<(Tensor, Tensor)>> {
+        let mut cache = self.qwen.cache(items.len(), max_positions, self.speech_embedding.kind())?;
+        let mut hidden = Vec::new();
+        let mut logps: Vec<Vec<Tensor>> = Vec::new();
+        for (slot, (r, _)) in items.iter().enumerate() {
+            let h = self.qwen.prefill(&mut cache, slot, &self.input(r)?)?;
+            let (t, _) = h.size2()?;
+            logps.push(vec![self.log_probs(&h.f_narrow(0, t - 1, 1)?)?.f_squeeze_dim(0)?]);
+            hidden.push(h);
+        }
+        let longest = items.iter().map(|(_, fed)| fed.len()).max().unwrap_or(0);
+        for step in 0..longest {
+            let rows: Vec<usize> = (0..items.len()).filter(|&i| step < items[i].1.len()).collect();
+            let ids = Tensor::f_from_slice(&rows.iter().map(|&i| items[i].1[step]).collect::<Vec<_>>())?.f_to_device(self.speech_embedding.device())?;
+            let h = self.qwen.decode(&mut cache, &rows, &self.speech_embedding.f_index_select(0, &ids)?)?;
+            let lp = self.log_probs(&h)?;
+            for (row, &i) in rows.iter().enumerate() {
+                logps[i].push(lp.f_get(row as i64)?);
+            }
+        }
+        hidden.into_iter().zip(logps).map(|(h, lp)| Ok((h, Tensor::f_stack(&lp, 0)?))).collect()
+    }
+
     /// `log_softmax(llm_decoder(hidden))` in fp32: `[N, speech_tokens + 3]`.
     fn log_probs(&self, hidden: &Tensor) -> R<Tensor> {
         self.decoder.forward(hidden)?.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float)

@@ -1,0 +1,114 @@
+//! Parity of the CosyVoice2 speech-token LM (src/model/cosyvoice2/llm/) with the reference code:
+//! `tools/make_llm_fixtures.py` runs `Qwen2LM` of the PyPI package `token2wav-cosyvoice` with a tiny
+//! random Qwen2 (transformers 4.x) and stores its input layout, prefill hidden states and
+//! teacher-forced per-step log-probabilities; bootstrap builds them into
+//! `models/cosyvoice2-llm-parity/`. fp32 on the CPU (or `VOXBATCH_TEST_DEVICE`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use tch::{Device, Tensor};
+use voxbatch::model::cosyvoice2::layers::relative_error;
+use voxbatch::model::cosyvoice2::llm::qwen2::Qwen2Dims;
+use voxbatch::model::cosyvoice2::llm::speech_lm::{LmRequest, SpeechLm};
+use voxbatch::model::cosyvoice2::Weights;
+
+const TOLERANCE: f64 = 1e-4;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-llm-parity")
+}
+
+fn device() -> Device {
+    match std::env::var("VOXBATCH_TEST_DEVICE").ok().as_deref() {
+        Some("cuda:0") => Device::Cuda(0),
+        _ => Device::Cpu,
+    }
+}
+
+struct Fixtures {
+    tensors: HashMap<String, Tensor>,
+    items: usize,
+    dims: Qwen2Dims,
+    speech_tokens: i64,
+}
+
+impl Fixtures {
+    fn load() -> Fixtures {
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir().join("parity.json")).expect("fixtures (scripts/bootstrap.sh builds them)")).unwrap();
+        let d = &json["dims"];
+        let i = |k: &str| d[k].as_i64().unwrap();
+        let dims = Qwen2Dims {
+            layers: i("layers") as usize,
+            hidden: i("hidden"),
+            heads: i("heads"),
+            kv_heads: i("kv_heads"),
+            head_dim: i("hidden") / i("heads"),
+            intermediate: i("intermediate"),
+            vocab: i("vocab"),
+            rope_theta: d["rope_theta"].as_f64().unwrap(),
+            eps: d["eps"].as_f64().unwrap(),
+        };
+        let tensors = Tensor::read_safetensors(dir().join("parity.safetensors")).unwrap().into_iter().collect();
+        Fixtures { tensors, items: json["items"].as_array().unwrap().len(), dims, speech_tokens: i("speech_tokens") }
+    }
+    fn get(&self, item: usize, key: &str) -> Tensor {
+        self.tensors[&format!("item{item}.{key}")].to_device(device())
+    }
+    fn ids(&self, item: usize, key: &str) -> Vec<i64> {
+        Vec::<i64>::try_from(&self.tensors[&format!("item{item}.{key}")]).unwrap()
+    }
+    fn request(&self, item: usize) -> LmRequest {
+        LmRequest { text: self.ids(item, "text"), prompt_text: self.ids(item, "prompt_text"), prompt_speech: self.ids(item, "prompt_speech"), seed: 0 }
+    }
+}
+
+fn load(fx: &Fixtures) -> SpeechLm {
+    let w = Weights::load(&dir().join("llm.safetensors"), device()).unwrap();
+    let lm = SpeechLm::new(&w, fx.dims, fx.speech_tokens).unwrap();
+    w.finish().expect("every tensor of the reference's state dict is used, with its shape");
+    lm
+}
+
+fn assert_close(what: &str, actual: &Tensor, reference: &Tensor) {
+    assert_eq!(actual.size(), reference.size(), "{what}: shape");
+    let err = relative_error(actual, reference);
+    println!("PARITY {what}: {err:.3e}");
+    assert!(err <= TOLERANCE, "{what}: relative error {err:.3e} over {TOLERANCE:e}");
+}
+
+#[test]
+fn input_layout_prefill_and_every_teacher_forced_step_match_the_reference() {
+    let fx = Fixtures::load();
+    let lm = load(&fx);
+    tch::no_grad(|| {
+        for i in 0..fx.items {
+            let r = fx.request(i);
+            assert_close(&format!("item{i} lm_input"), &lm.input(&r).unwrap(), &fx.get(i, "lm_input"));
+            let fed = fx.ids(i, "fed");
+            let (hidden, logp) = lm.teacher_forced(&[(&r, &fed)], 128).unwrap().remove(0);
+            assert_close(&format!("item{i} prefill hidden states"), &hidden, &fx.get(i, "hidden"));
+            let reference = fx.get(i, "logp");
+            for step in 0..=fed.len() as i64 {
+                assert_close(&format!("item{i} step {step} log-probabilities"), &logp.get(step), &reference.get(step));
+            }
+        }
+    });
+}
+
+#[test]
+fn a_batch_of_sequences_of_different_lengths_equals_each_alone() {
+    let fx = Fixtures::load();
+    let lm = load(&fx);
+    tch::no_grad(|| {
+        let requests: Vec<LmRequest> = (0..fx.items).map(|i| fx.request(i)).collect();
+        let feds: Vec<Vec<i64>> = (0..fx.items).map(|i| fx.ids(i, "fed")).collect();
+        let items: Vec<(&LmRequest, &[i64])> = requests.iter().zip(&feds).map(|(r, f)| (r, f.as_slice())).collect();
+        let batched = lm.teacher_forced(&items, 128).unwrap();
+        for (i, item) in items.iter().enumerate() {
+            let (_, alone) = lm.teacher_forced(std::slice::from_ref(item), 128).unwrap().remove(0);
+            assert_close(&format!("item{i} log-probabilities, batched vs alone"), &batched[i].1, &alone);
+            assert_close(&format!("item{i} log-probabilities, batched vs reference"), &batched[i].1, &fx.get(i, "logp"));
+        }
+    });
+}

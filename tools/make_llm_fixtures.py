@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Parity fixtures for voxbatch's CosyVoice2 speech-token LM (src/model/cosyvoice2/llm/).
+
+Builds CosyVoice2's `Qwen2LM` from the reference code of the PyPI package `token2wav-cosyvoice`
+(`cosyvoice/llm/llm.py`) around a tiny Qwen2 made from a `transformers` 4.x config (random weights,
+fixed seed; transformers 4.51.3 as CosyVoice pins it), and writes:
+
+  OUT/llm.safetensors  the LM's weights under the names of CosyVoice2's llm.pt state dict
+                       (`llm.model.model.*`, `llm_embedding`, `speech_embedding`, `llm_decoder`;
+                       the unused `lm_head` left out as the converter does);
+  OUT/parity.safetensors per item: text, prompt text, prompt speech tokens, the reference's
+                       `lm_input`, its prefill hidden states, and teacher-forced decode steps (the
+                       fed tokens and the log-probabilities of each step), run the way the
+                       reference runs (batch 1, fp32, CPU, its Hugging Face KV cache);
+  OUT/parity.json      dimensions and item lengths.
+
+Run with `transformers` 4.51.3 importable (bootstrap installs it apart from the project venv:
+`PYTHONPATH=.run/llm-site`). Usage: make_llm_fixtures.py --out DIR [--seed N]
+"""
+import argparse
+import json
+import logging
+import os
+import sys
+import types
+
+import torch
+
+DIMS = dict(vocab=60, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, speech_tokens=20, rope_theta=1e6, eps=1e-6)
+# (text tokens, prompt text tokens, prompt speech tokens, teacher-forced steps) per item.
+ITEMS = [(5, 0, 0, 12), (9, 3, 7, 16), (3, 2, 4, 9)]
+
+
+def import_reference():
+    """`cosyvoice.llm.llm` without torchaudio (only its logging helper is needed)."""
+    file_utils = types.ModuleType("cosyvoice.utils.file_utils")
+    file_utils.logging = logging
+    sys.modules["cosyvoice.utils.file_utils"] = file_utils
+    import transformers
+    if transformers.__version__ != "4.51.3":
+        sys.exit(f"transformers {transformers.__version__}: the parity reference needs 4.51.3, the version CosyVoice pins "
+                 "(4.57 already decodes differently with the reference's one-position step mask)")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from cosyvoice.llm import llm
+    return llm, Qwen2Config, Qwen2ForCausalLM
+
+
+def build(seed):
+    llm, Qwen2Config, Qwen2ForCausalLM = import_reference()
+    torch.manual_seed(seed)
+    d = DIMS
+    config = Qwen2Config(vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=d["intermediate"],
+                         num_hidden_layers=d["layers"], num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
+                         rope_theta=d["rope_theta"], rms_norm_eps=d["eps"], max_position_embeddings=1024,
+                         tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
+                         attn_implementation="eager")
+    encoder = llm.Qwen2Encoder.__new__(llm.Qwen2Encoder)
+    torch.nn.Module.__init__(encoder)
+    encoder.model = Qwen2ForCausalLM(config)
+    lm = llm.Qwen2LM(llm_input_size=d["hidden"], llm_output_size=d["hidden"], speech_token_size=d["speech_tokens"],
+                     llm=encoder, sampling=None)
+    # Larger random weights than Hugging Face's init (std 0.02), so that every layer matters.
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+    return lm.eval()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=4321)
+    args = ap.parse_args()
+    from safetensors.torch import save_file
+    lm = build(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    weights = {k: v.contiguous() for k, v in lm.state_dict().items() if not k.startswith("llm.model.lm_head")}
+    save_file(weights, os.path.join(args.out, "llm.safetensors"))
+    d = DIMS
+    g = torch.Generator().manual_seed(args.seed + 1)
+    fx = {}
+    with torch.no_grad():
+        for i, (n_text, n_ptext, n_pspeech, steps) in enumerate(ITEMS):
+            text = torch.randint(0, d["vocab"], (1, n_text), generator=g)
+            ptext = torch.randint(0, d["vocab"], (1, n_ptext), generator=g)
+            pspeech = torch.randint(0, d["speech_tokens"], (1, n_pspeech), generator=g)
+            fed = torch.randint(0, d["speech_tokens"], (steps,), generator=g)
+            # lm_input exactly as Qwen2LM.inference builds it.
+            emb = lm.llm.model.model.embed_tokens(torch.concat([ptext, text], dim=1))
+            sos = lm.llm_embedding.weight[lm.sos_eos].reshape(1, 1, -1)
+            task = lm.llm_embedding.weight[lm.task_id].reshape(1, 1, -1)
+            speech = lm.speech_embedding(pspeech) if n_pspeech else torch.zeros(1, 0, d["hidden"])
+            lm_input = torch.concat([sos, emb, task, speech], dim=1)
+            # Prefill and teacher-forced steps, as inference_wrapper runs them.
+            masks = torch.tril(torch.ones((1, lm_input.shape[1], lm_input.shape[1]), dtype=torch.bool))
+            y, cache = lm.llm.forward_one_step(lm_input, masks=masks, cache=None)
+            hidden = y[0]
+            logps = [lm.llm_decoder(y[:, -1]).log_softmax(dim=-1)[0]]
+            for t in fed.tolist():
+                x = lm.speech_embedding.weight[t].reshape(1, 1, -1)
+                step_masks = torch.tril(torch.ones((1, x.shape[1], x.shape[1]), dtype=torch.bool))
+                y, cache = lm.llm.forward_one_step(x, masks=step_masks, cache=cache)
+                logps.append(lm.llm_decoder(y[:, -1]).log_softmax(dim=-1)[0])
+            for k, v in dict(text=text[0], prompt_text=ptext[0], prompt_speech=pspeech[0], fed=fed, lm_input=lm_input[0],
+                             hidden=hidden, logp=torch.stack(logps)).items():
+                fx[f"item{i}.{k}"] = v.contiguous()
+    save_file(fx, os.path.join(args.out, "parity.safetensors"))
+    with open(os.path.join(args.out, "parity.json"), "w") as f:
+        json.dump({"dims": DIMS, "items": ITEMS, "seed": args.seed}, f, indent=2)
+    print(f"wrote {args.out}: {len(ITEMS)} items")
+
+
+if __name__ == "__main__":
+    main()
