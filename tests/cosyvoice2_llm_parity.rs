@@ -112,3 +112,22 @@ fn a_batch_of_sequences_of_different_lengths_equals_each_alone() {
         }
     });
 }
+
+#[test]
+fn the_converted_model_carries_the_llm_and_decodes_like_the_reference() {
+    // bootstrap copies the fixture's llm.pt + CosyVoice-BlankEN/config.json into the tiny official
+    // directory; tools/convert_cosyvoice.py writes llm.safetensors and [cosyvoice2.llm].
+    let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
+    let manifest = voxbatch::model::Manifest::load(&model_dir).unwrap();
+    let dims = manifest.cosyvoice2.and_then(|c| c.llm).expect("[cosyvoice2.llm] in model.toml");
+    let fx = Fixtures::load();
+    assert_eq!((dims.layers, dims.hidden, dims.heads, dims.kv_heads, dims.speech_tokens), (fx.dims.layers, fx.dims.hidden, fx.dims.heads, fx.dims.kv_heads, fx.speech_tokens));
+    assert_eq!((dims.top_p, dims.top_k, dims.win_size, dims.min_token_text_ratio, dims.max_token_text_ratio), (0.8, 25, 10, 2.0, 20.0));
+    let (lm, _, _) = SpeechLm::load(&model_dir, &dims, device()).unwrap();
+    tch::no_grad(|| {
+        let r = fx.request(1);
+        let fed = fx.ids(1, "fed");
+        let (_, logp) = lm.teacher_forced(&[(&r, &fed)], 128).unwrap().remove(0);
+        assert_close("converted model, item1 log-probabilities", &logp, &fx.get(1, "logp"));
+    });
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Converts an official CosyVoice2 model directory into a voxbatch `cosyvoice2-token2wav` model.
 
-Input (as CosyVoice2 ships it): flow.pt, hift.pt, spk2info.pt, cosyvoice2.yaml.
+Input (as CosyVoice2 ships it): flow.pt, hift.pt, spk2info.pt, cosyvoice2.yaml, and optionally
+llm.pt with CosyVoice-BlankEN/config.json (the speech-token LM -> llm.safetensors).
 Output directory:
   model.toml              the manifest (kind cosyvoice2-token2wav, dimensions, voices);
   token2wav.safetensors   `flow.*` and `hift.*` tensors in fp32, weight norm folded into plain weights,
@@ -50,6 +51,35 @@ def yaml_int(text, key, default):
 def count(sd, prefix):
     idx = {int(m.group(1)) for k in sd for m in [re.match(re.escape(prefix) + r"(\d+)\.", k)] if m}
     return max(idx) + 1 if idx else 0
+
+
+def convert_llm(src, out_dir):
+    """llm.pt + CosyVoice-BlankEN/config.json -> llm.safetensors; returns the [cosyvoice2.llm]
+    keys, or None when the directory has no llm.pt."""
+    path = os.path.join(src, "llm.pt")
+    if not os.path.exists(path):
+        return None
+    config_path = os.path.join(src, "CosyVoice-BlankEN", "config.json")
+    if not os.path.exists(config_path):
+        sys.exit(f"{src} has llm.pt but no CosyVoice-BlankEN/config.json (the Qwen2 config the LLM needs)")
+    with open(config_path) as f:
+        cfg = json.load(f)
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    # lm_head is unused (llm_decoder maps to speech tokens); training-only modules are dropped too.
+    sd = {k: v.float().contiguous() for k, v in sd.items()
+          if k.startswith(("llm.model.model.", "llm_embedding.", "speech_embedding.", "llm_decoder."))}
+    for required in ("llm_embedding.weight", "speech_embedding.weight", "llm_decoder.weight", "llm.model.model.embed_tokens.weight"):
+        if required not in sd:
+            sys.exit(f"{path} has no {required}: not a CosyVoice2 Qwen2LM state dict")
+    from safetensors.torch import save_file
+    save_file(sd, os.path.join(out_dir, "llm.safetensors"))
+    heads = cfg["num_attention_heads"]
+    return dict(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+                kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg["hidden_size"] // heads,
+                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+                rope_theta=float(cfg.get("rope_theta", 10000.0)), eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                speech_tokens=sd["speech_embedding.weight"].shape[0] - 3,
+                top_p=0.8, top_k=25, win_size=10, tau_r=0.1, min_token_text_ratio=2.0, max_token_text_ratio=20.0)
 
 
 def main():
@@ -128,6 +158,7 @@ def main():
         print("no voices in spk2info.pt: registering `default` with a zero x-vector", file=sys.stderr)
 
     os.makedirs(args.out_dir, exist_ok=True)
+    llm_dims = convert_llm(src, args.out_dir)
     save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
     save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
     name = args.name or os.path.basename(os.path.abspath(args.out_dir))
@@ -158,6 +189,11 @@ outputs = ["audio:float32[B,S]"]
             f.write(f"{k} = {v}\n")
         f.write("flow_steps = 10\ncfg_rate = 0.7\n")
         f.write("# true: the vocoder runs in fp32 whatever --precision (its STFT/iSTFT always do)\nvocoder_fp32 = false\n")
+        if llm_dims:
+            f.write("\n# The speech-token LM (llm.safetensors): Qwen2 dimensions from CosyVoice-BlankEN/config.json,\n"
+                    "# sampling as cosyvoice2.yaml (ras_sampling) and the reference's length ratios.\n[cosyvoice2.llm]\n")
+            for k, v in llm_dims.items():
+                f.write(f"{k} = {json.dumps(v)}\n")
     print(json.dumps({"out": args.out_dir, "tensors": len(tensors), "voices": names, **dims}))
 
 

@@ -12,7 +12,10 @@ fixed seed; transformers 4.51.3 as CosyVoice pins it), and writes:
                        `lm_input`, its prefill hidden states, and teacher-forced decode steps (the
                        fed tokens and the log-probabilities of each step), run the way the
                        reference runs (batch 1, fp32, CPU, its Hugging Face KV cache);
-  OUT/parity.json      dimensions and item lengths.
+  OUT/parity.json      dimensions and item lengths;
+  OUT/official/        llm.pt and CosyVoice-BlankEN/config.json as CosyVoice2 ships them (bootstrap
+                       copies them into the tiny token2wav fixture's official directory, so that
+                       tools/convert_cosyvoice.py converts a whole model).
 
 Run with `transformers` 4.51.3 importable (bootstrap installs it apart from the project venv:
 `PYTHONPATH=.run/llm-site`). Usage: make_llm_fixtures.py --out DIR [--seed N]
@@ -79,6 +82,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     weights = {k: v.contiguous() for k, v in lm.state_dict().items() if not k.startswith("llm.model.lm_head")}
     save_file(weights, os.path.join(args.out, "llm.safetensors"))
+    # The converter's input, as CosyVoice2 ships it: llm.pt (the whole state dict, lm_head
+    # included) and the Qwen2 config under CosyVoice-BlankEN/.
+    official = os.path.join(args.out, "official")
+    os.makedirs(os.path.join(official, "CosyVoice-BlankEN"), exist_ok=True)
+    torch.save(lm.state_dict(), os.path.join(official, "llm.pt"))
+    lm.llm.model.config.to_json_file(os.path.join(official, "CosyVoice-BlankEN", "config.json"))
     d = DIMS
     g = torch.Generator().manual_seed(args.seed + 1)
     fx = {}

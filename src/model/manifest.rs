@@ -57,6 +57,33 @@ pub struct Cosyvoice2Dims {
     /// runs under autocast, its vocoder not). Its STFT/iSTFT are fp32 either way.
     #[serde(default)]
     pub vocoder_fp32: bool,
+    /// The speech-token LM (`llm.safetensors`), when the model has one.
+    #[serde(default)]
+    pub llm: Option<LlmDims>,
+}
+
+/// `[cosyvoice2.llm]`: the speech-token LM's Qwen2 dimensions, sampling and length ratios
+/// (tools/convert_cosyvoice.py writes them from `CosyVoice-BlankEN/config.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmDims {
+    pub layers: usize,
+    pub hidden: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub head_dim: i64,
+    pub intermediate: i64,
+    pub vocab: i64,
+    pub rope_theta: f64,
+    pub eps: f64,
+    /// 6561: the end-of-speech id; the LM's outputs are speech_tokens + 3.
+    pub speech_tokens: i64,
+    pub top_p: f64,
+    pub top_k: i64,
+    pub win_size: usize,
+    pub tau_r: f64,
+    pub min_token_text_ratio: f64,
+    pub max_token_text_ratio: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

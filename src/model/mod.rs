@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-pub use manifest::{Cosyvoice2Dims, Manifest, ModelKind, TokenizerSpec};
+pub use manifest::{Cosyvoice2Dims, LlmDims, Manifest, ModelKind, TokenizerSpec};
 pub use torchscript::TorchScriptModel;
 
 /// Where inference runs.

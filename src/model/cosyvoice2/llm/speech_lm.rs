@@ -26,6 +26,9 @@ use super::super::weights::Weights;
 use super::qwen2::{Qwen2, Qwen2Dims};
 use super::sampler::{ras_sample, SamplingParams, SequenceRng};
 
+/// The LM's weights in a converted model directory.
+pub const LLM_FILE: &str = "llm.safetensors";
+
 /// Draws of an end-of-speech token before `min_len` tolerated per step.
 const MAX_TRIALS: usize = 100;
 
@@ -111,6 +114,27 @@ impl SpeechLm {
             decoder: Linear::new(w, "llm_decoder", h, speech_tokens + 3, true),
             speech_tokens,
         })
+    }
+
+    /// Loads `dir/llm.safetensors` as `[cosyvoice2.llm]` of the manifest describes it (checked by
+    /// name and shape); also returns the sampling settings and length ratios it names.
+    pub fn load(dir: &std::path::Path, dims: &crate::model::LlmDims, device: tch::Device) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
+        let w = Weights::load(&dir.join(LLM_FILE), device)?;
+        let qwen = Qwen2Dims {
+            layers: dims.layers,
+            hidden: dims.hidden,
+            heads: dims.heads,
+            kv_heads: dims.kv_heads,
+            head_dim: dims.head_dim,
+            intermediate: dims.intermediate,
+            vocab: dims.vocab,
+            rope_theta: dims.rope_theta,
+            eps: dims.eps,
+        };
+        let lm = SpeechLm::new(&w, qwen, dims.speech_tokens).map_err(crate::model::ModelError::Inference)?;
+        w.finish()?;
+        let sampling = SamplingParams { top_p: dims.top_p, top_k: dims.top_k, win_size: dims.win_size, tau_r: dims.tau_r };
+        Ok((lm, sampling, LengthRatios { min: dims.min_token_text_ratio, max: dims.max_token_text_ratio }))
     }
 
     /// The reference's `lm_input` `[T, hidden]` for one request.
