@@ -131,3 +131,23 @@ fn the_converted_model_carries_the_llm_and_decodes_like_the_reference() {
         assert_close("converted model, item1 log-probabilities", &logp, &fx.get(1, "logp"));
     });
 }
+
+#[test]
+fn bf16_weights_stay_close_to_the_fp32_reference() {
+    // CUDA runs the LM in bf16; the CPU can too, which this checks without a GPU.
+    let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
+    let dims = voxbatch::model::Manifest::load(&model_dir).unwrap().cosyvoice2.and_then(|c| c.llm).unwrap();
+    let (lm, _, _) = SpeechLm::load_as(&model_dir, &dims, device(), tch::Kind::BFloat16).unwrap();
+    let fx = Fixtures::load();
+    tch::no_grad(|| {
+        for i in 0..fx.items {
+            let r = fx.request(i);
+            let fed = fx.ids(i, "fed");
+            let (_, logp) = lm.teacher_forced(&[(&r, &fed)], 128).unwrap().remove(0);
+            assert_eq!(logp.kind(), tch::Kind::Float, "log-probabilities in fp32");
+            let err = relative_error(&logp, &fx.get(i, "logp"));
+            println!("PARITY bf16 item{i} log-probabilities: {err:.3e}");
+            assert!(err.is_finite() && err <= 0.05, "item{i}: bf16 relative error {err:.3e}");
+        }
+    });
+}

@@ -22,15 +22,21 @@ pub struct Weights {
 impl Weights {
     /// Reads every tensor of `path` onto `device` (floating point as fp32).
     pub fn load(path: &Path, device: Device) -> Result<Weights, ModelError> {
+        Weights::load_as(path, device, Kind::Float)
+    }
+
+    /// Reads every tensor of `path` onto `device`, floating point as `kind`.
+    pub fn load_as(path: &Path, device: Device, kind: Kind) -> Result<Weights, ModelError> {
         let shown = path.display().to_string();
         let list = Tensor::read_safetensors(path).map_err(|source| ModelError::Load { path: shown.clone(), source })?;
         let tensors = list
             .into_iter()
             .map(|(name, t)| {
-                let t = if t.is_floating_point() { t.to_kind(Kind::Float) } else { t };
-                (name, t.to_device(device))
+                let t = if t.is_floating_point() { t.f_to_kind(kind)? } else { t };
+                Ok((name, t.f_to_device(device)?))
             })
-            .collect();
+            .collect::<Result<_, tch::TchError>>()
+            .map_err(|source| ModelError::Load { path: shown.clone(), source })?;
         Ok(Weights { path: shown, tensors, used: RefCell::default(), problems: RefCell::default() })
     }
 

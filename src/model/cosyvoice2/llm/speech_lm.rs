@@ -117,9 +117,22 @@ impl SpeechLm {
     }
 
     /// Loads `dir/llm.safetensors` as `[cosyvoice2.llm]` of the manifest describes it (checked by
-    /// name and shape); also returns the sampling settings and length ratios it names.
+    /// name and shape), with weights and KV cache in bf16 on CUDA (never fp16: upstream reports
+    /// NaNs) and fp32 on the CPU; log-probabilities and sampling are fp32 either way. Also returns
+    /// the sampling settings and length ratios it names.
     pub fn load(dir: &std::path::Path, dims: &crate::model::LlmDims, device: tch::Device) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
-        let w = Weights::load(&dir.join(LLM_FILE), device)?;
+        let kind = if device.is_cuda() { Kind::BFloat16 } else { Kind::Float };
+        SpeechLm::load_as(dir, dims, device, kind)
+    }
+
+    /// [`SpeechLm::load`] with the weights in `kind`.
+    pub fn load_as(
+        dir: &std::path::Path,
+        dims: &crate::model::LlmDims,
+        device: tch::Device,
+        kind: Kind,
+    ) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
+        let w = Weights::load_as(&dir.join(LLM_FILE), device, kind)?;
         let qwen = Qwen2Dims {
             layers: dims.layers,
             hidden: dims.hidden,
