@@ -2,7 +2,7 @@
 # Packs what the GPU scripts carry besides .e2e (pack-services.sh):
 #   .whl/  the CosyVoice2 reference code and what its imports need, as wheels at the versions the
 #          project venv has (the GPU machine has torch but no network);
-#   .t2w/  the stripped voxbatch binary and CosyVoice2 parity test binary (xz), from target/debug.
+#   .t2w/  the stripped voxbatch binary and the CosyVoice2 parity test binaries (xz), from target/debug.
 # Run after `cargo build --all-targets`. Carry with: carry [".whl", ".t2w"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +12,9 @@ rm -rf .whl .t2w && mkdir -p .whl .t2w
 # huggingface_hub/transformers pair of its own, which a newer huggingface_hub would break.
 .venv/bin/pip download -q --no-deps -d .whl token2wav-cosyvoice==0.1.0 conformer==0.3.2 einops==0.8.2 \
   diffusers==0.42.1 omegaconf==2.4.0 importlib_metadata==10.2.0 zipp==4.1.2 safetensors==0.8.0
-test_bin=$(ls -t target/debug/deps/cosyvoice2_parity-* | grep -v '\.d$' | head -n1)
-strip -o .t2w/cosyvoice2_parity "$test_bin" && xz -T2 -6 -f .t2w/cosyvoice2_parity
+for t in cosyvoice2_parity cosyvoice2_llm_parity; do
+  test_bin=$(ls -t target/debug/deps/$t-* | grep -v '\.d$' | head -n1)
+  strip -o .t2w/$t "$test_bin" && xz -T2 -6 -f .t2w/$t
+done
 strip -o .t2w/voxbatch target/debug/voxbatch && xz -T2 -6 -f .t2w/voxbatch
 du -sh .whl .t2w

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The CosyVoice2 LLM parity tests on the GPU (cuda:0): the carried test binary
+# (.t2w/cosyvoice2_llm_parity.xz, scripts/device/pack-gpu.sh) against the fixtures bootstrap made
+# here (carry models/cosyvoice2-llm-parity and models/cosyvoice2-tiny). The binary finds its files
+# under the path it was built in (/work/main): linked to here.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-python3}
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+xz -dc .t2w/cosyvoice2_llm_parity.xz > /tmp/cosyvoice2_llm_parity && chmod +x /tmp/cosyvoice2_llm_parity || exit 1
+VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_llm_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^test |test result|panicked"
