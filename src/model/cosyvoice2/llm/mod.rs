@@ -5,9 +5,9 @@
 //! others keep decoding; [`sampler`], the repetition-aware sampling with per-sequence seeded
 //! draws; [`speech_lm`], `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules)
 //! batched with continuous refill — each sequence gets the same tokens batched or alone (tested
-//! on CPU with random weights). Still to come: the converter for `llm.pt`, parity against the
-//! reference (`transformers` 4.x in a fixture venv), bf16 and CUDA graphs for the decode step,
-//! the memory policy for the cache, the bench, and wiring into the worker (issue 14).
+//! on CPU with random weights), at parity with the reference (`tests/cosyvoice2_llm_parity.rs`),
+//! bf16 on CUDA. Still to come: CUDA graphs for the decode step, the memory policy for the cache,
+//! `bench llm`, and wiring into the worker (issue 14).
 //!
 //! Neighbours: `weights` loads the tensors; `layers` has the result type.
 
