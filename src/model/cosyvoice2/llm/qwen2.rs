@@ -230,6 +230,48 @@ impl Qwen2 {
     }
 }
 
+/// Every tensor a decoder of `d` under `prefix` has, filled by `random` (tests make random models).
+#[cfg(test)]
+pub(crate) fn random_tensors(prefix: &str, d: &Qwen2Dims, random: &dyn Fn(&[i64]) -> Tensor) -> Vec<(String, Tensor)> {
+    let (h, q, kv, i) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.intermediate);
+    let mut tensors = vec![(format!("{prefix}.embed_tokens.weight"), random(&[d.vocab, h])), (format!("{prefix}.norm.weight"), random(&[h]) + 1.0)];
+    for l in 0..d.layers {
+        for (name, shape) in [
+            ("input_layernorm.weight", vec![h]),
+            ("post_attention_layernorm.weight", vec![h]),
+            ("self_attn.q_proj.weight", vec![q, h]),
+            ("self_attn.q_proj.bias", vec![q]),
+            ("self_attn.k_proj.weight", vec![kv, h]),
+            ("self_attn.k_proj.bias", vec![kv]),
+            ("self_attn.v_proj.weight", vec![kv, h]),
+            ("self_attn.v_proj.bias", vec![kv]),
+            ("self_attn.o_proj.weight", vec![h, q]),
+            ("mlp.gate_proj.weight", vec![i, h]),
+            ("mlp.up_proj.weight", vec![i, h]),
+            ("mlp.down_proj.weight", vec![h, i]),
+        ] {
+            tensors.push((format!("{prefix}.layers.{l}.{name}"), random(&shape)));
+        }
+    }
+    tensors
+}
+
+impl From<&crate::model::LlmDims> for Qwen2Dims {
+    fn from(d: &crate::model::LlmDims) -> Qwen2Dims {
+        Qwen2Dims {
+            layers: d.layers,
+            hidden: d.hidden,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            head_dim: d.head_dim,
+            intermediate: d.intermediate,
+            vocab: d.vocab,
+            rope_theta: d.rope_theta,
+            eps: d.eps,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,29 +285,8 @@ mod tests {
         let d = tiny();
         tch::manual_seed(11);
         let r = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, tch::Device::Cpu)) * 0.2;
-        let (h, q, kv, i) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.intermediate);
-        let mut tensors: Vec<(String, Tensor)> = vec![("m.embed_tokens.weight".into(), r(&[d.vocab, h])), ("m.norm.weight".into(), r(&[h]) + 1.0)];
-        for l in 0..d.layers {
-            let p = format!("m.layers.{l}");
-            for (name, shape) in [
-                ("input_layernorm.weight", vec![h]),
-                ("post_attention_layernorm.weight", vec![h]),
-                ("self_attn.q_proj.weight", vec![q, h]),
-                ("self_attn.q_proj.bias", vec![q]),
-                ("self_attn.k_proj.weight", vec![kv, h]),
-                ("self_attn.k_proj.bias", vec![kv]),
-                ("self_attn.v_proj.weight", vec![kv, h]),
-                ("self_attn.v_proj.bias", vec![kv]),
-                ("self_attn.o_proj.weight", vec![h, q]),
-                ("mlp.gate_proj.weight", vec![i, h]),
-                ("mlp.up_proj.weight", vec![i, h]),
-                ("mlp.down_proj.weight", vec![h, i]),
-            ] {
-                tensors.push((format!("{p}.{name}"), r(&shape)));
-            }
-        }
         let path = dir.join("llm.safetensors");
-        Tensor::write_safetensors(&tensors, &path).unwrap();
+        Tensor::write_safetensors(&random_tensors("m", &d, &r), &path).unwrap();
         let w = Weights::load(&path, tch::Device::Cpu).unwrap();
         let model = Qwen2::new(&w, "m", d).unwrap();
         w.finish().unwrap();

@@ -133,18 +133,7 @@ impl SpeechLm {
         kind: Kind,
     ) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
         let w = Weights::load_as(&dir.join(LLM_FILE), device, kind)?;
-        let qwen = Qwen2Dims {
-            layers: dims.layers,
-            hidden: dims.hidden,
-            heads: dims.heads,
-            kv_heads: dims.kv_heads,
-            head_dim: dims.head_dim,
-            intermediate: dims.intermediate,
-            vocab: dims.vocab,
-            rope_theta: dims.rope_theta,
-            eps: dims.eps,
-        };
-        let lm = SpeechLm::new(&w, qwen, dims.speech_tokens).map_err(crate::model::ModelError::Inference)?;
+        let lm = SpeechLm::new(&w, Qwen2Dims::from(dims), dims.speech_tokens).map_err(crate::model::ModelError::Inference)?;
         w.finish()?;
         let sampling = SamplingParams { top_p: dims.top_p, top_k: dims.top_k, win_size: dims.win_size, tau_r: dims.tau_r };
         Ok((lm, sampling, LengthRatios { min: dims.min_token_text_ratio, max: dims.max_token_text_ratio }))
@@ -346,34 +335,14 @@ mod tests {
         let d = dims();
         tch::manual_seed(5);
         let r = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, tch::Device::Cpu)) * 0.3;
-        let (h, q, kv, i) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.intermediate);
-        let p = "llm.model.model";
-        let mut t: Vec<(String, Tensor)> = vec![
-            (format!("{p}.embed_tokens.weight"), r(&[d.vocab, h])),
-            (format!("{p}.norm.weight"), r(&[h]) + 1.0),
-            ("llm_embedding.weight".into(), r(&[2, h])),
-            ("speech_embedding.weight".into(), r(&[SPEECH + 3, h])),
-            ("llm_decoder.weight".into(), r(&[SPEECH + 3, h])),
-            ("llm_decoder.bias".into(), r(&[SPEECH + 3])),
-        ];
-        for l in 0..d.layers {
-            for (name, shape) in [
-                ("input_layernorm.weight", vec![h]),
-                ("post_attention_layernorm.weight", vec![h]),
-                ("self_attn.q_proj.weight", vec![q, h]),
-                ("self_attn.q_proj.bias", vec![q]),
-                ("self_attn.k_proj.weight", vec![kv, h]),
-                ("self_attn.k_proj.bias", vec![kv]),
-                ("self_attn.v_proj.weight", vec![kv, h]),
-                ("self_attn.v_proj.bias", vec![kv]),
-                ("self_attn.o_proj.weight", vec![h, q]),
-                ("mlp.gate_proj.weight", vec![i, h]),
-                ("mlp.up_proj.weight", vec![i, h]),
-                ("mlp.down_proj.weight", vec![h, i]),
-            ] {
-                t.push((format!("{p}.layers.{l}.{name}"), r(&shape)));
-            }
-        }
+        let h = d.hidden;
+        let mut t = super::super::qwen2::random_tensors("llm.model.model", &d, &r);
+        t.extend([
+            ("llm_embedding.weight".to_string(), r(&[2, h])),
+            ("speech_embedding.weight".to_string(), r(&[SPEECH + 3, h])),
+            ("llm_decoder.weight".to_string(), r(&[SPEECH + 3, h])),
+            ("llm_decoder.bias".to_string(), r(&[SPEECH + 3])),
+        ]);
         let path = dir.join("llm.safetensors");
         Tensor::write_safetensors(&t, &path).unwrap();
         let w = Weights::load(&path, tch::Device::Cpu).unwrap();
