@@ -9,7 +9,7 @@
 //! Neighbours: `intake` sends [`Assembled`] batches and receives parked jobs back; `commit`
 //! receives [`InferredBatch`]es; `delivery` settles; `db` claims; `model` runs.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -235,11 +235,11 @@ impl Infer {
 
 /// First copies, and further deliveries of the same job id (they ride along with the first).
 fn split_duplicates(items: Vec<Received>) -> (Vec<Received>, Vec<Received>) {
-    let mut first: HashMap<Uuid, ()> = HashMap::new();
+    let mut first: HashSet<Uuid> = HashSet::new();
     let mut unique = Vec::with_capacity(items.len());
     let mut duplicates = Vec::new();
     for r in items {
-        if first.insert(r.job.job_id, ()).is_some() {
+        if !first.insert(r.job.job_id) {
             duplicates.push(r);
         } else {
             unique.push(r);
