@@ -25,7 +25,41 @@ fn build_shim(lib: &std::path::Path) {
         .compile("voxbatch_torch_shim");
 }
 
+/// Compiles `csrc/cuda_graph.cpp` where the CUDA runtime headers are (the cu13 torch wheel ships
+/// them under `site-packages/nvidia/cu13/include`) and tells the Rust side so; without them,
+/// CUDA graphs are reported unavailable and decoding runs eagerly.
+fn build_cuda_graphs(lib: &std::path::Path) {
+    println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
+    let include = lib.join("..").join("include");
+    let cuda = lib.join("..").join("..").join("nvidia").join("cu13").join("include");
+    if !cuda.join("cuda_runtime_api.h").exists() || !include.join("ATen").join("cuda").join("CUDAGraph.h").exists() {
+        println!("cargo:warning=no CUDA runtime headers next to libtorch: CUDA graphs disabled");
+        return;
+    }
+    // cuda_runtime.h needs crt/host_config.h, which the runtime wheel lacks; triton (a torch
+    // dependency) ships it with the CUDA headers its compiler uses.
+    let crt = lib.join("..").join("..").join("triton").join("backends").join("nvidia").join("include");
+    if !cuda.join("crt").join("host_config.h").exists() && !crt.join("crt").join("host_config.h").exists() {
+        println!("cargo:warning=no crt/host_config.h (CUDA headers) next to libtorch: CUDA graphs disabled");
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/cuda_graph.cpp")
+        .include(&include)
+        .include(include.join("torch").join("csrc").join("api").join("include"))
+        .include(&cuda)
+        .include(&crt)
+        .flag("-std=c++17")
+        .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .warnings(false)
+        .compile("voxbatch_cuda_graph");
+    println!("cargo:rustc-cfg=voxbatch_cuda_graphs");
+}
+
 fn main() {
+    println!("cargo::rustc-check-cfg=cfg(voxbatch_cuda_graphs)");
     println!("cargo:rerun-if-changed=migrations");
     println!("cargo:rerun-if-changed=build.rs");
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
@@ -33,10 +67,12 @@ fn main() {
     };
     let lib = PathBuf::from(lib);
     build_shim(&lib);
+    build_cuda_graphs(&lib);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     if lib.join("libtorch_cuda.so").exists() {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
         println!("cargo:rustc-link-arg=-ltorch_cuda");
+        println!("cargo:rustc-link-arg=-lc10_cuda");
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
     }
 }

@@ -192,6 +192,32 @@ pub enum BenchCommand {
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,
     },
+    /// CosyVoice2 speech-token LM: tokens/s per slot count (forced output lengths), against the
+    /// reference at batch 1 (tools/bench_llm_reference.py's JSON via --reference).
+    Llm {
+        /// A model directory with [cosyvoice2.llm] (tools/convert_cosyvoice.py).
+        #[arg(long, value_name = "DIR")]
+        model: PathBuf,
+        /// cpu or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128,256,512")]
+        slots: Vec<usize>,
+        /// Requests per point: this many per slot (at least --min-requests).
+        #[arg(long, default_value_t = 2)]
+        requests_per_slot: usize,
+        #[arg(long, default_value_t = 4)]
+        min_requests: usize,
+        /// Decode eagerly (no CUDA graphs).
+        #[arg(long)]
+        no_graphs: bool,
+        /// The reference run's JSON (tools/bench_llm_reference.py), shown beside.
+        #[arg(long, value_name = "FILE")]
+        reference: Option<PathBuf>,
+        /// Where results go.
+        #[arg(long, default_value = "bench/results")]
+        out: PathBuf,
+    },
     /// Print the policy bench's synthetic corpus as JSONL (for `enqueue`), same seed, same texts.
     Corpus {
         #[arg(long, default_value_t = 400)]

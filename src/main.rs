@@ -327,6 +327,33 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
             println!("{}", voxbatch::bench::token2wav::table(&report));
             print_written(&paths);
         }
+        Some(BenchCommand::Llm { model, device, slots, requests_per_slot, min_requests, no_graphs, reference, out }) => {
+            let reference = match reference {
+                Some(path) => {
+                    let bytes = tokio::fs::read(&path).await.with_context(|| format!("read {}", path.display()))?;
+                    Some(serde_json::from_slice(&bytes).with_context(|| format!("{}: not a reference run", path.display()))?)
+                }
+                None => None,
+            };
+            let opts = voxbatch::bench::llm::LlmBenchOptions {
+                model_dir: model,
+                device: device.parse().context("--device")?,
+                slots,
+                requests_per_slot,
+                min_requests,
+                graphs: !no_graphs,
+                seed: 11,
+                reference,
+            };
+            let (report, paths) = commands::bench_llm(opts, &out, |p| {
+                let error = p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+                eprintln!("  {} slots: {:.0} tokens/s, {:.1} audio-s/s{error}", p.slots, p.tokens_per_second, p.audio_seconds_per_second)
+            })
+            .await
+            .context("llm bench")?;
+            println!("{}", voxbatch::bench::llm::table(&report));
+            print_written(&paths);
+        }
         Some(BenchCommand::Corpus { jobs, seed }) => {
             for line in commands::bench_corpus(jobs, seed) {
                 println!("{line}");

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use tch::{Device, Tensor};
 use voxbatch::model::cosyvoice2::layers::relative_error;
 use voxbatch::model::cosyvoice2::llm::qwen2::Qwen2Dims;
+use voxbatch::model::cosyvoice2::llm::batch::BatchDecoder;
+use voxbatch::model::cosyvoice2::llm::sampler::{ras_sample, SamplingParams};
 use voxbatch::model::cosyvoice2::llm::speech_lm::{LmRequest, SpeechLm};
 use voxbatch::model::cosyvoice2::Weights;
 
@@ -31,6 +33,7 @@ struct Fixtures {
     items: usize,
     dims: Qwen2Dims,
     speech_tokens: i64,
+    sampler_settings: Vec<SamplingParams>,
 }
 
 impl Fixtures {
@@ -50,7 +53,18 @@ impl Fixtures {
             eps: d["eps"].as_f64().unwrap(),
         };
         let tensors = Tensor::read_safetensors(dir().join("parity.safetensors")).unwrap().into_iter().collect();
-        Fixtures { tensors, items: json["items"].as_array().unwrap().len(), dims, speech_tokens: i("speech_tokens") }
+        let sampler_settings = json["sampler"]
+            .as_array()
+            .expect("sampler settings (re-run scripts/bootstrap.sh)")
+            .iter()
+            .map(|s| SamplingParams {
+                top_p: s[0].as_f64().unwrap(),
+                top_k: s[1].as_i64().unwrap(),
+                win_size: s[2].as_u64().unwrap() as usize,
+                tau_r: s[3].as_f64().unwrap(),
+            })
+            .collect();
+        Fixtures { tensors, items: json["items"].as_array().unwrap().len(), dims, speech_tokens: i("speech_tokens"), sampler_settings }
     }
     fn get(&self, item: usize, key: &str) -> Tensor {
         self.tensors[&format!("item{item}.{key}")].to_device(device())
@@ -59,7 +73,7 @@ impl Fixtures {
         Vec::<i64>::try_from(&self.tensors[&format!("item{item}.{key}")]).unwrap()
     }
     fn request(&self, item: usize) -> LmRequest {
-        LmRequest { text: self.ids(item, "text"), prompt_text: self.ids(item, "prompt_text"), prompt_speech: self.ids(item, "prompt_speech"), seed: 0 }
+        LmRequest { text: self.ids(item, "text"), prompt_text: self.ids(item, "prompt_text"), prompt_speech: self.ids(item, "prompt_speech"), seed: 0, forced_len: None }
     }
 }
 
@@ -150,4 +164,66 @@ fn bf16_weights_stay_close_to_the_fp32_reference() {
             assert!(err.is_finite() && err <= 0.05, "item{i}: bf16 relative error {err:.3e}");
         }
     });
+}
+
+#[test]
+fn the_sampler_picks_what_the_reference_picks_from_the_same_uniform_draws() {
+    // The fixtures ran the reference's ras_sampling with multinomial drawing by inverse CDF from
+    // two given uniforms (nucleus, then full distribution); the port gets the same uniforms.
+    let fx = Fixtures::load();
+    let mut resampled = 0;
+    for (s, params) in fx.sampler_settings.iter().enumerate() {
+        let t = |k: &str| &fx.tensors[&format!("sampler{s}.{k}")];
+        let logp = t("logp").to_device(device());
+        let lens = Vec::<i64>::try_from(t("history_len")).unwrap();
+        let hist = Vec::<i64>::try_from(t("history").flatten(0, -1)).unwrap();
+        let width = hist.len() / lens.len();
+        let histories: Vec<&[i64]> = lens.iter().enumerate().map(|(c, &n)| &hist[c * width..c * width + n as usize]).collect();
+        let u = Vec::<f64>::try_from(t("uniforms").flatten(0, -1)).unwrap();
+        let uniforms: Vec<(f64, f64)> = u.chunks(2).map(|p| (p[0], p[1])).collect();
+        let expected = Vec::<i64>::try_from(t("pick")).unwrap();
+        let picks = tch::no_grad(|| ras_sample(&logp, &histories, &uniforms, params)).unwrap();
+        for (c, (got, want)) in picks.iter().zip(&expected).enumerate() {
+            assert_eq!(got, want, "setting {s} case {c}: history {:?}, uniforms {:?}", histories[c], uniforms[c]);
+        }
+        // The cases exercise the repetition rule (the pick occurs in the window) as well.
+        resampled += histories.iter().zip(&expected).filter(|(h, p)| h[h.len().saturating_sub(params.win_size)..].contains(p)).count();
+        println!("PARITY sampler setting {s}: {} picks equal", picks.len());
+    }
+    assert!(resampled < fx.sampler_settings.len() * 48, "some picks come from the nucleus");
+}
+
+/// Run on the GPU machine (scripts/device/llm-bench.sh: VOXBATCH_TEST_DEVICE=cuda:0, --run-ignored).
+#[test]
+#[ignore = "needs a CUDA device (VOXBATCH_TEST_DEVICE=cuda:0)"]
+fn cuda_graph_decoding_gives_the_tokens_of_eager_decoding() {
+    assert!(device().is_cuda(), "set VOXBATCH_TEST_DEVICE=cuda:0");
+    let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
+    let dims = voxbatch::model::Manifest::load(&model_dir).unwrap().cosyvoice2.and_then(|c| c.llm).unwrap();
+    let (lm, params, ratios) = SpeechLm::load(&model_dir, &dims, device()).unwrap();
+    let fx = Fixtures::load();
+    let requests: Vec<LmRequest> = (0..24).map(|k| LmRequest { seed: k as u64, ..fx.request(k % fx.items) }).collect();
+    let run = |graphs: bool| {
+        let mut dec = BatchDecoder::new(&lm, 5, 512, params, graphs).unwrap();
+        let out = tch::no_grad(|| lm.generate(&mut dec, &requests, ratios)).unwrap();
+        (out, dec.stats().clone())
+    };
+    let (eager, eager_stats) = run(false);
+    let (graphed, stats) = run(true);
+    println!("graphs: {stats:?}; eager: {eager_stats:?}");
+    assert!(stats.graph_replays > 0 && stats.eager_reason.is_none(), "graphs were used: {stats:?}");
+    assert_eq!(format!("{eager:?}"), format!("{graphed:?}"));
+}
+
+#[test]
+#[ignore = "needs a CUDA device (VOXBATCH_TEST_DEVICE=cuda:0)"]
+fn a_replayed_cuda_graph_recomputes_from_its_refilled_inputs() {
+    use voxbatch::model::cuda_graph::CudaGraph;
+    let mut input = Tensor::zeros([4, 8], (tch::Kind::Float, Device::Cuda(0)));
+    let (graph, out) = CudaGraph::capture(0, None, 1, || input.f_mul_scalar(2.0)?.f_add_scalar(1.0)).expect("capture");
+    for v in [1.0, 3.0] {
+        let _ = input.fill_(v);
+        graph.replay().expect("replay");
+        assert_eq!(f64::try_from(out.mean(tch::Kind::Float)).unwrap(), 2.0 * v + 1.0);
+    }
 }

@@ -12,7 +12,10 @@ fixed seed; transformers 4.51.3 as CosyVoice pins it), and writes:
                        `lm_input`, its prefill hidden states, and teacher-forced decode steps (the
                        fed tokens and the log-probabilities of each step), run the way the
                        reference runs (batch 1, fp32, CPU, its Hugging Face KV cache);
-  OUT/parity.json      dimensions and item lengths;
+                       and sampler cases: log-probabilities, a history, two uniforms and the
+                       reference's `ras_sampling` pick with `multinomial` drawing by inverse CDF
+                       from those uniforms (nucleus first, full distribution second);
+  OUT/parity.json      dimensions, item lengths and the sampler cases' settings;
   OUT/official/        llm.pt and CosyVoice-BlankEN/config.json as CosyVoice2 ships them (bootstrap
                        copies them into the tiny token2wav fixture's official directory, so that
                        tools/convert_cosyvoice.py converts a whole model).
@@ -30,6 +33,8 @@ import types
 import torch
 
 DIMS = dict(vocab=60, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, speech_tokens=20, rope_theta=1e6, eps=1e-6)
+# CosyVoice2-0.5B's (CosyVoice-BlankEN/config.json and cosyvoice2.yaml), for `--full`.
+FULL = dict(vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, speech_tokens=6561, rope_theta=1e6, eps=1e-6)
 # (text tokens, prompt text tokens, prompt speech tokens, teacher-forced steps) per item.
 ITEMS = [(5, 0, 0, 12), (9, 3, 7, 16), (3, 2, 4, 9)]
 
@@ -48,20 +53,21 @@ def import_reference():
     return llm, Qwen2Config, Qwen2ForCausalLM
 
 
-def build(seed):
+def build(seed, d=DIMS, scale_weights=True):
     llm, Qwen2Config, Qwen2ForCausalLM = import_reference()
     torch.manual_seed(seed)
-    d = DIMS
     config = Qwen2Config(vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=d["intermediate"],
                          num_hidden_layers=d["layers"], num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
                          rope_theta=d["rope_theta"], rms_norm_eps=d["eps"], max_position_embeddings=1024,
                          tie_word_embeddings=False, use_sliding_window=False, sliding_window=None,
-                         attn_implementation="eager")
+                         attn_implementation="eager", torch_dtype="float32")
     encoder = llm.Qwen2Encoder.__new__(llm.Qwen2Encoder)
     torch.nn.Module.__init__(encoder)
     encoder.model = Qwen2ForCausalLM(config)
     lm = llm.Qwen2LM(llm_input_size=d["hidden"], llm_output_size=d["hidden"], speech_token_size=d["speech_tokens"],
                      llm=encoder, sampling=None)
+    if not scale_weights:
+        return lm.eval()
     # Larger random weights than Hugging Face's init (std 0.02), so that every layer matters.
     with torch.no_grad():
         for name, p in lm.named_parameters():
@@ -72,22 +78,81 @@ def build(seed):
     return lm.eval()
 
 
+# (top_p, top_k, win_size, tau_r) of the sampler cases: CosyVoice2's, and one where top_k binds.
+SAMPLER_SETTINGS = [(0.8, 25, 10, 0.1), (0.95, 3, 10, 0.1)]
+SAMPLER_CASES = 48  # per setting
+HISTORY = 16
+
+
+def sampler_cases(fx, g):
+    """The reference's ras_sampling on the teacher-forced log-probabilities, its multinomial
+    replaced by an inverse-CDF draw from given uniforms, so that the port can be given the same."""
+    from cosyvoice.utils import common
+    draws = []
+
+    def inverse_cdf_multinomial(probs, num_samples, replacement=False):
+        u = draws.pop(0)
+        cdf = torch.cumsum(probs, 0) / probs.sum()
+        return (cdf <= u).sum().clamp(max=len(probs) - 1).reshape(1)
+
+    original = torch.Tensor.multinomial
+    torch.Tensor.multinomial = inverse_cdf_multinomial
+    try:
+        rows = torch.cat([fx[f"item{i}.logp"] for i in range(len(ITEMS))])
+        out = {}
+        for s, (top_p, top_k, win, tau) in enumerate(SAMPLER_SETTINGS):
+            logp, hist, hist_len, uni, pick = [], [], [], [], []
+            for c in range(SAMPLER_CASES):
+                row = rows[int(torch.randint(0, len(rows), (1,), generator=g))]
+                n = int(torch.randint(0, HISTORY + 1, (1,), generator=g))
+                # Histories drawn from the row's own likely tokens, so that repeats occur.
+                likely = row.topk(4).indices
+                h = likely[torch.randint(0, 4, (n,), generator=g)].tolist()
+                u = torch.rand(2, generator=g, dtype=torch.float64).tolist()
+                draws[:] = list(u)
+                top = common.ras_sampling(row, h, None, top_p=top_p, top_k=top_k, win_size=win, tau_r=tau)
+                logp.append(row)
+                hist.append(h + [-1] * (HISTORY - n))
+                hist_len.append(n)
+                uni.append(u)
+                pick.append(int(top))
+            out[f"sampler{s}.logp"] = torch.stack(logp).contiguous()
+            out[f"sampler{s}.history"] = torch.tensor(hist, dtype=torch.int64)
+            out[f"sampler{s}.history_len"] = torch.tensor(hist_len, dtype=torch.int64)
+            out[f"sampler{s}.uniforms"] = torch.tensor(uni, dtype=torch.float64)
+            out[f"sampler{s}.pick"] = torch.tensor(pick, dtype=torch.int64)
+        return out
+    finally:
+        torch.Tensor.multinomial = original
+
+
+def write_official(lm, official):
+    """llm.pt and CosyVoice-BlankEN/config.json as CosyVoice2 ships them."""
+    os.makedirs(os.path.join(official, "CosyVoice-BlankEN"), exist_ok=True)
+    torch.save(lm.state_dict(), os.path.join(official, "llm.pt"))
+    lm.llm.model.config.to_json_file(os.path.join(official, "CosyVoice-BlankEN", "config.json"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=4321)
+    ap.add_argument("--full", action="store_true",
+                    help="CosyVoice2-0.5B's dimensions (Hugging Face's random init), official files only: for benchmarks")
     args = ap.parse_args()
     from safetensors.torch import save_file
+    if args.full:
+        lm = build(args.seed, FULL, scale_weights=False)
+        write_official(lm, os.path.join(args.out, "official"))
+        print(f"wrote {args.out}/official: CosyVoice2-0.5B-shaped LLM, random weights")
+        return
     lm = build(args.seed)
     os.makedirs(args.out, exist_ok=True)
     weights = {k: v.contiguous() for k, v in lm.state_dict().items() if not k.startswith("llm.model.lm_head")}
     save_file(weights, os.path.join(args.out, "llm.safetensors"))
     # The converter's input, as CosyVoice2 ships it: llm.pt (the whole state dict, lm_head
     # included) and the Qwen2 config under CosyVoice-BlankEN/.
-    official = os.path.join(args.out, "official")
-    os.makedirs(os.path.join(official, "CosyVoice-BlankEN"), exist_ok=True)
-    torch.save(lm.state_dict(), os.path.join(official, "llm.pt"))
-    lm.llm.model.config.to_json_file(os.path.join(official, "CosyVoice-BlankEN", "config.json"))
+    write_official(lm, os.path.join(args.out, "official"))
     d = DIMS
     g = torch.Generator().manual_seed(args.seed + 1)
     fx = {}
@@ -116,9 +181,10 @@ def main():
             for k, v in dict(text=text[0], prompt_text=ptext[0], prompt_speech=pspeech[0], fed=fed, lm_input=lm_input[0],
                              hidden=hidden, logp=torch.stack(logps)).items():
                 fx[f"item{i}.{k}"] = v.contiguous()
+    fx.update(sampler_cases(fx, g))
     save_file(fx, os.path.join(args.out, "parity.safetensors"))
     with open(os.path.join(args.out, "parity.json"), "w") as f:
-        json.dump({"dims": DIMS, "items": ITEMS, "seed": args.seed}, f, indent=2)
+        json.dump({"dims": DIMS, "items": ITEMS, "seed": args.seed, "sampler": SAMPLER_SETTINGS}, f, indent=2)
     print(f"wrote {args.out}: {len(ITEMS)} items")
 
 

@@ -12,6 +12,10 @@ rm -rf .whl .t2w && mkdir -p .whl .t2w
 # huggingface_hub/transformers pair of its own, which a newer huggingface_hub would break.
 .venv/bin/pip download -q --no-deps -d .whl token2wav-cosyvoice==0.1.0 conformer==0.3.2 einops==0.8.2 \
   diffusers==0.42.1 omegaconf==2.4.0 importlib_metadata==10.2.0 zipp==4.1.2 safetensors==0.8.0
+# The LLM reference (tools/make_llm_fixtures.py, tools/bench_llm_reference.py) needs the transformers
+# CosyVoice pins, with the huggingface_hub and tokenizers it was released with (tokenizers' wheel is
+# abi3: it serves the GPU machine's Python 3.12 too).
+.venv/bin/pip download -q --no-deps -d .whl transformers==4.51.3 huggingface_hub==0.36.0 tokenizers==0.21.4
 for t in cosyvoice2_parity cosyvoice2_llm_parity; do
   test_bin=$(ls -t target/debug/deps/$t-* | grep -v '\.d$' | head -n1)
   strip -o .t2w/$t "$test_bin" && xz -T2 -6 -f .t2w/$t

@@ -5,11 +5,13 @@
 //!   soak, cost table, recommended configuration.
 //! - [`policy`]: the memory-aware batch policy against fixed batch sizes on a mixed-length corpus.
 //! - [`token2wav`]: CosyVoice2 token2wav throughput per batch size and precision, time per stage.
+//! - [`llm`]: the CosyVoice2 speech-token LM, tokens per second per slot count, against the reference.
 //!
 //! Neighbours: `model` runs the passes, `batch` and `sizing` decide the batches, the worker's
 //! split-on-failure path runs them (`worker::synthesize_splitting`), `plot` draws.
 
 pub mod corpus;
+pub mod llm;
 pub mod policy;
 pub mod quality;
 pub mod sweetspot;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{io, load_model, CommandError};
-use crate::bench::{self, policy, sweetspot, token2wav};
+use crate::bench::{self, llm, policy, sweetspot, token2wav};
 use crate::config::Config;
 use crate::model::ModelError;
 
@@ -26,6 +26,17 @@ pub async fn bench_token2wav(
 ) -> Result<(token2wav::Token2WavReport, Vec<PathBuf>), CommandError> {
     let report = tokio::task::spawn_blocking(move || token2wav::run(&opts, progress)).await.map_err(|_| ModelError::ThreadGone)??;
     let paths = write_results(out_root, "token2wav", report.clone(), |r, dir| token2wav::write(&r, dir)).await?;
+    Ok((report, paths))
+}
+
+/// The speech-token LM bench (on a blocking thread: it drives libtorch directly).
+pub async fn bench_llm(
+    opts: llm::LlmBenchOptions,
+    out_root: &Path,
+    progress: impl FnMut(&llm::Point) + Send + 'static,
+) -> Result<(llm::LlmReport, Vec<PathBuf>), CommandError> {
+    let report = tokio::task::spawn_blocking(move || llm::run(&opts, progress)).await.map_err(|_| ModelError::ThreadGone)??;
+    let paths = write_results(out_root, "llm", report.clone(), |r, dir| llm::write(&r, dir)).await?;
     Ok((report, paths))
 }
 

@@ -14,7 +14,7 @@ mod status;
 mod work;
 
 pub use audit::{audit, Audit};
-pub use bench::{bench_corpus, bench_policy, bench_sweetspot, bench_token2wav};
+pub use bench::{bench_corpus, bench_llm, bench_policy, bench_sweetspot, bench_token2wav};
 pub use calibrate::calibrate;
 pub use demo::{demo, DemoSummary};
 pub use enqueue::{enqueue, publish_with_retry, EnqueueSummary};

@@ -15,6 +15,7 @@ mod batching;
 mod check;
 mod cost;
 mod database;
+mod llm;
 mod memory;
 mod model;
 mod secret;
@@ -30,6 +31,7 @@ pub use amqp::{AmqpConfig, RawAmqp};
 pub use batching::{BatchingConfig, Limits, RawBatching, RawLimits};
 pub use cost::{CostConfig, RawCost};
 pub use database::{DatabaseConfig, RawDatabase};
+pub use llm::{LlmConfig, RawLlm};
 pub use memory::{MemoryConfig, RawMemory, SizingPolicy};
 pub use model::{ModelConfig, RawModel};
 pub use secret::{redact_url, Secret, SecretUrl};
@@ -67,6 +69,7 @@ pub struct RawConfig {
     pub limits: RawLimits,
     pub worker: RawWorker,
     pub memory: RawMemory,
+    pub llm: RawLlm,
     pub cost: RawCost,
 }
 
@@ -81,6 +84,7 @@ pub struct Config {
     pub limits: Limits,
     pub worker: WorkerConfig,
     pub memory: MemoryConfig,
+    pub llm: LlmConfig,
     pub cost: CostConfig,
 }
 
@@ -96,6 +100,7 @@ impl RawConfig {
             limits: self.limits.validate()?,
             worker: self.worker.validate()?,
             memory: self.memory.validate()?,
+            llm: self.llm.validate()?,
             cost: self.cost.validate()?,
         })
     }

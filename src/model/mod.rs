@@ -13,6 +13,7 @@
 pub mod cosyvoice2;
 mod manifest;
 pub mod memory;
+pub mod cuda_graph;
 mod shim;
 mod torchscript;
 

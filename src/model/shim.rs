@@ -19,7 +19,7 @@ pub struct ShimError {
 }
 
 /// Calls a shim function that reports a caught exception through an error buffer.
-fn checked(call: &'static str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), ShimError> {
+pub(super) fn checked(call: &'static str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), ShimError> {
     let mut buf = [0 as c_char; 512];
     if f(buf.as_mut_ptr(), buf.len()) == 0 {
         return Ok(());

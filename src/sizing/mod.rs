@@ -9,6 +9,7 @@
 //! Neighbours: `batch` holds the pure policy and memory model; `worker` and `bench::policy` call
 //! this; `calibrate` writes the profiles read here (`profile.rs`).
 
+pub mod llm;
 pub mod profile;
 
 use tracing::{info, warn};

@@ -27,6 +27,11 @@ impl SlotCache {
         (2 * layers * kv_heads * head_dim) as u64 * kind.elt_size_in_bytes() as u64
     }
 
+    /// Bytes the keys and values take.
+    pub fn bytes(&self) -> u64 {
+        2 * (self.k.numel() * self.k.kind().elt_size_in_bytes()) as u64
+    }
+
     pub fn slots(&self) -> usize {
         self.lens.len()
     }

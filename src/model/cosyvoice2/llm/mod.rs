@@ -1,17 +1,22 @@
-//! CosyVoice2's speech-token language model (issue 13, in progress): text → speech tokens.
+//! CosyVoice2's speech-token language model: text → speech tokens, many sequences at once.
 //!
-//! So far: [`qwen2`], the Qwen2 decoder CosyVoice2's `Qwen2LM` wraps, over a slot KV cache
-//! ([`cache`]) so that many sequences decode at once and a finished slot is refilled while the
-//! others keep decoding; [`sampler`], the repetition-aware sampling with per-sequence seeded
-//! draws; [`speech_lm`], `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules)
-//! batched with continuous refill — each sequence gets the same tokens batched or alone (tested
-//! on CPU with random weights), at parity with the reference (`tests/cosyvoice2_llm_parity.rs`),
-//! bf16 on CUDA. Still to come: CUDA graphs for the decode step, the memory policy for the cache,
-//! `bench llm`, and wiring into the worker (issue 14).
+//! - [`qwen2`]: the Qwen2 decoder CosyVoice2's `Qwen2LM` wraps, over a slot KV cache ([`cache`]):
+//!   unpadded multi-sequence prefill, and a decode step that advances every active slot at its own
+//!   position (graph-capturable: device work only).
+//! - [`sampler`]: the repetition-aware sampling, vectorised, with per-sequence seeded draws.
+//! - [`batch`]: the [`batch::BatchDecoder`] — the cache sized once, the step's static buffers,
+//!   the step captured as CUDA graphs per (rows, span) bucket and replayed (eager as the fallback).
+//! - [`speech_lm`]: `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules) with
+//!   continuous refill; each sequence gets the same tokens batched or alone.
 //!
-//! Neighbours: `weights` loads the tensors; `layers` has the result type.
+//! At parity with the reference (`tests/cosyvoice2_llm_parity.rs`); bf16 weights on CUDA, fp32 on
+//! the CPU, log-probabilities and sampling fp32. `sizing::llm` gives the slot count from the
+//! memory budget; `bench::llm` measures it. Wiring into the worker is issue 14.
+//!
+//! Neighbours: `weights` loads the tensors; `layers` has the result type; `model::cuda_graph`.
 
+pub mod batch;
 pub mod cache;
+pub mod qwen2;
 pub mod sampler;
 pub mod speech_lm;
-pub mod qwen2;

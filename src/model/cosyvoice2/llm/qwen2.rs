@@ -2,8 +2,9 @@
 //! embeddings, `layers` × (RMSNorm → grouped-query self-attention with rotary positions, q/k/v with
 //! bias → RMSNorm → SwiGLU), final RMSNorm. Dimensions come from the checkpoint's config.
 //!
-//! It runs over a [`SlotCache`]: [`Qwen2::prefill`] feeds one sequence's prompt into its slot
-//! without padding it to any other; [`Qwen2::decode`] advances any set of slots by one position
+//! It runs over a [`SlotCache`]: [`Qwen2::prefill_many`] feeds newly admitted sequences' prompts
+//! into their free slots in one pass, none padded to another; [`Qwen2::step`] (graph-capturable)
+//! and [`Qwen2::decode`] advance a set of slots by one position
 //! each, every row at its own position and attending to its own slot's length. A slot freed and
 //! refilled mid-decode does not disturb the others.
 //!
@@ -137,68 +138,106 @@ impl Qwen2 {
         x.f_mul(&cos.f_unsqueeze(1)?)?.f_add(&rotate_half(x)?.f_mul(&sin.f_unsqueeze(1)?)?)
     }
 
-    /// Feeds `x` (`[T, hidden]` input embeddings of one sequence) into `slot` after what it holds;
-    /// returns the final hidden states `[T, hidden]`.
+    /// Feeds `x` (`[T, hidden]` input embeddings of one sequence) into free `slot`; returns the
+    /// final hidden states `[T, hidden]`.
     pub fn prefill(&self, cache: &mut SlotCache, slot: usize, x: &Tensor) -> R<Tensor> {
+        self.prefill_many(cache, &[(slot, x.shallow_clone())])
+    }
+
+    /// Feeds several sequences at once, each into its own free slot, none padded: the items'
+    /// positions are laid end to end (`[ΣT, hidden]`) and attend under one block-diagonal causal
+    /// mask (a position sees the earlier positions of its own sequence), so one call per layer
+    /// serves them all. Returns the hidden states `[ΣT, hidden]`.
+    pub fn prefill_many(&self, cache: &mut SlotCache, items: &[(usize, Tensor)]) -> R<Tensor> {
         let d = self.dims;
-        let (t, _) = x.size2()?;
-        let start = cache.len(slot);
-        if start + t > cache.max_len() {
-            return Err(tch::TchError::Shape(format!("slot {slot}: {start} + {t} positions exceed the cache's {}", cache.max_len())));
+        let mut slots = Vec::new();
+        let mut positions = Vec::new();
+        let mut owner = Vec::new();
+        for (i, (slot, x)) in items.iter().enumerate() {
+            let (t, _) = x.size2()?;
+            if !cache.is_empty(*slot) {
+                return Err(tch::TchError::Shape(format!("slot {slot} is not free ({} positions held)", cache.len(*slot))));
+            }
+            if t > cache.max_len() {
+                return Err(tch::TchError::Shape(format!("slot {slot}: {t} positions exceed the cache's {}", cache.max_len())));
+            }
+            slots.extend(std::iter::repeat(*slot as i64).take(t as usize));
+            positions.extend(0..t);
+            owner.extend(std::iter::repeat(i as i64).take(t as usize));
         }
-        let device = x.device();
-        let positions = Tensor::f_arange_start(start, start + t, (Kind::Int64, device))?;
+        let Some(device) = items.first().map(|(_, x)| x.device()) else {
+            return Tensor::f_zeros([0, d.hidden], (self.embed_tokens.kind(), self.embed_tokens.device()));
+        };
+        let total = positions.len() as i64;
+        let x = Tensor::f_cat(&items.iter().map(|(_, x)| x.shallow_clone()).collect::<Vec<_>>(), 0)?;
+        let slot_index = Tensor::f_from_slice(&slots)?.f_to_device(device)?;
+        let positions = Tensor::f_from_slice(&positions)?.f_to_device(device)?;
+        let owner = Tensor::f_from_slice(&owner)?.f_to_device(device)?;
         let (cos, sin) = self.rope(&positions, x.kind())?;
-        let total = start + t;
-        // Query i (position start + i) sees keys 0..=start + i.
-        let keys = Tensor::f_arange(total, (Kind::Int64, device))?.f_unsqueeze(0)?;
-        let mask = keys.f_le_tensor(&positions.f_unsqueeze(1)?)?.f_view([1, 1, t, total])?;
+        // Query i sees key j when both are of one sequence and j is not later.
+        let same = owner.f_unsqueeze(1)?.f_eq_tensor(&owner.f_unsqueeze(0)?)?;
+        let earlier = positions.f_unsqueeze(0)?.f_le_tensor(&positions.f_unsqueeze(1)?)?;
+        let mask = same.f_logical_and(&earlier)?.f_view([1, 1, total, total])?;
         let group = d.heads / d.kv_heads;
-        let mut x = x.shallow_clone();
+        let mut x = x;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
-            let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([t, d.heads, d.head_dim])?, &cos, &sin)?;
-            let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([t, d.kv_heads, d.head_dim])?, &cos, &sin)?;
-            let v = layer.v.forward(&h)?.f_view([t, d.kv_heads, d.head_dim])?;
-            let (cache_k, cache_v) = (cache.k.f_get(l as i64)?.f_get(slot as i64)?, cache.v.f_get(l as i64)?.f_get(slot as i64)?);
-            cache_k.f_narrow(1, start, t)?.f_copy_(&k.f_transpose(0, 1)?.f_to_kind(cache_k.kind())?)?;
-            cache_v.f_narrow(1, start, t)?.f_copy_(&v.f_transpose(0, 1)?.f_to_kind(cache_v.kind())?)?;
-            let keys = cache_k.f_narrow(1, 0, total)?.f_repeat_interleave_self_int(group, 0, None)?.f_to_kind(q.kind())?;
-            let values = cache_v.f_narrow(1, 0, total)?.f_repeat_interleave_self_int(group, 0, None)?.f_to_kind(q.kind())?;
-            let a = Tensor::f_scaled_dot_product_attention(
-                &q.f_transpose(0, 1)?.f_unsqueeze(0)?,
-                &keys.f_unsqueeze(0)?,
-                &values.f_unsqueeze(0)?,
-                Some(&mask),
-                0.0,
-                false,
-                None,
-                false,
-            )?; // [1, H, T, hd]
-            let a = a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([t, d.heads * d.head_dim])?;
+            let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([total, d.heads, d.head_dim])?, &cos, &sin)?;
+            let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([total, d.kv_heads, d.head_dim])?, &cos, &sin)?;
+            let v = layer.v.forward(&h)?.f_view([total, d.kv_heads, d.head_dim])?;
+            let (mut cache_k, mut cache_v) = (cache.k.f_get(l as i64)?, cache.v.f_get(l as i64)?); // [S, KVH, T, hd]
+            let at = [Some(slot_index.shallow_clone()), None, Some(positions.shallow_clone())];
+            let _ = cache_k.f_index_put_(&at, &k.f_to_kind(cache_k.kind())?, false)?;
+            let _ = cache_v.f_index_put_(&at, &v.f_to_kind(cache_v.kind())?, false)?;
+            // [1, H, ΣT, hd]: each KV head shared by its group of query heads.
+            let heads = |t: &Tensor| -> R<Tensor> { t.f_repeat_interleave_self_int(group, 1, None)?.f_transpose(0, 1)?.f_unsqueeze(0) };
+            let a = Tensor::f_scaled_dot_product_attention(&q.f_transpose(0, 1)?.f_unsqueeze(0)?, &heads(&k)?, &heads(&v)?, Some(&mask), 0.0, false, None, false)?;
+            let a = a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([total, d.heads * d.head_dim])?;
             x = x.f_add(&layer.o.forward(&a)?)?;
             x = x.f_add(&layer.mlp(&x)?)?;
         }
-        cache.advance(slot, t);
+        for (slot, x) in items {
+            cache.advance(*slot, x.size2()?.0);
+        }
         self.norm.forward(&x)
     }
 
     /// Advances each of `slots` by one position: `x` `[N, hidden]` holds each slot's next input
     /// embedding, row `i` for `slots[i]`. Returns the final hidden states `[N, hidden]`.
     pub fn decode(&self, cache: &mut SlotCache, slots: &[usize], x: &Tensor) -> R<Tensor> {
-        let d = self.dims;
-        let n = slots.len() as i64;
         let device = x.device();
-        let lens: Vec<i64> = slots.iter().map(|&s| cache.len(s)).collect();
         if let Some(full) = slots.iter().find(|&&s| cache.len(s) >= cache.max_len()) {
             return Err(tch::TchError::Shape(format!("slot {full} is full ({} positions)", cache.max_len())));
         }
-        let span = lens.iter().copied().max().unwrap_or(0) + 1;
+        let lens: Vec<i64> = slots.iter().map(|&s| cache.len(s)).collect();
+        let span = span_for(lens.iter().copied().max().unwrap_or(0) + 1, cache.max_len());
         let positions = Tensor::f_from_slice(&lens)?.f_to_device(device)?;
         let slot_ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
         let slot_index = Tensor::f_from_slice(&slot_ids)?.f_to_device(device)?;
-        let (cos, sin) = self.rope(&positions, x.kind())?;
-        // Row i sees keys 0..=lens[i] of its own slot.
+        let hidden = self.step(cache, Rows::Slots(&slot_index), x, &positions, span)?;
+        for &s in slots {
+            cache.advance(s, 1);
+        }
+        Ok(hidden)
+    }
+
+    /// One decode step on the device alone (no host copies, so a CUDA graph can capture it): row
+    /// `i` of `x` `[N, hidden]` goes into its slot at position `positions[i]` and attends to that
+    /// slot's keys `0..=positions[i]`, reading the first `span` positions. Writes the keys and
+    /// values; the caller advances the slots' lengths. Returns the final hidden states `[N, hidden]`.
+    ///
+    /// Grouped-query attention without copies: the query heads sharing a KV head are laid out as
+    /// that head's query positions (`[N, kv_heads, group, head_dim]`), so keys and values are read
+    /// in place — with [`Rows::First`] straight from the cache, no gather at all.
+    pub fn step(&self, cache: &SlotCache, rows: Rows<'_>, x: &Tensor, positions: &Tensor, span: i64) -> R<Tensor> {
+        let d = self.dims;
+        let (n, _) = x.size2()?;
+        let device = x.device();
+        let slot_index = match rows {
+            Rows::First => Tensor::f_arange(n, (Kind::Int64, device))?,
+            Rows::Slots(index) => index.shallow_clone(),
+        };
+        let (cos, sin) = self.rope(positions, x.kind())?;
         let mask = Tensor::f_arange(span, (Kind::Int64, device))?
             .f_unsqueeze(0)?
             .f_le_tensor(&positions.f_unsqueeze(1)?)?
@@ -214,21 +253,41 @@ impl Qwen2 {
             let at = [Some(slot_index.shallow_clone()), None, Some(positions.shallow_clone())];
             let _ = cache_k.f_index_put_(&at, &k.f_to_kind(cache_k.kind())?, false)?;
             let _ = cache_v.f_index_put_(&at, &v.f_to_kind(cache_v.kind())?, false)?;
-            let gather = |c: &Tensor| -> R<Tensor> {
-                c.f_index_select(0, &slot_index)?.f_narrow(2, 0, span)?.f_repeat_interleave_self_int(group, 1, None)?.f_to_kind(q.kind())
+            let read = |c: &Tensor| -> R<Tensor> {
+                let rows = match rows {
+                    Rows::First => c.f_narrow(0, 0, n)?,
+                    Rows::Slots(index) => c.f_index_select(0, index)?,
+                };
+                rows.f_narrow(2, 0, span)?.f_to_kind(q.kind())
             };
-            let (keys, values) = (gather(&cache_k)?, gather(&cache_v)?); // [N, H, span, hd]
-            let a = Tensor::f_scaled_dot_product_attention(&q.f_unsqueeze(2)?, &keys, &values, Some(&mask), 0.0, false, None, false)?;
+            let (keys, values) = (read(&cache_k)?, read(&cache_v)?); // [N, KVH, span, hd]
+            let q = q.f_view([n, d.kv_heads, group, d.head_dim])?;
+            let a = Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, false)?;
             let a = a.f_reshape([n, d.heads * d.head_dim])?;
             x = x.f_add(&layer.o.forward(&a)?)?;
             x = x.f_add(&layer.mlp(&x)?)?;
         }
-        for &s in slots {
-            cache.advance(s, 1);
-        }
         self.norm.forward(&x)
     }
 }
+
+/// Which slots the rows of a decode step are.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    /// Row `i` is slot `i`, for the first `N` slots: keys and values are read in place.
+    First,
+    /// Row `i` is slot `index[i]` (a device tensor of slot indices): keys and values are gathered.
+    Slots(&'a Tensor),
+}
+
+/// Positions a decode step reads: `needed` rounded up to a multiple of [`SPAN_STEP`] (so that CUDA
+/// graphs are captured for few spans), at most the cache's `max_len`.
+pub fn span_for(needed: i64, max_len: i64) -> i64 {
+    ((needed + SPAN_STEP - 1) / SPAN_STEP * SPAN_STEP).min(max_len)
+}
+
+/// Granularity of decode spans.
+pub const SPAN_STEP: i64 = 128;
 
 /// Every tensor a decoder of `d` under `prefix` has, filled by `random` (tests make random models).
 #[cfg(test)]

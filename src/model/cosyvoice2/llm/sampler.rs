@@ -62,9 +62,11 @@ fn inverse_cdf(cdf: &Tensor, u: &Tensor) -> R<Tensor> {
     cdf.f_le_tensor(&u.f_unsqueeze(1)?)?.f_sum_dim_intlist(Some([1i64].as_slice()), false, Kind::Int64)?.f_clamp_max(v - 1)
 }
 
-/// Picks one token per row of `logp` `[N, V]` (log-probabilities). `history[i]` is row i's
-/// tokens so far; `uniforms[i]` its (nucleus, full) draws.
-pub fn ras_sample(logp: &Tensor, history: &[&[i64]], uniforms: &[(f64, f64)], p: &SamplingParams) -> R<Vec<i64>> {
+/// The two candidate draws of every row of `logp` `[N, V]` (log-probabilities) from its uniforms
+/// `[N, 2]` (fp32, on `logp`'s device): column 0 the nucleus pick, column 1 the pick from the full
+/// distribution; `[N, 2]` int64. Device operations only, so a CUDA graph can capture it with the
+/// decode step.
+pub fn draw(logp: &Tensor, uniforms: &Tensor, p: &SamplingParams) -> R<Tensor> {
     let device = logp.device();
     let probs = logp.f_to_kind(Kind::Float)?.f_softmax(-1, Kind::Float)?;
     let (_, v) = probs.size2()?;
@@ -76,29 +78,36 @@ pub fn ras_sample(logp: &Tensor, history: &[&[i64]], uniforms: &[(f64, f64)], p:
     let keep = before.f_lt(p.top_p)?.f_logical_and(&rank.f_lt(p.top_k)?)?;
     let kept = sorted.f_mul(&keep.f_to_kind(Kind::Float)?)?;
     let nucleus_cdf = kept.f_cumsum(-1, Kind::Float)?.f_div(&kept.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
-    let u1: Vec<f32> = uniforms.iter().map(|u| u.0 as f32).collect();
-    let u2: Vec<f32> = uniforms.iter().map(|u| u.1 as f32).collect();
-    let u1 = Tensor::f_from_slice(&u1)?.f_to_device(device)?;
-    let u2 = Tensor::f_from_slice(&u2)?.f_to_device(device)?;
-    let nucleus = order.f_gather(1, &inverse_cdf(&nucleus_cdf, &u1)?.f_unsqueeze(1)?, false)?.f_squeeze_dim(1)?;
+    let nucleus = order.f_gather(1, &inverse_cdf(&nucleus_cdf, &uniforms.f_select(1, 0)?)?.f_unsqueeze(1)?, false)?;
     let full_cdf = probs.f_cumsum(-1, Kind::Float)?.f_div(&probs.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
-    let full = inverse_cdf(&full_cdf, &u2)?;
-    let nucleus = Vec::<i64>::try_from(nucleus.f_to_device(tch::Device::Cpu)?)?;
-    let full = Vec::<i64>::try_from(full.f_to_device(tch::Device::Cpu)?)?;
-    Ok(nucleus
-        .into_iter()
-        .zip(full)
-        .zip(history)
-        .map(|((pick, other), h)| {
-            let window = &h[h.len().saturating_sub(p.win_size)..];
-            let repeats = window.iter().filter(|&&t| t == pick).count();
-            if repeats as f64 >= p.win_size as f64 * p.tau_r {
-                other
-            } else {
-                pick
-            }
-        })
-        .collect())
+    let full = inverse_cdf(&full_cdf, &uniforms.f_select(1, 1)?)?.f_unsqueeze(1)?;
+    Tensor::f_cat(&[nucleus, full], 1)
+}
+
+/// The reference's choice between a row's two draws: the nucleus pick, unless it already occurs
+/// ≥ `win_size · tau_r` times among the last `win_size` tokens of `history`.
+pub fn choose(nucleus: i64, full: i64, history: &[i64], p: &SamplingParams) -> i64 {
+    let window = &history[history.len().saturating_sub(p.win_size)..];
+    let repeats = window.iter().filter(|&&t| t == nucleus).count();
+    if repeats as f64 >= p.win_size as f64 * p.tau_r {
+        full
+    } else {
+        nucleus
+    }
+}
+
+/// The uniforms of `pairs` as a `[N, 2]` fp32 tensor on `device`.
+pub fn uniforms_tensor(pairs: &[(f64, f64)], device: tch::Device) -> R<Tensor> {
+    let flat: Vec<f32> = pairs.iter().flat_map(|&(a, b)| [a as f32, b as f32]).collect();
+    Tensor::f_from_slice(&flat)?.f_view([pairs.len() as i64, 2])?.f_to_device(device)
+}
+
+/// Picks one token per row of `logp` `[N, V]` (log-probabilities). `history[i]` is row i's
+/// tokens so far; `uniforms[i]` its (nucleus, full) draws.
+pub fn ras_sample(logp: &Tensor, history: &[&[i64]], uniforms: &[(f64, f64)], p: &SamplingParams) -> R<Vec<i64>> {
+    let picks = draw(logp, &uniforms_tensor(uniforms, logp.device())?, p)?;
+    let picks = Vec::<i64>::try_from(picks.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+    Ok(picks.chunks(2).zip(history).map(|(pair, h)| choose(pair[0], pair[1], h, p)).collect())
 }
 
 #[cfg(test)]

@@ -10,24 +10,32 @@
 //! when the very first draw is skipped the reference feeds its whole prompt again; here its last
 //! position is fed again (a draw of 2 in 6564 at one step of a sequence, with real weights).
 //!
-//! Decoding: every slot of the [`SlotCache`] holds one sequence; one decode step advances all
-//! active slots; a finished slot is refilled from the pending requests at once (prefilled alone,
-//! unpadded), so the batch never drains to its slowest member. Each sequence samples from its own
-//! seeded stream, so it gets the same tokens batched or alone.
+//! Decoding ([`BatchDecoder`]): every slot of the KV cache holds one sequence; one decode step
+//! (a replayed CUDA graph on CUDA) advances all active slots; finished slots are refilled from the
+//! pending requests, the newly admitted prefilled together in one unpadded pass — at once with up
+//! to 16 slots, else as soon as a sixteenth of the slots are free — so the batch never drains to
+//! its slowest member. Each sequence samples from its own seeded stream, so it gets the same
+//! tokens batched or alone.
 //!
-//! Neighbours: `qwen2` (the decoder), `sampler`, `cache`; `weights` loads `llm.safetensors`.
+//! Neighbours: `qwen2` (the decoder), `sampler`, `batch` (cache, step buffers, graphs);
+//! `weights` loads `llm.safetensors`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use tch::{Kind, TchError, Tensor};
 
 use super::super::layers::{Linear, R};
 use super::super::weights::Weights;
-use super::qwen2::{Qwen2, Qwen2Dims};
-use super::sampler::{ras_sample, SamplingParams, SequenceRng};
+use super::batch::{rows_for, BatchDecoder, StepInput, StepOutputs};
+use super::cache::SlotCache;
+use super::qwen2::{span_for, Qwen2, Qwen2Dims, Rows};
+use super::sampler::{choose, draw, ras_sample, uniforms_tensor, SamplingParams, SequenceRng};
 
 /// The LM's weights in a converted model directory.
 pub const LLM_FILE: &str = "llm.safetensors";
+
+/// Positions prefilled in one call at most (a call's attention reads its rows' slots whole).
+const PREFILL_POSITIONS: i64 = 2048;
 
 /// Draws of an end-of-speech token before `min_len` tolerated per step.
 const MAX_TRIALS: usize = 100;
@@ -40,6 +48,9 @@ pub struct LmRequest {
     pub prompt_speech: Vec<i64>,
     /// Seed of the sequence's draws (e.g. from job id and segment index).
     pub seed: u64,
+    /// Benchmarks only: exactly this many steps, end-of-speech refused until then (random
+    /// weights end at random).
+    pub forced_len: Option<usize>,
 }
 
 /// `min_len` / `max_len` as multiples of the text's token count.
@@ -85,6 +96,18 @@ pub struct SpeechLm {
     speech_tokens: i64,
 }
 
+/// The reference's `max_len`: 20× (`ratios.max`) the text's tokens, or the forced length.
+fn max_steps(r: &LmRequest, ratios: LengthRatios) -> usize {
+    r.forced_len.unwrap_or((r.text.len() as f64 * ratios.max) as usize)
+}
+
+/// What a sequence is fed next.
+enum Input {
+    Token(i64),
+    /// The last prompt position's embedding, when the first draw is skipped.
+    Embedding(Tensor),
+}
+
 struct Sequence {
     index: usize,
     slot: usize,
@@ -92,7 +115,7 @@ struct Sequence {
     min_len: usize,
     max_len: usize,
     out: Vec<i64>,
-    next_input: Tensor,
+    next_input: Input,
     rng: SequenceRng,
 }
 
@@ -153,19 +176,15 @@ impl SpeechLm {
     /// Positions one request needs in its slot: its input and `max_len` steps.
     pub fn positions_needed(&self, r: &LmRequest, ratios: LengthRatios) -> i64 {
         let input = 2 + (r.prompt_text.len() + r.text.len() + r.prompt_speech.len()) as i64;
-        input + (r.text.len() as f64 * ratios.max) as i64
+        input + max_steps(r, ratios) as i64
     }
 
-    /// Decodes every request with `slots` sequences at a time in a cache of `max_positions` per
-    /// slot. One result per request, in order; a libtorch failure fails the whole call.
-    pub fn generate(
-        &self,
-        requests: &[LmRequest],
-        slots: usize,
-        max_positions: i64,
-        params: &SamplingParams,
-        ratios: LengthRatios,
-    ) -> Result<Vec<Result<LmOutput, LmError>>, TchError> {
+    /// Decodes every request with the decoder's slots (a request at most `max_positions` long):
+    /// one result per request, in order; a libtorch failure fails the whole call. Newly admitted
+    /// requests are prefilled together (unpadded); every step advances all active slots at once;
+    /// finished slots are refilled as [`SpeechLm::admit`] says.
+    pub fn generate(&self, dec: &mut BatchDecoder, requests: &[LmRequest], ratios: LengthRatios) -> Result<Vec<Result<LmOutput, LmError>>, TchError> {
+        let max_positions = dec.max_positions();
         let mut results: Vec<Option<Result<LmOutput, LmError>>> = requests.iter().map(|_| None).collect();
         let mut pending: VecDeque<usize> = VecDeque::new();
         for (i, r) in requests.iter().enumerate() {
@@ -178,63 +197,140 @@ impl SpeechLm {
                 pending.push_back(i);
             }
         }
-        let mut cache = self.qwen.cache(slots.max(1), max_positions, self.speech_embedding.kind())?;
-        let mut free: Vec<usize> = (0..cache.slots()).rev().collect();
-        let mut active: Vec<Sequence> = Vec::new();
+        for slot in 0..dec.slots() {
+            dec.cache.free(slot);
+        }
+        let params = *dec.params();
+        let mut free: BTreeSet<usize> = (0..dec.slots()).collect();
+        // Sequences by slot.
+        let mut active: BTreeMap<usize, Sequence> = BTreeMap::new();
         loop {
-            // Refill every free slot at once.
-            while let (Some(&slot), Some(&index)) = (free.last(), pending.front()) {
-                free.pop();
-                pending.pop_front();
-                let r = &requests[index];
-                let input = self.input(r)?;
-                let hidden = self.qwen.prefill(&mut cache, slot, &input)?;
-                let (t, _) = hidden.size2()?;
-                let mut seq = Sequence {
-                    index,
-                    slot,
-                    step: 0,
-                    min_len: (r.text.len() as f64 * ratios.min) as usize,
-                    max_len: (r.text.len() as f64 * ratios.max) as usize,
-                    out: Vec::new(),
-                    // Fed again if the first draw is skipped (see the module doc).
-                    next_input: input.f_get(t - 1)?,
-                    rng: SequenceRng::new(r.seed),
-                };
-                let logp = self.log_probs(&hidden.f_narrow(0, t - 1, 1)?)?;
-                match self.advance(&mut [&mut seq], &logp, params)?.pop() {
-                    Some(Next::Done(result)) => {
-                        results[index] = Some(result);
-                        cache.free(slot);
-                        free.push(slot);
-                    }
-                    _ => active.push(seq),
+            self.admit(dec, requests, ratios, &mut pending, &mut free, &mut active, &mut results)?;
+            let Some((&highest, _)) = active.last_key_value() else { break };
+            let rows = rows_for(highest + 1, dec.slots());
+            let mut tokens = vec![0i64; rows as usize];
+            let mut positions = vec![0i64; rows as usize];
+            let mut uniforms = vec![(0.5, 0.5); rows as usize];
+            let mut embeddings = Vec::new();
+            for (&slot, seq) in active.iter_mut() {
+                match &seq.next_input {
+                    Input::Token(t) => tokens[slot] = *t,
+                    Input::Embedding(e) => embeddings.push((slot, e.shallow_clone())),
                 }
+                positions[slot] = dec.cache.len(slot);
+                uniforms[slot] = seq.rng.next_pair();
             }
-            if active.is_empty() {
-                break;
+            let span = span_for(positions.iter().copied().max().unwrap_or(0) + 1, max_positions);
+            let out = dec.step(self, rows, span, &StepInput { tokens: &tokens, embeddings: &embeddings, positions: &positions, uniforms: &uniforms })?;
+            let picks = Vec::<i64>::try_from(out.picks.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+            let slots: Vec<usize> = active.keys().copied().collect();
+            for &slot in &slots {
+                dec.cache.advance(slot, 1);
             }
-            // One step for every active slot.
-            let slot_ids: Vec<usize> = active.iter().map(|s| s.slot).collect();
-            let inputs = Tensor::f_stack(&active.iter().map(|s| s.next_input.shallow_clone()).collect::<Vec<_>>(), 0)?;
-            let hidden = self.qwen.decode(&mut cache, &slot_ids, &inputs)?;
-            let logp = self.log_probs(&hidden)?;
-            let mut refs: Vec<&mut Sequence> = active.iter_mut().collect();
-            let nexts = self.advance(&mut refs, &logp, params)?;
-            let mut still = Vec::with_capacity(active.len());
-            for (seq, next) in active.drain(..).zip(nexts) {
-                match next {
-                    Next::Continue => still.push(seq),
-                    Next::Done(result) => {
+            let drawn: Vec<(i64, i64)> = slots.iter().map(|&s| (picks[2 * s], picks[2 * s + 1])).collect();
+            let logp = out.logp.f_index_select(0, &Tensor::f_from_slice(&slots.iter().map(|&s| s as i64).collect::<Vec<_>>())?.f_to_device(out.logp.device())?)?;
+            let mut seqs: Vec<&mut Sequence> = active.values_mut().collect();
+            let nexts = self.advance(&mut seqs, &logp, &drawn, &params)?;
+            for (slot, next) in slots.into_iter().zip(nexts) {
+                if let Next::Done(result) = next {
+                    if let Some(seq) = active.remove(&slot) {
                         results[seq.index] = Some(result);
-                        cache.free(seq.slot);
-                        free.push(seq.slot);
                     }
+                    dec.cache.free(slot);
+                    free.insert(slot);
                 }
             }
-            active = still;
         }
         Ok(results.into_iter().map(|r| r.unwrap_or(Err(LmError::EmptyText))).collect())
+    }
+
+    /// Fills the lowest free slots from `pending`: prefills the admitted requests together (at
+    /// most [`PREFILL_POSITIONS`] positions per call) and draws each one's first token. With more
+    /// than 16 slots it waits for a sixteenth of them to be free (the others keep decoding).
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &self,
+        dec: &mut BatchDecoder,
+        requests: &[LmRequest],
+        ratios: LengthRatios,
+        pending: &mut VecDeque<usize>,
+        free: &mut BTreeSet<usize>,
+        active: &mut BTreeMap<usize, Sequence>,
+        results: &mut [Option<Result<LmOutput, LmError>>],
+    ) -> R<()> {
+        let params = *dec.params();
+        // A prefill pass costs a few eager milliseconds whatever it holds: with many slots, wait
+        // until a sixteenth of them are free (or every pending request fits) and fill them in one.
+        let wanted = (dec.slots() / 16).max(1).min(pending.len());
+        if !active.is_empty() && free.len() < wanted {
+            return Ok(());
+        }
+        while !free.is_empty() && !pending.is_empty() {
+            let mut batch: Vec<(usize, usize, Tensor)> = Vec::new();
+            let mut positions = 0;
+            while let (Some(&slot), Some(&index)) = (free.first(), pending.front()) {
+                let input = self.input(&requests[index])?;
+                let t = input.size2()?.0;
+                if !batch.is_empty() && positions + t > PREFILL_POSITIONS {
+                    break;
+                }
+                free.pop_first();
+                pending.pop_front();
+                positions += t;
+                if !active.is_empty() {
+                    dec.count_refill();
+                }
+                batch.push((slot, index, input));
+            }
+            let items: Vec<(usize, Tensor)> = batch.iter().map(|(slot, _, x)| (*slot, x.shallow_clone())).collect();
+            let hidden = self.qwen.prefill_many(&mut dec.cache, &items)?;
+            // The last position of each item.
+            let mut last = Vec::with_capacity(batch.len());
+            let mut end = 0;
+            for (_, _, x) in &batch {
+                end += x.size2()?.0;
+                last.push(end - 1);
+            }
+            let index = Tensor::f_from_slice(&last)?.f_to_device(hidden.device())?;
+            let logp = self.log_probs(&hidden.f_index_select(0, &index)?)?;
+            let mut seqs: Vec<Sequence> = batch
+                .iter()
+                .map(|(slot, index, x)| {
+                    let r = &requests[*index];
+                    let t = x.size2()?.0;
+                    Ok(Sequence {
+                        index: *index,
+                        slot: *slot,
+                        step: 0,
+                        min_len: r.forced_len.unwrap_or((r.text.len() as f64 * ratios.min) as usize),
+                        max_len: max_steps(r, ratios),
+                        out: Vec::new(),
+                        // Fed again if the first draw is skipped (see the module doc).
+                        next_input: Input::Embedding(x.f_get(t - 1)?),
+                        rng: SequenceRng::new(r.seed),
+                    })
+                })
+                .collect::<R<_>>()?;
+            let uniforms: Vec<(f64, f64)> = seqs.iter_mut().map(|s| s.rng.next_pair()).collect();
+            let picks = draw(&logp, &uniforms_tensor(&uniforms, logp.device())?, &params)?;
+            let picks = Vec::<i64>::try_from(picks.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+            let drawn: Vec<(i64, i64)> = picks.chunks(2).map(|p| (p[0], p[1])).collect();
+            let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
+            let nexts = self.advance(&mut refs, &logp, &drawn, &params)?;
+            for (seq, next) in seqs.into_iter().zip(nexts) {
+                match next {
+                    Next::Continue => {
+                        active.insert(seq.slot, seq);
+                    }
+                    Next::Done(result) => {
+                        results[seq.index] = Some(result);
+                        dec.cache.free(seq.slot);
+                        free.insert(seq.slot);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Teacher forcing (parity): every item prefilled into its own slot, then all decoded together,
@@ -268,12 +364,12 @@ impl SpeechLm {
         self.decoder.forward(hidden)?.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float)
     }
 
-    /// Samples one token for each sequence from its row of `logp` and applies it.
-    fn advance(&self, seqs: &mut [&mut Sequence], logp: &Tensor, params: &SamplingParams) -> R<Vec<Next>> {
+    /// Applies each sequence's draw (`drawn[i]`: its nucleus and full-distribution picks from row
+    /// `i` of `logp`): the reference's choice, end-of-speech drawn again before `min_len`.
+    fn advance(&self, seqs: &mut [&mut Sequence], logp: &Tensor, drawn: &[(i64, i64)], params: &SamplingParams) -> R<Vec<Next>> {
         let eos = self.speech_tokens;
-        let mut picks = self.sample_rows(seqs, logp, params, &(0..seqs.len()).collect::<Vec<_>>())?;
+        let mut picks: Vec<i64> = seqs.iter().zip(drawn).map(|(s, &(nucleus, full))| choose(nucleus, full, &s.out, params)).collect();
         // Before min_len an end-of-speech is drawn again, row by row, as the reference does.
-        let mut refused = vec![false; seqs.len()];
         for _ in 0..MAX_TRIALS {
             let again: Vec<usize> = (0..seqs.len()).filter(|&i| picks[i] == eos && seqs[i].step < seqs[i].min_len).collect();
             if again.is_empty() {
@@ -283,14 +379,12 @@ impl SpeechLm {
                 picks[*i] = p;
             }
         }
-        for (i, seq) in seqs.iter().enumerate() {
-            refused[i] = picks[i] == eos && seq.step < seq.min_len;
-        }
         let mut nexts = Vec::with_capacity(seqs.len());
         for (i, seq) in seqs.iter_mut().enumerate() {
             let pick = picks[i];
+            let refused = pick == eos && seq.step < seq.min_len;
             seq.step += 1;
-            let next = if refused[i] {
+            let next = if refused {
                 Next::Done(Err(LmError::OnlyEndOfSpeech))
             } else if pick == eos {
                 Next::Done(Ok(LmOutput { tokens: std::mem::take(&mut seq.out), hit_max_len: false }))
@@ -298,7 +392,7 @@ impl SpeechLm {
                 // A skipped id (above end-of-speech) leaves the input as it was: fed again.
                 if pick < eos {
                     seq.out.push(pick);
-                    seq.next_input = self.speech_embedding.f_get(pick)?;
+                    seq.next_input = Input::Token(pick);
                 }
                 if seq.step >= seq.max_len {
                     Next::Done(Ok(LmOutput { tokens: std::mem::take(&mut seq.out), hit_max_len: true }))
@@ -317,6 +411,36 @@ impl SpeechLm {
         let uniforms: Vec<(f64, f64)> = rows.iter().map(|&r| seqs[r].rng.next_pair()).collect();
         let history: Vec<&[i64]> = rows.iter().map(|&r| seqs[r].out.as_slice()).collect();
         ras_sample(&logp.f_index_select(0, &index)?, &history, &uniforms, params)
+    }
+
+    // What the batch decoder needs of the LM.
+
+    /// A slot cache for this LM (weights' dtype and device).
+    pub(super) fn new_cache(&self, slots: usize, max_positions: i64) -> R<SlotCache> {
+        self.qwen.cache(slots, max_positions, self.kind())
+    }
+    pub fn device(&self) -> tch::Device {
+        self.speech_embedding.device()
+    }
+    pub fn kind(&self) -> Kind {
+        self.speech_embedding.kind()
+    }
+    pub fn hidden_size(&self) -> i64 {
+        self.qwen.dims().hidden
+    }
+    pub fn dims(&self) -> Qwen2Dims {
+        self.qwen.dims()
+    }
+    /// Writes the speech embeddings of `tokens` `[N]` into `out` `[N, hidden]`.
+    pub(super) fn speech_embeddings_into(&self, out: &Tensor, tokens: &Tensor) -> R<Tensor> {
+        self.speech_embedding.f_index_select_out(out, 0, tokens)
+    }
+    /// The decode step over the first rows of `cache` and its sampler draws (device work only).
+    pub(super) fn step_outputs(&self, cache: &SlotCache, x: &Tensor, positions: &Tensor, uniforms: &Tensor, span: i64, params: &SamplingParams) -> R<StepOutputs> {
+        let hidden = self.qwen.step(cache, Rows::First, x, positions, span)?;
+        let logp = self.log_probs(&hidden)?;
+        let picks = draw(&logp, uniforms, params)?;
+        Ok(StepOutputs { logp, picks })
     }
 }
 
@@ -352,7 +476,7 @@ mod tests {
     }
 
     fn requests() -> Vec<LmRequest> {
-        let req = |text: Vec<i64>, prompt_text: Vec<i64>, prompt_speech: Vec<i64>, seed| LmRequest { text, prompt_text, prompt_speech, seed };
+        let req = |text: Vec<i64>, prompt_text: Vec<i64>, prompt_speech: Vec<i64>, seed| LmRequest { text, prompt_text, prompt_speech, seed, forced_len: None };
         vec![
             req(vec![3, 4, 5], vec![], vec![], 1),
             req(vec![7, 8, 9, 10, 11, 12], vec![1, 2], vec![4, 4, 9, 0, 13], 2),
@@ -369,9 +493,14 @@ mod tests {
         let reqs = requests();
         let p = SamplingParams::default();
         let ratios = LengthRatios::default();
-        let batched = tch::no_grad(|| lm.generate(&reqs, 2, 256, &p, ratios)).unwrap();
+        let mut dec = BatchDecoder::new(&lm, 2, 256, p, false).unwrap();
+        let batched = tch::no_grad(|| lm.generate(&mut dec, &reqs, ratios)).unwrap();
+        assert!(dec.stats().refills >= 2, "slots were refilled while the other decoded: {:?}", dec.stats());
+        let again = tch::no_grad(|| lm.generate(&mut dec, &reqs, ratios)).unwrap();
+        assert_eq!(format!("{batched:?}"), format!("{again:?}"), "a reused decoder starts clean");
         for (i, r) in reqs.iter().enumerate() {
-            let alone = tch::no_grad(|| lm.generate(std::slice::from_ref(r), 1, 256, &p, ratios)).unwrap().remove(0);
+            let mut solo = BatchDecoder::new(&lm, 1, 256, p, false).unwrap();
+            let alone = tch::no_grad(|| lm.generate(&mut solo, std::slice::from_ref(r), ratios)).unwrap().remove(0);
             match (&batched[i], &alone) {
                 (Ok(a), Ok(b)) => {
                     assert_eq!(a, b, "request {i}");
@@ -391,7 +520,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let lm = random_lm(dir.path());
         let reqs = requests();
-        let out = tch::no_grad(|| lm.generate(&reqs, 2, 70, &SamplingParams::default(), LengthRatios::default())).unwrap();
+        let mut dec = BatchDecoder::new(&lm, 2, 70, SamplingParams::default(), false).unwrap();
+        let out = tch::no_grad(|| lm.generate(&mut dec, &reqs, LengthRatios::default())).unwrap();
         // Request 1 needs sos + 2 + 6 text tokens + task + 5 prompt tokens + 20 × 6 steps.
         assert!(matches!(out[1], Err(LmError::TooLong { needed: 135, limit: 70 })), "{:?}", out[1]);
         assert!(matches!(out[3], Err(LmError::TooLong { needed: 88, limit: 70 })), "{:?}", out[3]);

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 13 on the GPU machine, one call: the LLM's GPU tests (parity on cuda:0, CUDA graph replay,
+# graph decoding = eager decoding), then the benchmark — a CosyVoice2-0.5B-shaped LLM with random
+# weights (tools/make_llm_fixtures.py --full) inside a full-size random CosyVoice2 directory
+# (tools/make_parity_fixtures.py --config full), converted by tools/convert_cosyvoice.py; the
+# official Qwen2LM.inference at batch 1 on the same weights (tools/bench_llm_reference.py, fp32 as
+# the official default, and bf16); `voxbatch bench llm` over slot counts, CUDA graphs on, and eager
+# at a few slot counts for comparison.
+# Carry: .whl .t2w models/cosyvoice2-llm-parity models/cosyvoice2-tiny (scripts/device/pack-gpu.sh).
+# Env: OUT, SLOTS (1,8,32,64,128,256,512), EAGER_SLOTS (64,256), REF_SEQUENCES (3), PY (python3).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/llm-out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+log() { echo "[llm $(date -u +%T)] $*"; }
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
+BIN=/tmp/voxbatch
+xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
+xz -dc .t2w/cosyvoice2_llm_parity.xz > /tmp/cosyvoice2_llm_parity && chmod +x /tmp/cosyvoice2_llm_parity || exit 1
+
+log "LLM tests on cuda:0 (parity, graphs)"
+VOXBATCH_TEST_DEVICE=cuda:0 /tmp/cosyvoice2_llm_parity --include-ignored --test-threads 1 --nocapture 2>&1 \
+  | grep -E "^PARITY|^test |test result|panicked|graphs:" | tee "$OUT/gpu-tests.log"
+
+M=/tmp/cv2full
+if [ ! -f "$M/model/llm.safetensors" ]; then
+  log "building the full-size random model (reference code) and converting it"
+  $PY tools/make_parity_fixtures.py --config full --no-fixtures --out "$M" 2>&1 | grep -v Warning | tail -1
+  $PY tools/make_llm_fixtures.py --full --out "$M/llm" 2>&1 | tail -1
+  cp -r "$M/llm/official/." "$M/official/"
+  $PY tools/convert_cosyvoice.py "$M/official" "$M/model" --name cosyvoice2-full-random 2>&1 | tail -1 | cut -c1-200
+fi
+for p in fp32 bf16; do
+  log "reference Qwen2LM.inference, batch 1, $p"
+  $PY tools/bench_llm_reference.py --official "$M/official" --device cuda:0 --precision $p \
+    --sequences "${REF_SEQUENCES:-3}" --out "$OUT/reference-$p.json" 2>&1 | grep -v -i warn | tail -2
+done
+log "voxbatch bench llm (CUDA graphs)"
+$BIN bench llm --model "$M/model" --device cuda:0 --slots "${SLOTS:-1,8,32,64,128,256,512}" \
+  --reference "$OUT/reference-fp32.json" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+log "voxbatch bench llm (eager)"
+$BIN bench llm --model "$M/model" --device cuda:0 --slots "${EAGER_SLOTS:-64,256}" --no-graphs \
+  --reference "$OUT/reference-fp32.json" --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
+cp "$OUT"/bench/llm-*/llm.json "$OUT/llm.json" 2>/dev/null
+cp "$OUT"/bench-eager/llm-*/llm.json "$OUT/llm-eager.json" 2>/dev/null
+log "done"

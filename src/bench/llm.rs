@@ -1,0 +1,257 @@
+//! `voxbatch bench llm`: the CosyVoice2 speech-token LM (the tch port) decoding many sequences at
+//! once, as issue 13 asks — speech tokens per second (and the audio-seconds they stand for, 25
+//! tokens a second) at each slot count, on requests of realistic lengths: text 20–120 tokens,
+//! prompts 0–250 speech tokens (with a prompt text of one token per six), outputs 100–750 tokens.
+//! Random weights end at random, so output lengths are forced (drawn uniformly from that range,
+//! end-of-speech refused until then); the table says so.
+//!
+//! Each slot count decodes the same request set twice: a warm-up (it captures the CUDA graphs of
+//! the buckets it meets) and the timed run. The reference figure (the official `Qwen2LM.inference`
+//! at batch 1, same weights, same call) comes from `tools/bench_llm_reference.py` through
+//! `--reference`.
+//!
+//! Neighbours: `model::cosyvoice2::llm` (`SpeechLm`, `BatchDecoder`); `model::memory` for the peak.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::model::cosyvoice2::llm::batch::{BatchDecoder, DecoderStats};
+use crate::model::cosyvoice2::llm::speech_lm::{LmRequest, SpeechLm};
+use crate::model::memory::MemoryProbe;
+use crate::model::{Device, Manifest, ModelError};
+
+/// Speech tokens per second of audio.
+pub const TOKENS_PER_AUDIO_SECOND: f64 = 25.0;
+
+pub struct LlmBenchOptions {
+    pub model_dir: PathBuf,
+    pub device: Device,
+    pub slots: Vec<usize>,
+    /// Requests per point: this many times the slot count (at least `min_requests`).
+    pub requests_per_slot: usize,
+    pub min_requests: usize,
+    pub graphs: bool,
+    pub seed: u64,
+    /// The reference's figure (tools/bench_llm_reference.py's JSON).
+    pub reference: Option<ReferenceRun>,
+}
+
+/// What `tools/bench_llm_reference.py` measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReferenceRun {
+    pub what: String,
+    pub precision: String,
+    pub sequences: usize,
+    pub tokens: u64,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    pub slots: usize,
+    pub requests: usize,
+    pub tokens: u64,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    pub audio_seconds_per_second: f64,
+    pub steps: u64,
+    /// Mean sequences per decode step.
+    pub mean_active: f64,
+    pub cache_bytes: u64,
+    pub peak_memory_bytes: Option<u64>,
+    pub decoder: DecoderStats,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LlmReport {
+    pub model: String,
+    pub device: String,
+    pub gpu: String,
+    pub precision: String,
+    pub lengths: String,
+    pub created_at: String,
+    pub points: Vec<Point>,
+    pub reference: Option<ReferenceRun>,
+    /// The slots a worker would give the LM on this device with the default configuration.
+    pub worker_plan: Option<crate::sizing::llm::LlmPlan>,
+}
+
+/// The stated length distribution.
+const LENGTHS: &str = "text U[20,120] tokens; prompt speech U[0,250] tokens, prompt text = prompt/6; output forced U[100,750] tokens";
+
+/// `n` requests of the stated lengths (fixed seed).
+pub fn requests(n: usize, vocab: i64, speech_tokens: i64, seed: u64) -> Vec<LmRequest> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let text = rng.gen_range(20..=120);
+            let prompt = rng.gen_range(0..=250);
+            LmRequest {
+                text: (0..text).map(|_| rng.gen_range(0..vocab)).collect(),
+                prompt_text: (0..prompt / 6).map(|_| rng.gen_range(0..vocab)).collect(),
+                prompt_speech: (0..prompt).map(|_| rng.gen_range(0..speech_tokens)).collect(),
+                seed: seed ^ i as u64,
+                forced_len: Some(rng.gen_range(100..=750)),
+            }
+        })
+        .collect()
+}
+
+pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<LlmReport, ModelError> {
+    let manifest = Manifest::load(&opts.model_dir)?;
+    let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm).ok_or_else(|| {
+        ModelError::Manifest {
+            dir: opts.model_dir.display().to_string(),
+            reason: "model.toml has no [cosyvoice2.llm] (convert llm.pt with tools/convert_cosyvoice.py)".into(),
+        }
+    })?;
+    let (lm, params, ratios) = SpeechLm::load(&opts.model_dir, &dims, opts.device.to_tch())?;
+    let gpu = crate::gpu::memory_info(opts.device).map(|i| i.name).unwrap_or_else(|_| opts.device.to_string());
+    let probe = MemoryProbe::new(opts.device);
+    let worker_plan = default_plan(opts.device, &dims, &lm, &opts.model_dir);
+    let mut points = Vec::new();
+    for &slots in &opts.slots {
+        let n = (slots * opts.requests_per_slot).max(opts.min_requests);
+        let reqs = requests(n, dims.vocab, dims.speech_tokens, opts.seed);
+        let max_positions = reqs.iter().map(|r| lm.positions_needed(r, ratios)).max().unwrap_or(1);
+        probe.reset();
+        let point = tch::no_grad(|| -> Result<Point, tch::TchError> {
+            let mut dec = BatchDecoder::new(&lm, slots, max_positions, params, opts.graphs)?;
+            lm.generate(&mut dec, &reqs, ratios)?; // warm-up: captures the graphs it meets
+            let before = dec.stats().clone();
+            let started = Instant::now();
+            let out = lm.generate(&mut dec, &reqs, ratios)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let tokens: u64 = out.iter().filter_map(|r| r.as_ref().ok()).map(|o| o.tokens.len() as u64).sum();
+            let steps = dec.stats().steps - before.steps;
+            let positions: u64 = reqs.iter().map(|r| r.forced_len.unwrap_or(0) as u64).sum();
+            Ok(Point {
+                slots,
+                requests: n,
+                tokens,
+                seconds,
+                tokens_per_second: tokens as f64 / seconds,
+                audio_seconds_per_second: tokens as f64 / TOKENS_PER_AUDIO_SECOND / seconds,
+                steps,
+                mean_active: positions as f64 / steps.max(1) as f64,
+                cache_bytes: dec.cache_bytes(),
+                peak_memory_bytes: None,
+                decoder: dec.stats().clone(),
+                error: None,
+            })
+        });
+        let point = match point {
+            Ok(p) => Point { peak_memory_bytes: probe.peak(), ..p },
+            Err(e) => {
+                probe.release_cached();
+                Point {
+                    slots,
+                    requests: n,
+                    tokens: 0,
+                    seconds: 0.0,
+                    tokens_per_second: 0.0,
+                    audio_seconds_per_second: 0.0,
+                    steps: 0,
+                    mean_active: 0.0,
+                    cache_bytes: 0,
+                    peak_memory_bytes: probe.peak(),
+                    decoder: DecoderStats::default(),
+                    error: Some(e.to_string()),
+                }
+            }
+        };
+        progress(&point);
+        points.push(point);
+    }
+    Ok(LlmReport {
+        model: manifest.name.clone(),
+        device: opts.device.to_string(),
+        gpu,
+        precision: format!("{:?}", lm.kind()).to_lowercase(),
+        lengths: LENGTHS.to_string(),
+        created_at: chrono::Utc::now().to_rfc3339(),
+        points,
+        reference: opts.reference.clone(),
+        worker_plan,
+    })
+}
+
+/// What `sizing::llm::plan` gives with the default configuration on `device` (None without one).
+fn default_plan(device: Device, dims: &crate::model::LlmDims, lm: &SpeechLm, dir: &Path) -> Option<crate::sizing::llm::LlmPlan> {
+    let cfg = crate::config::Config::defaults().ok()?;
+    let info = crate::gpu::memory_info(device).ok()?;
+    let budget = cfg.memory.vram_fraction * info.total_bytes as f64 - info.used_by_others_bytes as f64 - cfg.memory.safety_margin_bytes as f64;
+    let weights = std::fs::metadata(dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).ok()?.len() / 4 * lm.kind().elt_size_in_bytes() as u64;
+    crate::sizing::llm::plan(&cfg.llm, dims, lm.kind().elt_size_in_bytes() as u64, weights, budget.max(0.0) as u64).ok()
+}
+
+/// The Markdown table (one row per slot count, then the reference).
+pub fn table(r: &LlmReport) -> String {
+    let mut s = format!(
+        "speech-token LM `{}` on {} ({}), weights {} (logits and sampling fp32), random weights: {}\n\n\
+         | slots | requests | tokens | s | tokens/s | audio-s/s | × reference | mean active | steps | graphs (capture s) | KV cache GiB | peak GiB |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
+        r.model, r.gpu, r.device, r.precision, r.lengths
+    );
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    for p in &r.points {
+        let peak = p.peak_memory_bytes.map_or("-".to_string(), |b| format!("{:.2}", gib(b)));
+        if let Some(e) = &p.error {
+            let e: String = e.chars().take(80).collect();
+            s += &format!("| {} | {} | failed: {e} | | | | | | | | | {peak} |\n", p.slots, p.requests);
+            continue;
+        }
+        let ratio = r.reference.as_ref().map_or("-".to_string(), |rf| format!("{:.1}×", p.tokens_per_second / rf.tokens_per_second));
+        let graphs = match &p.decoder.eager_reason {
+            Some(why) => format!("eager ({why})"),
+            None => format!("{} ({:.1})", p.decoder.graphs_captured, p.decoder.capture_seconds),
+        };
+        s += &format!(
+            "| {} | {} | {} | {:.2} | {:.0} | {:.1} | {ratio} | {:.1} | {} | {graphs} | {:.2} | {peak} |\n",
+            p.slots,
+            p.requests,
+            p.tokens,
+            p.seconds,
+            p.tokens_per_second,
+            p.audio_seconds_per_second,
+            p.mean_active,
+            p.steps,
+            gib(p.cache_bytes)
+        );
+    }
+    if let Some(p) = &r.worker_plan {
+        s += &format!(
+            "\nA worker on this device with the default configuration ([llm] memory_share {:.0} GB of the budget): {} slots of {} positions ({:.1} MB each).\n",
+            p.share_bytes as f64 / 1e9,
+            p.slots,
+            p.max_positions,
+            p.bytes_per_slot as f64 / 1e6
+        );
+    }
+    if let Some(rf) = &r.reference {
+        s += &format!(
+            "\nReference: {} ({}), {} sequences, {} tokens in {:.2} s: **{:.1} tokens/s** ({:.2} audio-s/s)\n",
+            rf.what,
+            rf.precision,
+            rf.sequences,
+            rf.tokens,
+            rf.seconds,
+            rf.tokens_per_second,
+            rf.tokens_per_second / TOKENS_PER_AUDIO_SECOND
+        );
+    }
+    s
+}
+
+pub fn write(r: &LlmReport, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let json = dir.join("llm.json");
+    std::fs::write(&json, serde_json::to_vec_pretty(r).map_err(std::io::Error::other)?)?;
+    let md = dir.join("report.md");
+    std::fs::write(&md, table(r))?;
+    Ok(vec![json, md])
+}

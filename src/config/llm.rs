@@ -1,0 +1,47 @@
+//! `[llm]`: the CosyVoice2 speech-token LM stage (models with `[cosyvoice2.llm]`): how many
+//! sequences decode at once and how long each may be, which size its KV cache.
+
+use serde::Deserialize;
+
+use super::check::{fraction, non_negative, positive};
+use super::ConfigError;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLlm {
+    pub slots: i64,
+    pub max_slots: i64,
+    pub memory_share: f64,
+    pub max_text_tokens: i64,
+    pub max_prompt_text_tokens: i64,
+    pub max_prompt_speech_tokens: i64,
+    pub cuda_graphs: bool,
+}
+
+/// The LM stage's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmConfig {
+    /// Fixed slot count; `None`: as many as `memory_share` of the budget holds, up to `max_slots`.
+    pub slots: Option<usize>,
+    pub max_slots: usize,
+    /// Share of the memory budget for the LM's KV cache and decode steps.
+    pub memory_share: f64,
+    pub max_text_tokens: usize,
+    pub max_prompt_text_tokens: usize,
+    pub max_prompt_speech_tokens: usize,
+    pub cuda_graphs: bool,
+}
+
+impl RawLlm {
+    pub fn validate(self) -> Result<LlmConfig, ConfigError> {
+        Ok(LlmConfig {
+            slots: Some(non_negative("llm.slots", self.slots)? as usize).filter(|s| *s > 0),
+            max_slots: positive("llm.max_slots", self.max_slots)?,
+            memory_share: fraction("llm.memory_share", self.memory_share)?,
+            max_text_tokens: positive("llm.max_text_tokens", self.max_text_tokens)?,
+            max_prompt_text_tokens: non_negative("llm.max_prompt_text_tokens", self.max_prompt_text_tokens)? as usize,
+            max_prompt_speech_tokens: non_negative("llm.max_prompt_speech_tokens", self.max_prompt_speech_tokens)? as usize,
+            cuda_graphs: self.cuda_graphs,
+        })
+    }
+}

@@ -1,0 +1,211 @@
+//! The LM's batched decoder: a slot KV cache that lives as long as the worker (sized once from the
+//! memory budget), the static input buffers of the decode step, and on CUDA the step captured as a
+//! CUDA graph per (rows, span) bucket and replayed every step. Eager libtorch is the fallback: on
+//! the CPU, where the build has no CUDA graphs, or when a capture fails.
+//!
+//! A step runs over the first `rows` slots (row `i` is slot `i`; the generator keeps sequences in
+//! the lowest free slots), `rows` rounded up to a bucket (powers of two to 64, then multiples of
+//! 64) and the keys read rounded up to a multiple of `qwen2::SPAN_STEP`. Rows of free slots
+//! compute what nobody reads; their writes land at position 0 of a free slot, which the next
+//! prefill overwrites.
+//!
+//! Neighbours: `speech_lm` drives it (`SpeechLm::generate`); `qwen2::Qwen2::step` is the step;
+//! `sampler::draw` runs inside it; `model::cuda_graph` captures and replays.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tch::{Device, Kind, Tensor};
+
+use super::super::layers::R;
+use super::cache::SlotCache;
+use super::sampler::SamplingParams;
+use super::speech_lm::SpeechLm;
+use crate::model::cuda_graph::CudaGraph;
+
+/// What one decode step leaves for the sampler: log-probabilities `[rows, V]` (fp32) and each
+/// row's (nucleus, full-distribution) draws `[rows, 2]`.
+pub struct StepOutputs {
+    pub logp: Tensor,
+    pub picks: Tensor,
+}
+
+impl StepOutputs {
+    fn shallow_clone(&self) -> StepOutputs {
+        StepOutputs { logp: self.logp.shallow_clone(), picks: self.picks.shallow_clone() }
+    }
+}
+
+/// The inputs of a step over `rows` rows, refilled in place before each run.
+struct StepBuffers {
+    x: Tensor,
+    positions: Tensor,
+    uniforms: Tensor,
+}
+
+struct Captured {
+    graph: CudaGraph,
+    out: StepOutputs,
+}
+
+/// How the decoder has run so far.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct DecoderStats {
+    pub steps: u64,
+    pub graph_replays: u64,
+    pub graphs_captured: u64,
+    pub capture_seconds: f64,
+    /// Sequences admitted while others were mid-decode.
+    pub refills: u64,
+    /// Why graphs are off, when they are.
+    pub eager_reason: Option<String>,
+}
+
+/// One step's inputs, row by row (row `i` = slot `i`).
+pub struct StepInput<'a> {
+    /// Speech token fed to each row (0 for rows of free slots).
+    pub tokens: &'a [i64],
+    /// Rows fed an embedding other than a speech token's (`[hidden]` each).
+    pub embeddings: &'a [(usize, Tensor)],
+    /// Each row's position (its slot's length).
+    pub positions: &'a [i64],
+    /// Each row's (nucleus, full) uniforms.
+    pub uniforms: &'a [(f64, f64)],
+}
+
+pub struct BatchDecoder {
+    pub(super) cache: SlotCache,
+    pub(super) params: SamplingParams,
+    device: Device,
+    graphs_on: bool,
+    buffers: HashMap<i64, StepBuffers>,
+    captured: HashMap<(i64, i64), Captured>,
+    /// The first graph captured; the others share its memory pool (one replay at a time).
+    pool_key: Option<(i64, i64)>,
+    stats: DecoderStats,
+}
+
+/// Rows a step over the first `used` slots runs: `used` rounded up to a power of two up to 64,
+/// then to a multiple of 64, at most `slots`.
+pub fn rows_for(used: usize, slots: usize) -> i64 {
+    let used = used.max(1);
+    let rounded = if used <= 64 { used.next_power_of_two() } else { used.div_ceil(64) * 64 };
+    rounded.min(slots) as i64
+}
+
+impl BatchDecoder {
+    /// A decoder of `slots` sequences of up to `max_positions` positions each, sampling with
+    /// `params`; CUDA graphs on a CUDA device unless `graphs` is false.
+    pub fn new(lm: &SpeechLm, slots: usize, max_positions: i64, params: SamplingParams, graphs: bool) -> R<BatchDecoder> {
+        let cache = lm.new_cache(slots.max(1), max_positions)?;
+        let device = lm.device();
+        let graphs_on = graphs && device.is_cuda();
+        let eager_reason = match (graphs, device.is_cuda()) {
+            (false, _) => Some("CUDA graphs disabled".to_string()),
+            (true, false) => Some("not a CUDA device".to_string()),
+            (true, true) => None,
+        };
+        Ok(BatchDecoder {
+            cache,
+            params,
+            device,
+            graphs_on,
+            buffers: HashMap::new(),
+            captured: HashMap::new(),
+            pool_key: None,
+            stats: DecoderStats { eager_reason, ..DecoderStats::default() },
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.cache.slots()
+    }
+    pub fn max_positions(&self) -> i64 {
+        self.cache.max_len()
+    }
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+    pub fn stats(&self) -> &DecoderStats {
+        &self.stats
+    }
+    /// Bytes the KV cache holds.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache.bytes()
+    }
+
+    /// Runs one step over the first `rows` slots reading `span` positions: writes each row's keys
+    /// and values at its position and returns the step's outputs (valid until the next step).
+    /// Advancing the slots' lengths is the caller's.
+    pub fn step(&mut self, lm: &SpeechLm, rows: i64, span: i64, input: &StepInput<'_>) -> R<StepOutputs> {
+        if !self.buffers.contains_key(&rows) {
+            let h = lm.hidden_size();
+            let buffers = StepBuffers {
+                x: Tensor::f_zeros([rows, h], (lm.kind(), self.device))?,
+                positions: Tensor::f_zeros([rows], (Kind::Int64, self.device))?,
+                uniforms: Tensor::f_zeros([rows, 2], (Kind::Float, self.device))?,
+            };
+            self.buffers.insert(rows, buffers);
+        }
+        let Some(buf) = self.buffers.get_mut(&rows) else {
+            return Err(tch::TchError::Shape(format!("no step buffers for {rows} rows")));
+        };
+        let tokens = Tensor::f_from_slice(input.tokens)?.f_to_device(self.device)?;
+        let _ = lm.speech_embeddings_into(&buf.x, &tokens)?;
+        for (row, embedding) in input.embeddings {
+            let mut x_row = buf.x.f_get(*row as i64)?;
+            x_row.f_copy_(embedding)?;
+        }
+        buf.positions.f_copy_(&Tensor::f_from_slice(input.positions)?)?;
+        let flat: Vec<f32> = input.uniforms.iter().flat_map(|&(a, b)| [a as f32, b as f32]).collect();
+        buf.uniforms.f_copy_(&Tensor::f_from_slice(&flat)?.f_view([rows, 2])?)?;
+        self.stats.steps += 1;
+        if self.graphs_on {
+            match self.replay(lm, rows, span) {
+                Ok(out) => return Ok(out),
+                Err(e) => {
+                    tracing::warn!(error = %e, rows, span, "CUDA graph capture failed; the LM decodes eagerly from now on");
+                    self.stats.eager_reason = Some(e.to_string());
+                    self.graphs_on = false;
+                    self.captured.clear();
+                    self.pool_key = None;
+                }
+            }
+        }
+        let buf = &self.buffers[&rows];
+        lm.step_outputs(&self.cache, &buf.x, &buf.positions, &buf.uniforms, span, &self.params)
+    }
+
+    /// Replays the graph of (`rows`, `span`), capturing it first if needed.
+    fn replay(&mut self, lm: &SpeechLm, rows: i64, span: i64) -> Result<StepOutputs, crate::model::cuda_graph::GraphError> {
+        let key = (rows, span);
+        if !self.captured.contains_key(&key) {
+            let started = Instant::now();
+            let buf = &self.buffers[&rows];
+            let (cache, params) = (&self.cache, &self.params);
+            let share = self.pool_key.and_then(|k| self.captured.get(&k)).map(|c| &c.graph);
+            let device = match self.device {
+                Device::Cuda(i) => i,
+                _ => 0,
+            };
+            let (graph, out) = CudaGraph::capture(device, share, 1, || lm.step_outputs(cache, &buf.x, &buf.positions, &buf.uniforms, span, params))?;
+            self.captured.insert(key, Captured { graph, out });
+            self.pool_key.get_or_insert(key);
+            self.stats.graphs_captured += 1;
+            self.stats.capture_seconds += started.elapsed().as_secs_f64();
+        }
+        let captured = &self.captured[&key];
+        captured.graph.replay()?;
+        self.stats.graph_replays += 1;
+        Ok(captured.out.shallow_clone())
+    }
+
+    pub(super) fn count_refill(&mut self) {
+        self.stats.refills += 1;
+    }
+
+    /// Time spent capturing graphs so far.
+    pub fn capture_time(&self) -> Duration {
+        Duration::from_secs_f64(self.stats.capture_seconds)
+    }
+}
