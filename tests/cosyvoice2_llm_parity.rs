@@ -137,7 +137,8 @@ fn the_converted_model_carries_the_llm_and_decodes_like_the_reference() {
     let fx = Fixtures::load();
     assert_eq!((dims.layers, dims.hidden, dims.heads, dims.kv_heads, dims.speech_tokens), (fx.dims.layers, fx.dims.hidden, fx.dims.heads, fx.dims.kv_heads, fx.speech_tokens));
     assert_eq!((dims.top_p, dims.top_k, dims.win_size, dims.min_token_text_ratio, dims.max_token_text_ratio), (0.8, 25, 10, 2.0, 20.0));
-    let (lm, _, _) = SpeechLm::load(&model_dir, &dims, device()).unwrap();
+    // fp32 on any device: this checks the conversion (bf16 is checked below).
+    let (lm, _, _) = SpeechLm::load_as(&model_dir, &dims, device(), tch::Kind::Float).unwrap();
     tch::no_grad(|| {
         let r = fx.request(1);
         let fed = fx.ids(1, "fed");

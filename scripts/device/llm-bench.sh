@@ -16,6 +16,7 @@ PY=${PY:-python3}
 log() { echo "[llm $(date -u +%T)] $*"; }
 # transformers 4.51.3 needs a huggingface_hub < 1 that diffusers (token2wav reference) cannot use:
 # the LLM reference gets its own site, put first only for the LLM scripts.
+rm -rf /tmp/site /tmp/llm-site  # a warm machine keeps /tmp: start clean
 LLM_WHEELS=".whl/transformers-* .whl/huggingface_hub-* .whl/tokenizers-*"
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/llm-site $LLM_WHEELS || exit 1
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
