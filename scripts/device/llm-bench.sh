@@ -8,7 +8,7 @@
 # at a few slot counts for comparison.
 # Carry: .whl .t2w models/cosyvoice2-llm-parity models/cosyvoice2-tiny (scripts/device/pack-gpu.sh).
 # Env: OUT, SLOTS (1,8,32,64,128,256,512), EAGER_SLOTS (64,256), REF_SEQUENCES (3),
-# REF_PRECISIONS ("fp32 bf16"), PY (python3).
+# REF_PRECISIONS ("fp32 bf16"), REQUESTS_PER_SLOT (2), PY (python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/llm-out}; mkdir -p "$OUT"
@@ -52,10 +52,10 @@ for p in ${REF_PRECISIONS:-fp32 bf16}; do
 done
 log "voxbatch bench llm (CUDA graphs)"
 $BIN bench llm --model "$M/model" --device cuda:0 --slots "${SLOTS:-1,8,32,64,128,256,512}" \
-  --reference "$OUT/reference-fp32.json" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+  --requests-per-slot "${REQUESTS_PER_SLOT:-2}" --reference "$OUT/reference-fp32.json" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 log "voxbatch bench llm (eager)"
 $BIN bench llm --model "$M/model" --device cuda:0 --slots "${EAGER_SLOTS:-64,256}" --no-graphs \
-  --reference "$OUT/reference-fp32.json" --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
+  --requests-per-slot "${REQUESTS_PER_SLOT:-2}" --reference "$OUT/reference-fp32.json" --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
 cp "$OUT"/bench/llm-*/llm.json "$OUT/llm.json" 2>/dev/null
 cp "$OUT"/bench-eager/llm-*/llm.json "$OUT/llm-eager.json" 2>/dev/null
 log "done"

@@ -5,8 +5,9 @@
 //! Random weights end at random, so output lengths are forced (drawn uniformly from that range,
 //! end-of-speech refused until then); the table says so.
 //!
-//! Each slot count decodes the same request set twice: a warm-up (it captures the CUDA graphs of
-//! the buckets it meets) and the timed run. The reference figure (the official `Qwen2LM.inference`
+//! Each slot count decodes a warm-up (its first `slots` requests: it captures the CUDA graphs of
+//! the buckets it meets) and then the timed run of all its requests (`--requests-per-slot` × slots:
+//! more per slot means less of the run is the tail, where slots empty with nothing to refill). The reference figure (the official `Qwen2LM.inference`
 //! at batch 1, same weights, same call) comes from `tools/bench_llm_reference.py` through
 //! `--reference`.
 //!
@@ -122,7 +123,9 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
         probe.reset();
         let point = tch::no_grad(|| -> Result<Point, tch::TchError> {
             let mut dec = BatchDecoder::new(&lm, slots, max_positions, params, opts.graphs)?;
-            lm.generate(&mut dec, &reqs, ratios)?; // warm-up: captures the graphs it meets
+            // Warm-up on the first `slots` requests: captures most graphs the timed run meets (any
+            // other is captured inside it, its time in the graphs column).
+            lm.generate(&mut dec, &reqs[..slots.min(reqs.len())], ratios)?;
             let before = dec.stats().clone();
             let started = Instant::now();
             let out = lm.generate(&mut dec, &reqs, ratios)?;

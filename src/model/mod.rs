@@ -14,7 +14,7 @@ pub mod cosyvoice2;
 mod manifest;
 pub mod memory;
 pub mod cuda_graph;
-mod shim;
+pub(crate) mod shim;
 mod torchscript;
 
 use std::fmt;

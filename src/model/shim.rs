@@ -147,3 +147,42 @@ mod tests {
         assert!(AutocastGuard::enter(Device::Cpu, Precision::Fp32).is_ok());
     }
 }
+
+extern "C" {
+    fn voxbatch_flash_decode(
+        q: *mut std::ffi::c_void,
+        k: *mut std::ffi::c_void,
+        v: *mut std::ffi::c_void,
+        cu_q: *mut std::ffi::c_void,
+        cu_k: *mut std::ffi::c_void,
+        seqused_k: *mut std::ffi::c_void,
+        max_k: i64,
+        out: *mut *mut std::ffi::c_void,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> i32;
+}
+
+/// FlashAttention's variable-length forward for one query per row (see `voxbatch_flash_decode` in
+/// `csrc/torch_shim.cpp`): `q` `[N, H, d]`, `k`/`v` `[rows of keys, KVH, d]`, row `i` reading
+/// `seqused_k[i]` keys from `cu_k[i]` (int32). bf16/fp16 on CUDA. Returns `[N, H, d]`.
+pub fn flash_decode(
+    q: &tch::Tensor,
+    k: &tch::Tensor,
+    v: &tch::Tensor,
+    cu_q: &tch::Tensor,
+    cu_k: &tch::Tensor,
+    seqused_k: &tch::Tensor,
+    max_k: i64,
+) -> Result<tch::Tensor, ShimError> {
+    let mut out = std::ptr::null_mut();
+    let p = |t: &tch::Tensor| t.as_ptr() as *mut std::ffi::c_void;
+    // SAFETY: every pointer is a live tch tensor (an at::Tensor*) borrowed for the call; the shim
+    // writes a new heap at::Tensor into `out` on success, whose ownership passes to the Tensor
+    // below. Exceptions are caught in C++.
+    checked("flash attention", |err, len| unsafe {
+        voxbatch_flash_decode(p(q), p(k), p(v), p(cu_q), p(cu_k), p(seqused_k), max_k, &mut out, err, len)
+    })?;
+    // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
+    Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
+}

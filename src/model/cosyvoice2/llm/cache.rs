@@ -1,4 +1,5 @@
-//! The slot KV cache: `[layers, slots, kv_heads, max_len, head_dim]` keys and values,
+//! The slot KV cache: `[layers, slots, max_len, kv_heads, head_dim]` keys and values (a layer
+//! viewed `[slots × max_len, kv_heads, head_dim]` is what FlashAttention's variable-length kernel reads),
 //! preallocated, with each slot's filled length. A slot holds one sequence; freeing it is setting
 //! its length to 0 (stale entries past a slot's length are never attended to).
 //!
@@ -18,7 +19,7 @@ pub struct SlotCache {
 impl SlotCache {
     /// A cache for `slots` sequences of up to `max_len` positions.
     pub fn new(layers: i64, slots: usize, kv_heads: i64, max_len: i64, head_dim: i64, kind: Kind, device: Device) -> R<SlotCache> {
-        let shape = [layers, slots as i64, kv_heads, max_len, head_dim];
+        let shape = [layers, slots as i64, max_len, kv_heads, head_dim];
         Ok(SlotCache { k: Tensor::f_zeros(shape, (kind, device))?, v: Tensor::f_zeros(shape, (kind, device))?, lens: vec![0; slots], max_len })
     }
 
@@ -49,6 +50,17 @@ impl SlotCache {
     pub fn free(&mut self, slot: usize) {
         self.lens[slot] = 0;
     }
+    /// Writes keys and values `[N, kv_heads, head_dim]` of layer `layer` at (`slots[i]`,
+    /// `positions[i]`).
+    pub(super) fn write(&self, layer: usize, slots: &Tensor, positions: &Tensor, k: &Tensor, v: &Tensor) -> R<()> {
+        let at = [Some(slots.shallow_clone()), Some(positions.shallow_clone())];
+        for (cache, new) in [(&self.k, k), (&self.v, v)] {
+            let mut layer = cache.f_get(layer as i64)?; // [S, T, KVH, hd]
+            let _ = layer.f_index_put_(&at, &new.f_to_kind(layer.kind())?, false)?;
+        }
+        Ok(())
+    }
+
     pub(super) fn advance(&mut self, slot: usize, by: i64) {
         self.lens[slot] += by;
     }

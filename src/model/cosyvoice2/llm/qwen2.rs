@@ -185,10 +185,7 @@ impl Qwen2 {
             let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([total, d.heads, d.head_dim])?, &cos, &sin)?;
             let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([total, d.kv_heads, d.head_dim])?, &cos, &sin)?;
             let v = layer.v.forward(&h)?.f_view([total, d.kv_heads, d.head_dim])?;
-            let (mut cache_k, mut cache_v) = (cache.k.f_get(l as i64)?, cache.v.f_get(l as i64)?); // [S, KVH, T, hd]
-            let at = [Some(slot_index.shallow_clone()), None, Some(positions.shallow_clone())];
-            let _ = cache_k.f_index_put_(&at, &k.f_to_kind(cache_k.kind())?, false)?;
-            let _ = cache_v.f_index_put_(&at, &v.f_to_kind(cache_v.kind())?, false)?;
+            cache.write(l, &slot_index, &positions, &k, &v)?;
             // [1, H, ΣT, hd]: each KV head shared by its group of query heads.
             let heads = |t: &Tensor| -> R<Tensor> { t.f_repeat_interleave_self_int(group, 1, None)?.f_transpose(0, 1)?.f_unsqueeze(0) };
             let a = Tensor::f_scaled_dot_product_attention(&q.f_transpose(0, 1)?.f_unsqueeze(0)?, &heads(&k)?, &heads(&v)?, Some(&mask), 0.0, false, None, false)?;
@@ -226,9 +223,11 @@ impl Qwen2 {
     /// slot's keys `0..=positions[i]`, reading the first `span` positions. Writes the keys and
     /// values; the caller advances the slots' lengths. Returns the final hidden states `[N, hidden]`.
     ///
-    /// Grouped-query attention without copies: the query heads sharing a KV head are laid out as
-    /// that head's query positions (`[N, kv_heads, group, head_dim]`), so keys and values are read
-    /// in place — with [`Rows::First`] straight from the cache, no gather at all.
+    /// Grouped-query attention without copies. On CUDA in bf16/fp16, FlashAttention's
+    /// variable-length kernel (through the shim) reads each row's own filled positions of its slot
+    /// straight from the cache. Elsewhere SDPA with the query heads sharing a KV head laid out as
+    /// that head's query positions (`[N, kv_heads, group, head_dim]`), reading `span` positions
+    /// under a per-row mask — in place with [`Rows::First`], gathered with [`Rows::Slots`].
     pub fn step(&self, cache: &SlotCache, rows: Rows<'_>, x: &Tensor, positions: &Tensor, span: i64) -> R<Tensor> {
         let d = self.dims;
         let (n, _) = x.size2()?;
@@ -238,31 +237,49 @@ impl Qwen2 {
             Rows::Slots(index) => index.shallow_clone(),
         };
         let (cos, sin) = self.rope(positions, x.kind())?;
-        let mask = Tensor::f_arange(span, (Kind::Int64, device))?
-            .f_unsqueeze(0)?
-            .f_le_tensor(&positions.f_unsqueeze(1)?)?
-            .f_view([n, 1, 1, span])?;
-        let group = d.heads / d.kv_heads;
+        // FlashAttention (bf16/fp16 on CUDA) reads each row's own filled positions only; elsewhere
+        // SDPA reads `span` positions under a per-row mask.
+        let flash = device.is_cuda() && matches!(cache.k.kind(), Kind::BFloat16 | Kind::Half);
+        let attend: Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> R<Tensor>> = if flash {
+            let max_len = cache.max_len();
+            let offsets = slot_index.f_mul_scalar(max_len)?;
+            let cu_k = Tensor::f_cat(&[&offsets, &offsets.f_narrow(0, n - 1, 1)?.f_add_scalar(max_len)?], 0)?.f_to_kind(Kind::Int)?;
+            let cu_q = Tensor::f_arange(n + 1, (Kind::Int, device))?;
+            let used = positions.f_add_scalar(1)?.f_to_kind(Kind::Int)?;
+            let (s, kvh, hd) = (cache.slots() as i64, d.kv_heads, d.head_dim);
+            Box::new(move |q: &Tensor, ck: &Tensor, cv: &Tensor| -> R<Tensor> {
+                let flat = |c: &Tensor| c.f_view([s * max_len, kvh, hd]);
+                crate::model::shim::flash_decode(&q.f_contiguous()?, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, &used, span)
+                    .map_err(|e| tch::TchError::Torch(e.to_string()))
+            })
+        } else {
+            let mask = Tensor::f_arange(span, (Kind::Int64, device))?
+                .f_unsqueeze(0)?
+                .f_le_tensor(&positions.f_unsqueeze(1)?)?
+                .f_view([n, 1, 1, span])?;
+            let group = d.heads / d.kv_heads;
+            let slot_index = slot_index.shallow_clone();
+            Box::new(move |q: &Tensor, ck: &Tensor, cv: &Tensor| -> R<Tensor> {
+                // [N, KVH, span, hd], read in place with Rows::First.
+                let read = |c: &Tensor| -> R<Tensor> {
+                    let rows = match rows {
+                        Rows::First => c.f_narrow(0, 0, n)?,
+                        Rows::Slots(_) => c.f_index_select(0, &slot_index)?,
+                    };
+                    rows.f_narrow(1, 0, span)?.f_transpose(1, 2)?.f_to_kind(q.kind())
+                };
+                let q = q.f_view([n, d.kv_heads, group, d.head_dim])?;
+                Tensor::f_scaled_dot_product_attention(&q, &read(ck)?, &read(cv)?, Some(&mask), 0.0, false, None, false)
+            })
+        };
         let mut x = x.shallow_clone();
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x)?;
             let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([n, d.heads, d.head_dim])?, &cos, &sin)?;
             let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([n, d.kv_heads, d.head_dim])?, &cos, &sin)?;
             let v = layer.v.forward(&h)?.f_view([n, d.kv_heads, d.head_dim])?;
-            let (mut cache_k, mut cache_v) = (cache.k.f_get(l as i64)?, cache.v.f_get(l as i64)?); // [S, KVH, T, hd]
-            let at = [Some(slot_index.shallow_clone()), None, Some(positions.shallow_clone())];
-            let _ = cache_k.f_index_put_(&at, &k.f_to_kind(cache_k.kind())?, false)?;
-            let _ = cache_v.f_index_put_(&at, &v.f_to_kind(cache_v.kind())?, false)?;
-            let read = |c: &Tensor| -> R<Tensor> {
-                let rows = match rows {
-                    Rows::First => c.f_narrow(0, 0, n)?,
-                    Rows::Slots(index) => c.f_index_select(0, index)?,
-                };
-                rows.f_narrow(2, 0, span)?.f_to_kind(q.kind())
-            };
-            let (keys, values) = (read(&cache_k)?, read(&cache_v)?); // [N, KVH, span, hd]
-            let q = q.f_view([n, d.kv_heads, group, d.head_dim])?;
-            let a = Tensor::f_scaled_dot_product_attention(&q, &keys, &values, Some(&mask), 0.0, false, None, false)?;
+            cache.write(l, &slot_index, positions, &k, &v)?;
+            let a = attend(&q, &cache.k.f_get(l as i64)?, &cache.v.f_get(l as i64)?)?;
             let a = a.f_reshape([n, d.heads * d.head_dim])?;
             x = x.f_add(&layer.o.forward(&a)?)?;
             x = x.f_add(&layer.mlp(&x)?)?;

@@ -228,9 +228,9 @@ impl SpeechLm {
                 dec.cache.advance(slot, 1);
             }
             let drawn: Vec<(i64, i64)> = slots.iter().map(|&s| (picks[2 * s], picks[2 * s + 1])).collect();
-            let logp = out.logp.f_index_select(0, &Tensor::f_from_slice(&slots.iter().map(|&s| s as i64).collect::<Vec<_>>())?.f_to_device(out.logp.device())?)?;
+            let logp_rows: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
             let mut seqs: Vec<&mut Sequence> = active.values_mut().collect();
-            let nexts = self.advance(&mut seqs, &logp, &drawn, &params)?;
+            let nexts = self.advance(&mut seqs, &out.logp, &logp_rows, &drawn, &params)?;
             for (slot, next) in slots.into_iter().zip(nexts) {
                 if let Next::Done(result) = next {
                     if let Some(seq) = active.remove(&slot) {
@@ -316,7 +316,8 @@ impl SpeechLm {
             let picks = Vec::<i64>::try_from(picks.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
             let drawn: Vec<(i64, i64)> = picks.chunks(2).map(|p| (p[0], p[1])).collect();
             let mut refs: Vec<&mut Sequence> = seqs.iter_mut().collect();
-            let nexts = self.advance(&mut refs, &logp, &drawn, &params)?;
+            let logp_rows: Vec<i64> = (0..refs.len() as i64).collect();
+            let nexts = self.advance(&mut refs, &logp, &logp_rows, &drawn, &params)?;
             for (seq, next) in seqs.into_iter().zip(nexts) {
                 match next {
                     Next::Continue => {
@@ -365,8 +366,8 @@ impl SpeechLm {
     }
 
     /// Applies each sequence's draw (`drawn[i]`: its nucleus and full-distribution picks from row
-    /// `i` of `logp`): the reference's choice, end-of-speech drawn again before `min_len`.
-    fn advance(&self, seqs: &mut [&mut Sequence], logp: &Tensor, drawn: &[(i64, i64)], params: &SamplingParams) -> R<Vec<Next>> {
+    /// `logp_rows[i]` of `logp`): the reference's choice, end-of-speech drawn again before `min_len`.
+    fn advance(&self, seqs: &mut [&mut Sequence], logp: &Tensor, logp_rows: &[i64], drawn: &[(i64, i64)], params: &SamplingParams) -> R<Vec<Next>> {
         let eos = self.speech_tokens;
         let mut picks: Vec<i64> = seqs.iter().zip(drawn).map(|(s, &(nucleus, full))| choose(nucleus, full, &s.out, params)).collect();
         // Before min_len an end-of-speech is drawn again, row by row, as the reference does.
@@ -375,7 +376,7 @@ impl SpeechLm {
             if again.is_empty() {
                 break;
             }
-            for (i, p) in again.iter().zip(self.sample_rows(seqs, logp, params, &again)?) {
+            for (i, p) in again.iter().zip(self.sample_rows(seqs, logp, logp_rows, params, &again)?) {
                 picks[*i] = p;
             }
         }
@@ -405,9 +406,9 @@ impl SpeechLm {
         Ok(nexts)
     }
 
-    /// One draw for each of `rows` (indices into `seqs` and `logp`).
-    fn sample_rows(&self, seqs: &mut [&mut Sequence], logp: &Tensor, params: &SamplingParams, rows: &[usize]) -> R<Vec<i64>> {
-        let index = Tensor::f_from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?.f_to_device(logp.device())?;
+    /// One draw for each of `rows` (indices into `seqs`; sequence `r` reads row `logp_rows[r]`).
+    fn sample_rows(&self, seqs: &mut [&mut Sequence], logp: &Tensor, logp_rows: &[i64], params: &SamplingParams, rows: &[usize]) -> R<Vec<i64>> {
+        let index = Tensor::f_from_slice(&rows.iter().map(|&r| logp_rows[r]).collect::<Vec<_>>())?.f_to_device(logp.device())?;
         let uniforms: Vec<(f64, f64)> = rows.iter().map(|&r| seqs[r].rng.next_pair()).collect();
         let history: Vec<&[i64]> = rows.iter().map(|&r| seqs[r].out.as_slice()).collect();
         ras_sample(&logp.f_index_select(0, &index)?, &history, &uniforms, params)
