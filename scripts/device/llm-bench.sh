@@ -7,7 +7,7 @@
 # the official default, and bf16); `voxbatch bench llm` over slot counts, CUDA graphs on, and eager
 # at a few slot counts for comparison.
 # Carry: .whl .t2w models/cosyvoice2-llm-parity models/cosyvoice2-tiny (scripts/device/pack-gpu.sh).
-# Env: OUT, SLOTS (1,8,32,64,128,256,512), EAGER_SLOTS (64,256), REF_SEQUENCES (3),
+# Env: OUT, SLOTS (1,8,32,64,128,256,512), EAGER_SLOTS (64,256; empty: none), REF_SEQUENCES (3),
 # REF_PRECISIONS ("fp32 bf16"), REQUESTS_PER_SLOT (2), PY (python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,9 +53,11 @@ done
 log "voxbatch bench llm (CUDA graphs)"
 $BIN bench llm --model "$M/model" --device cuda:0 --slots "${SLOTS:-1,8,32,64,128,256,512}" \
   --requests-per-slot "${REQUESTS_PER_SLOT:-2}" --reference "$OUT/reference-fp32.json" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
-log "voxbatch bench llm (eager)"
-$BIN bench llm --model "$M/model" --device cuda:0 --slots "${EAGER_SLOTS:-64,256}" --no-graphs \
-  --requests-per-slot "${REQUESTS_PER_SLOT:-2}" --reference "$OUT/reference-fp32.json" --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
+if [ -n "${EAGER_SLOTS-64,256}" ]; then
+  log "voxbatch bench llm (eager)"
+  $BIN bench llm --model "$M/model" --device cuda:0 --slots "${EAGER_SLOTS-64,256}" --no-graphs \
+    --requests-per-slot "${REQUESTS_PER_SLOT:-2}" --reference "$OUT/reference-fp32.json" --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
+fi
 cp "$OUT"/bench/llm-*/llm.json "$OUT/llm.json" 2>/dev/null
 cp "$OUT"/bench-eager/llm-*/llm.json "$OUT/llm-eager.json" 2>/dev/null
 log "done"
