@@ -156,6 +156,7 @@ extern "C" {
         cu_q: *mut std::ffi::c_void,
         cu_k: *mut std::ffi::c_void,
         seqused_k: *mut std::ffi::c_void,
+        max_q: i64,
         max_k: i64,
         out: *mut *mut std::ffi::c_void,
         err: *mut c_char,
@@ -163,16 +164,19 @@ extern "C" {
     ) -> i32;
 }
 
-/// FlashAttention's variable-length forward for one query per row (see `voxbatch_flash_decode` in
-/// `csrc/torch_shim.cpp`): `q` `[N, H, d]`, `k`/`v` `[rows of keys, KVH, d]`, row `i` reading
-/// `seqused_k[i]` keys from `cu_k[i]` (int32). bf16/fp16 on CUDA. Returns `[N, H, d]`.
-pub fn flash_decode(
+/// FlashAttention's variable-length forward, non-causal (see `voxbatch_flash_decode` in
+/// `csrc/torch_shim.cpp`): `q` `[ΣQ, H, d]` with row `i`'s `max_q` queries from `cu_q[i]`,
+/// `k`/`v` `[rows of keys, H, d]`, row `i` reading `seqused_k[i]` keys from `cu_k[i]` (int32).
+/// bf16/fp16 on CUDA. Returns `[ΣQ, H, d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_decode_grouped(
     q: &tch::Tensor,
     k: &tch::Tensor,
     v: &tch::Tensor,
     cu_q: &tch::Tensor,
     cu_k: &tch::Tensor,
     seqused_k: &tch::Tensor,
+    max_q: i64,
     max_k: i64,
 ) -> Result<tch::Tensor, ShimError> {
     let mut out = std::ptr::null_mut();
@@ -181,7 +185,7 @@ pub fn flash_decode(
     // writes a new heap at::Tensor into `out` on success, whose ownership passes to the Tensor
     // below. Exceptions are caught in C++.
     checked("flash attention", |err, len| unsafe {
-        voxbatch_flash_decode(p(q), p(k), p(v), p(cu_q), p(cu_k), p(seqused_k), max_k, &mut out, err, len)
+        voxbatch_flash_decode(p(q), p(k), p(v), p(cu_q), p(cu_k), p(seqused_k), max_q, max_k, &mut out, err, len)
     })?;
     // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
     Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })

@@ -244,13 +244,20 @@ impl Qwen2 {
             let max_len = cache.max_len();
             let offsets = slot_index.f_mul_scalar(max_len)?;
             let cu_k = Tensor::f_cat(&[&offsets, &offsets.f_narrow(0, n - 1, 1)?.f_add_scalar(max_len)?], 0)?.f_to_kind(Kind::Int)?;
-            let cu_q = Tensor::f_arange(n + 1, (Kind::Int, device))?;
+            // The `group` query heads sharing a KV head become that head's `group` query positions
+            // (not causal: all see the same keys), so each KV head is read once per row, not once
+            // per query head.
+            let group = d.heads / d.kv_heads;
+            let cu_q = Tensor::f_arange(n + 1, (Kind::Int, device))?.f_mul_scalar(group)?;
             let used = positions.f_add_scalar(1)?.f_to_kind(Kind::Int)?;
             let (s, kvh, hd) = (cache.slots() as i64, d.kv_heads, d.head_dim);
             Box::new(move |q: &Tensor, ck: &Tensor, cv: &Tensor| -> R<Tensor> {
                 let flat = |c: &Tensor| c.f_view([s * max_len, kvh, hd]);
-                crate::model::shim::flash_decode(&q.f_contiguous()?, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, &used, span)
-                    .map_err(|e| tch::TchError::Torch(e.to_string()))
+                // [N, H, hd] → [N × group, KVH, hd]
+                let q = q.f_view([n, kvh, group, hd])?.f_permute([0, 2, 1, 3])?.f_reshape([n * group, kvh, hd])?;
+                let a = crate::model::shim::flash_decode_grouped(&q, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, &used, group, span)
+                    .map_err(|e| tch::TchError::Torch(e.to_string()))?;
+                a.f_view([n, group, kvh, hd])?.f_permute([0, 2, 1, 3])?.f_reshape([n, kvh * group * hd])
             })
         } else {
             let mask = Tensor::f_arange(span, (Kind::Int64, device))?
