@@ -128,26 +128,6 @@ pub fn cuda_mem_info(device: usize) -> Option<(u64, u64)> {
     (rc == 0).then(|| (free.max(0) as u64, total.max(0) as u64))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cpp_exception_inside_the_shim_becomes_a_rust_error() {
-        // Autocast on a device type libtorch has no autocast for (FPGA = 7) throws in C++.
-        let e = autocast_set(7, true, 0).expect_err("libtorch refuses autocast on an FPGA");
-        assert_eq!(e.call, "set autocast");
-        assert!(!e.message.is_empty(), "the exception's message comes through");
-    }
-
-    #[test]
-    fn autocast_on_the_cpu_enters_and_leaves() {
-        let guard = AutocastGuard::enter(Device::Cpu, Precision::Bf16).expect("CPU autocast");
-        drop(guard);
-        assert!(AutocastGuard::enter(Device::Cpu, Precision::Fp32).is_ok());
-    }
-}
-
 extern "C" {
     fn voxbatch_flash_decode(
         q: *mut std::ffi::c_void,
@@ -189,4 +169,24 @@ pub fn flash_decode_grouped(
     })?;
     // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
     Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpp_exception_inside_the_shim_becomes_a_rust_error() {
+        // Autocast on a device type libtorch has no autocast for (FPGA = 7) throws in C++.
+        let e = autocast_set(7, true, 0).expect_err("libtorch refuses autocast on an FPGA");
+        assert_eq!(e.call, "set autocast");
+        assert!(!e.message.is_empty(), "the exception's message comes through");
+    }
+
+    #[test]
+    fn autocast_on_the_cpu_enters_and_leaves() {
+        let guard = AutocastGuard::enter(Device::Cpu, Precision::Bf16).expect("CPU autocast");
+        drop(guard);
+        assert!(AutocastGuard::enter(Device::Cpu, Precision::Fp32).is_ok());
+    }
 }

@@ -19,7 +19,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::super::layers::R;
 use super::cache::SlotCache;
-use super::sampler::SamplingParams;
+use super::sampler::{uniforms_tensor, SamplingParams};
 use super::speech_lm::SpeechLm;
 use crate::model::cuda_graph::CudaGraph;
 
@@ -157,14 +157,13 @@ impl BatchDecoder {
             x_row.f_copy_(embedding)?;
         }
         buf.positions.f_copy_(&Tensor::f_from_slice(input.positions)?)?;
-        let flat: Vec<f32> = input.uniforms.iter().flat_map(|&(a, b)| [a as f32, b as f32]).collect();
-        buf.uniforms.f_copy_(&Tensor::f_from_slice(&flat)?.f_view([rows, 2])?)?;
+        buf.uniforms.f_copy_(&uniforms_tensor(input.uniforms, Device::Cpu)?)?;
         self.stats.steps += 1;
         if self.graphs_on {
             match self.replay(lm, rows, span) {
                 Ok(out) => return Ok(out),
                 Err(e) => {
-                    tracing::warn!(error = %e, rows, span, "CUDA graph capture failed; the LM decodes eagerly from now on");
+                    tracing::warn!(error = %e, rows, span, "CUDA graph capture or replay failed; the LM decodes eagerly from now on");
                     self.stats.eager_reason = Some(e.to_string());
                     self.graphs_on = false;
                     self.captured.clear();

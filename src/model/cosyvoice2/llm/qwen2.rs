@@ -161,9 +161,9 @@ impl Qwen2 {
             if t > cache.max_len() {
                 return Err(tch::TchError::Shape(format!("slot {slot}: {t} positions exceed the cache's {}", cache.max_len())));
             }
-            slots.extend(std::iter::repeat(*slot as i64).take(t as usize));
+            slots.extend(std::iter::repeat_n(*slot as i64, t as usize));
             positions.extend(0..t);
-            owner.extend(std::iter::repeat(i as i64).take(t as usize));
+            owner.extend(std::iter::repeat_n(i as i64, t as usize));
         }
         let Some(device) = items.first().map(|(_, x)| x.device()) else {
             return Tensor::f_zeros([0, d.hidden], (self.embed_tokens.kind(), self.embed_tokens.device()));
@@ -240,7 +240,7 @@ impl Qwen2 {
         // FlashAttention (bf16/fp16 on CUDA) reads each row's own filled positions only; elsewhere
         // SDPA reads `span` positions under a per-row mask.
         let flash = device.is_cuda() && matches!(cache.k.kind(), Kind::BFloat16 | Kind::Half);
-        let attend: Box<dyn Fn(&Tensor, &Tensor, &Tensor) -> R<Tensor>> = if flash {
+        let attend: Box<Attend> = if flash {
             let max_len = cache.max_len();
             let offsets = slot_index.f_mul_scalar(max_len)?;
             let cu_k = Tensor::f_cat(&[&offsets, &offsets.f_narrow(0, n - 1, 1)?.f_add_scalar(max_len)?], 0)?.f_to_kind(Kind::Int)?;
@@ -294,6 +294,9 @@ impl Qwen2 {
         self.norm.forward(&x)
     }
 }
+
+/// Attention of one layer's queries over its cached keys and values: `(q, keys, values)`.
+type Attend<'a> = dyn Fn(&Tensor, &Tensor, &Tensor) -> R<Tensor> + 'a;
 
 /// Which slots the rows of a decode step are.
 #[derive(Clone, Copy)]

@@ -140,7 +140,7 @@ mod tests {
         let history: &[i64] = &[2, 7, 7];
         assert_eq!(ras_sample(&lp, &[history], &[(0.1, 0.25)], &p).unwrap()[0], 1);
         // Outside the window it does not count.
-        let old: Vec<i64> = std::iter::once(2).chain(std::iter::repeat(7).take(10)).collect();
+        let old: Vec<i64> = std::iter::once(2).chain(std::iter::repeat_n(7, 10)).collect();
         assert_eq!(ras_sample(&lp, &[&old], &[(0.1, 0.25)], &p).unwrap()[0], 2);
     }
 
