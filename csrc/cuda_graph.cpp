@@ -7,35 +7,18 @@
 // warm-up runs and the capture happen in between, as torch.cuda.graph does. Captures use
 // thread-local mode, so other threads' CUDA calls (the NVML sampler, another model) cannot break
 // them. Replays run on the calling thread's current stream. Every function catches C++
-// exceptions (see `guarded` in torch_shim.cpp).
+// exceptions (`guarded`, guarded.h).
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cstring>
-#include <exception>
+#include "guarded.h"
 #include <optional>
 
 namespace {
 
-void copy_message(const char* what, char* err, size_t err_len) {
-  if (err == nullptr || err_len == 0) return;
-  std::strncpy(err, what, err_len - 1);
-  err[err_len - 1] = '\0';
-}
+using voxbatch::guarded;
 
-template <typename F>
-int guarded(F&& f, char* err, size_t err_len) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), err, err_len);
-  } catch (...) {
-    copy_message("unknown C++ exception", err, err_len);
-  }
-  return -1;
-}
 
 struct Graph {
   at::cuda::CUDAGraph graph;

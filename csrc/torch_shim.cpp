@@ -13,30 +13,9 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdint>
-#include <cstring>
-#include <exception>
+#include "guarded.h"
 
-// Copies an exception's message into `err` (NUL-terminated, truncated to `err_len`).
-static void copy_message(const char* what, char* err, size_t err_len) {
-  if (err == nullptr || err_len == 0) return;
-  std::strncpy(err, what, err_len - 1);
-  err[err_len - 1] = '\0';
-}
-
-// Runs `f`; 0 on success, -1 on a C++ exception, whose message goes to `err`. Every shim
-// function that can throw goes through this: no exception crosses extern "C".
-template <typename F>
-static int guarded(F&& f, char* err, size_t err_len) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    copy_message(e.what(), err, err_len);
-  } catch (...) {
-    copy_message("unknown C++ exception", err, err_len);
-  }
-  return -1;
-}
+using voxbatch::guarded;
 
 extern "C" {
 

@@ -9,11 +9,15 @@
 //! Neighbours: `config::llm` (the settings); `model::cosyvoice2::llm::batch` allocates the cache
 //! this sizes; `bench llm` reports the measured peak beside it.
 
+use tch::Kind;
+
 use crate::config::LlmConfig;
+use crate::model::cosyvoice2::llm::cache::SlotCache;
 use crate::model::LlmDims;
 
 /// Fixed workspace of the LM stage besides weights and slots: a prefill pass of up to 2,048
-/// positions and the captured graphs' pool (measured well under this on the H200 bench).
+/// positions and the captured graphs' pool. An estimate, not yet calibrated: on the H200 bench
+/// (512 slots) the peak exceeded cache + weights by 1.3 GiB, per-row step bytes included.
 pub const WORKSPACE_BYTES: u64 = 768 << 20;
 
 /// Bytes of the decode step's activations per row: about sixteen fp32 vectors of the output size
@@ -22,9 +26,9 @@ pub fn step_bytes_per_row(dims: &LlmDims) -> u64 {
     16 * 4 * (dims.speech_tokens as u64 + 3)
 }
 
-/// Bytes of keys and values per position of one slot.
-pub fn kv_bytes_per_position(dims: &LlmDims, element_bytes: u64) -> u64 {
-    2 * dims.layers as u64 * dims.kv_heads as u64 * dims.head_dim as u64 * element_bytes
+/// Bytes of keys and values per position of one slot, in `kind` (the cache's own arithmetic).
+pub fn kv_bytes_per_position(dims: &LlmDims, kind: Kind) -> u64 {
+    SlotCache::bytes_per_token(dims.layers as i64, dims.kv_heads, dims.head_dim, kind)
 }
 
 /// Positions one slot must hold for the configured limits.
@@ -59,9 +63,9 @@ pub enum LlmSizingError {
 /// The slot count for `budget_bytes` (the worker's memory budget): a fixed `llm.slots`, or as many
 /// as `llm.memory_share` of the budget holds after the weights and workspace, at most
 /// `llm.max_slots`.
-pub fn plan(c: &LlmConfig, dims: &LlmDims, element_bytes: u64, weights_bytes: u64, budget_bytes: u64) -> Result<LlmPlan, LlmSizingError> {
+pub fn plan(c: &LlmConfig, dims: &LlmDims, kind: Kind, weights_bytes: u64, budget_bytes: u64) -> Result<LlmPlan, LlmSizingError> {
     let max_positions = max_positions(c, dims);
-    let per_slot = max_positions as u64 * kv_bytes_per_position(dims, element_bytes) + step_bytes_per_row(dims);
+    let per_slot = max_positions as u64 * kv_bytes_per_position(dims, kind) + step_bytes_per_row(dims);
     let share = (budget_bytes as f64 * c.memory_share) as u64;
     let slots = match c.slots {
         Some(n) => n,
@@ -109,7 +113,7 @@ mod tests {
     #[test]
     fn a_slot_costs_its_longest_segment_at_12_kib_a_position_in_bf16() {
         let c = config();
-        assert_eq!(kv_bytes_per_position(&dims(), 2), 12 * 1024);
+        assert_eq!(kv_bytes_per_position(&dims(), Kind::BFloat16), 12 * 1024);
         // 2 + 60 + 80 + 300 + 20 × 80.
         assert_eq!(max_positions(&c, &dims()), 2042);
     }
@@ -119,20 +123,20 @@ mod tests {
         let c = config();
         let weights = 1_000_000_000;
         // An H200's budget (~110 GB): 30 % is 33 GB, ~24.7 MB a slot: capped at max_slots.
-        let big = plan(&c, &dims(), 2, weights, 110_000_000_000).unwrap();
+        let big = plan(&c, &dims(), Kind::BFloat16, weights, 110_000_000_000).unwrap();
         assert_eq!(big.slots, c.max_slots);
         // A 16 GB budget: 4.8 GB share, minus weights and workspace, over the per-slot bytes.
-        let small = plan(&c, &dims(), 2, weights, 16_000_000_000).unwrap();
+        let small = plan(&c, &dims(), Kind::BFloat16, weights, 16_000_000_000).unwrap();
         let expected = (4_800_000_000 - weights - WORKSPACE_BYTES) / small.bytes_per_slot;
         assert_eq!(small.slots as u64, expected);
         assert!(small.slots_bytes + weights + WORKSPACE_BYTES <= small.share_bytes);
-        let fixed = plan(&LlmConfig { slots: Some(7), ..c.clone() }, &dims(), 2, weights, 16_000_000_000).unwrap();
+        let fixed = plan(&LlmConfig { slots: Some(7), ..c.clone() }, &dims(), Kind::BFloat16, weights, 16_000_000_000).unwrap();
         assert_eq!(fixed.slots, 7);
     }
 
     #[test]
     fn a_share_that_holds_no_slot_is_an_error_that_says_what_to_change() {
-        let e = plan(&config(), &dims(), 2, 1_000_000_000, 4_000_000_000).unwrap_err();
+        let e = plan(&config(), &dims(), Kind::BFloat16, 1_000_000_000, 4_000_000_000).unwrap_err();
         assert!(matches!(e, LlmSizingError::NoSlot { .. }));
         assert!(e.to_string().contains("llm.memory_share"), "{e}");
     }

@@ -13,7 +13,7 @@
 //! `sampler::draw` runs inside it; `model::cuda_graph` captures and replays.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
@@ -203,8 +203,4 @@ impl BatchDecoder {
         self.stats.refills += 1;
     }
 
-    /// Time spent capturing graphs so far.
-    pub fn capture_time(&self) -> Duration {
-        Duration::from_secs_f64(self.stats.capture_seconds)
-    }
 }

@@ -429,9 +429,6 @@ impl SpeechLm {
     pub fn hidden_size(&self) -> i64 {
         self.qwen.dims().hidden
     }
-    pub fn dims(&self) -> Qwen2Dims {
-        self.qwen.dims()
-    }
     /// Writes the speech embeddings of `tokens` `[N]` into `out` `[N, hidden]`.
     pub(super) fn speech_embeddings_into(&self, out: &Tensor, tokens: &Tensor) -> R<Tensor> {
         self.speech_embedding.f_index_select_out(out, 0, tokens)
