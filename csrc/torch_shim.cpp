@@ -91,20 +91,22 @@ int voxbatch_cuda_mem_info(int device, int64_t* free_bytes, int64_t* total_bytes
   }
 }
 
-// Decode attention over a slot KV cache with FlashAttention's variable-length kernel, not causal:
-// `q` [ΣQ, H, d] (row i's queries from `cu_q[i]`, at most `max_q`), `k`/`v` a cache layer viewed
+// FlashAttention's variable-length forward. Decode over a slot KV cache (not causal): `q` [ΣQ, H, d]
+// (row i's queries from `cu_q[i]`, at most `max_q`), `k`/`v` a cache layer viewed
 // [slots × max_len, H, d]; row i reads `seqused_k[i]` keys from offset `cu_k[i]` (int32, N + 1
-// entries), so each row reads only its own slot's filled positions. `max_k` bounds `seqused_k`.
-// bf16/fp16 on CUDA only. The output [ΣQ, H, d] is a new tensor handed to Rust (tch frees it).
-// Tensors are tch's (at::Tensor*).
-int voxbatch_flash_decode(void* q, void* k, void* v, void* cu_q, void* cu_k, void* seqused_k, int64_t max_q, int64_t max_k,
-                          void** out, char* err, size_t err_len) {
+// entries), so each row reads only its own slot's filled positions; `max_k` bounds `seqused_k`.
+// Prefill (causal, `seqused_k` null): sequences laid end to end in q, k and v alike, `cu_q` =
+// `cu_k` their offsets. bf16/fp16 on CUDA only. The output [ΣQ, H, d] is a new tensor handed to
+// Rust (tch frees it). Tensors are tch's (at::Tensor*).
+int voxbatch_flash_varlen(void* q, void* k, void* v, void* cu_q, void* cu_k, void* seqused_k, int64_t max_q, int64_t max_k,
+                          int causal, void** out, char* err, size_t err_len) {
   return guarded([&] {
     const auto& query = *static_cast<at::Tensor*>(q);
+    std::optional<at::Tensor> used;
+    if (seqused_k != nullptr) used = *static_cast<at::Tensor*>(seqused_k);
     auto result = at::_flash_attention_forward(query, *static_cast<at::Tensor*>(k), *static_cast<at::Tensor*>(v),
                                                *static_cast<at::Tensor*>(cu_q), *static_cast<at::Tensor*>(cu_k), max_q, max_k, 0.0,
-                                               false, false, std::nullopt, std::nullopt, std::nullopt,
-                                               *static_cast<at::Tensor*>(seqused_k));
+                                               causal != 0, false, std::nullopt, std::nullopt, std::nullopt, used);
     *out = new at::Tensor(std::get<0>(result));
   }, err, err_len);
 }

@@ -19,7 +19,8 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::model::cosyvoice2::llm::batch::{BatchDecoder, DecoderStats};
+use crate::model::cosyvoice2::llm::batch::{rows_for, BatchDecoder, DecoderStats};
+use crate::model::cosyvoice2::llm::qwen2::span_for;
 use crate::model::cosyvoice2::llm::speech_lm::{LmRequest, SpeechLm};
 use crate::model::memory::MemoryProbe;
 use crate::model::{Device, Manifest, ModelError};
@@ -65,8 +66,16 @@ pub struct Point {
     pub cache_bytes: u64,
     pub peak_memory_bytes: Option<u64>,
     pub decoder: DecoderStats,
+    /// One step over all slots reading [`PROFILE_SPAN`] positions, graph replays alone (ms).
+    pub step_ms: Option<f64>,
+    /// The sampler's draws over all slots alone (ms), included in `step_ms`.
+    pub sampler_ms: Option<f64>,
     pub error: Option<String>,
 }
+
+/// Positions each row reads in the step profile: about the mean context of the stated lengths
+/// (input ≈ 220 positions, then half of ≈ 425 outputs), rounded to a span bucket.
+pub const PROFILE_SPAN: i64 = 512;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LlmReport {
@@ -132,6 +141,12 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
             let seconds = started.elapsed().as_secs_f64();
             let tokens: u64 = out.iter().filter_map(|r| r.as_ref().ok()).map(|o| o.tokens.len() as u64).sum();
             let steps = dec.stats().steps - before.steps;
+            let decoder = dec.stats().timings_since(&before);
+            // The step alone, after the run (it clobbers the cache).
+            let rows = rows_for(slots, slots);
+            let span = span_for(PROFILE_SPAN, dec.max_positions());
+            let step_ms = dec.time_step(&lm, rows, span, 20)? * 1e3;
+            let sampler_ms = dec.time_sampler(rows, dims.speech_tokens + 3, 20)? * 1e3;
             let positions: u64 = reqs.iter().map(|r| r.forced_len.unwrap_or(0) as u64).sum();
             Ok(Point {
                 slots,
@@ -144,7 +159,9 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
                 mean_active: positions as f64 / steps.max(1) as f64,
                 cache_bytes: dec.cache_bytes(),
                 peak_memory_bytes: None,
-                decoder: dec.stats().clone(),
+                decoder,
+                step_ms: Some(step_ms),
+                sampler_ms: Some(sampler_ms),
                 error: None,
             })
         });
@@ -164,6 +181,8 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
                     cache_bytes: 0,
                     peak_memory_bytes: probe.peak(),
                     decoder: DecoderStats::default(),
+                    step_ms: None,
+                    sampler_ms: None,
                     error: Some(e.to_string()),
                 }
             }
@@ -225,6 +244,16 @@ pub fn table(r: &LlmReport) -> String {
             p.mean_active,
             p.steps,
             gib(p.cache_bytes)
+        );
+    }
+    s += "\nWhere the time went (seconds of the timed run; the GPU idles through prefill's host part and the host's bookkeeping), and one step alone (graph replays, every row reading ";
+    s += &format!("{PROFILE_SPAN} positions):\n\n| slots | prefill s (passes, positions) | launch s | wait s | host s | step ms alone | sampler ms alone |\n|---:|---|---:|---:|---:|---:|---:|\n");
+    for p in r.points.iter().filter(|p| p.error.is_none()) {
+        let d = &p.decoder;
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        s += &format!(
+            "| {} | {:.2} ({}, {}) | {:.2} | {:.2} | {:.2} | {} | {} |\n",
+            p.slots, d.prefill_seconds, d.prefills, d.prefill_positions, d.launch_seconds, d.wait_seconds, d.host_seconds, ms(p.step_ms), ms(p.sampler_ms)
         );
     }
     if let Some(p) = &r.worker_plan {

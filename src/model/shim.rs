@@ -129,7 +129,7 @@ pub fn cuda_mem_info(device: usize) -> Option<(u64, u64)> {
 }
 
 extern "C" {
-    fn voxbatch_flash_decode(
+    fn voxbatch_flash_varlen(
         q: *mut std::ffi::c_void,
         k: *mut std::ffi::c_void,
         v: *mut std::ffi::c_void,
@@ -138,34 +138,38 @@ extern "C" {
         seqused_k: *mut std::ffi::c_void,
         max_q: i64,
         max_k: i64,
+        causal: i32,
         out: *mut *mut std::ffi::c_void,
         err: *mut c_char,
         err_len: usize,
     ) -> i32;
 }
 
-/// FlashAttention's variable-length forward, non-causal (see `voxbatch_flash_decode` in
-/// `csrc/torch_shim.cpp`): `q` `[ΣQ, H, d]` with row `i`'s `max_q` queries from `cu_q[i]`,
-/// `k`/`v` `[rows of keys, H, d]`, row `i` reading `seqused_k[i]` keys from `cu_k[i]` (int32).
-/// bf16/fp16 on CUDA. Returns `[ΣQ, H, d]`.
+/// FlashAttention's variable-length forward (see `voxbatch_flash_varlen` in
+/// `csrc/torch_shim.cpp`): `q` `[ΣQ, H, d]` with row `i`'s (at most `max_q`) queries from
+/// `cu_q[i]`, `k`/`v` `[rows of keys, H_kv, d]`, row `i` reading its keys from `cu_k[i]` (int32) —
+/// `seqused_k[i]` of them when given, else up to `cu_k[i + 1]`. Causal for prefill (each sequence's
+/// queries and keys the same positions). bf16/fp16 on CUDA. Returns `[ΣQ, H, d]`.
 #[allow(clippy::too_many_arguments)]
-pub fn flash_decode_grouped(
+pub fn flash_attention_varlen(
     q: &tch::Tensor,
     k: &tch::Tensor,
     v: &tch::Tensor,
     cu_q: &tch::Tensor,
     cu_k: &tch::Tensor,
-    seqused_k: &tch::Tensor,
+    seqused_k: Option<&tch::Tensor>,
     max_q: i64,
     max_k: i64,
+    causal: bool,
 ) -> Result<tch::Tensor, ShimError> {
     let mut out = std::ptr::null_mut();
     let p = |t: &tch::Tensor| t.as_ptr() as *mut std::ffi::c_void;
-    // SAFETY: every pointer is a live tch tensor (an at::Tensor*) borrowed for the call; the shim
-    // writes a new heap at::Tensor into `out` on success, whose ownership passes to the Tensor
-    // below. Exceptions are caught in C++.
+    let used = seqused_k.map_or(std::ptr::null_mut(), p);
+    // SAFETY: every pointer is a live tch tensor (an at::Tensor*) borrowed for the call, or null
+    // for an absent `seqused_k`; the shim writes a new heap at::Tensor into `out` on success, whose
+    // ownership passes to the Tensor below. Exceptions are caught in C++.
     checked("flash attention", |err, len| unsafe {
-        voxbatch_flash_decode(p(q), p(k), p(v), p(cu_q), p(cu_k), p(seqused_k), max_q, max_k, &mut out, err, len)
+        voxbatch_flash_varlen(p(q), p(k), p(v), p(cu_q), p(cu_k), used, max_q, max_k, i32::from(causal), &mut out, err, len)
     })?;
     // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
     Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })

@@ -15,7 +15,7 @@ use crate::config::LlmConfig;
 use crate::model::cosyvoice2::llm::cache::SlotCache;
 use crate::model::LlmDims;
 
-/// Fixed workspace of the LM stage besides weights and slots: a prefill pass of up to 2,048
+/// Fixed workspace of the LM stage besides weights and slots: a prefill pass of up to 4,096
 /// positions and the captured graphs' pool. An estimate, not yet calibrated: on the H200 bench
 /// (512 slots) the peak exceeded cache + weights by 1.3 GiB, per-row step bytes included.
 pub const WORKSPACE_BYTES: u64 = 768 << 20;

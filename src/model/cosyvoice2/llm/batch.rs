@@ -19,7 +19,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::super::layers::R;
 use super::cache::SlotCache;
-use super::sampler::{uniforms_tensor, SamplingParams};
+use super::sampler::{draw, uniforms_tensor, SamplingParams};
 use super::speech_lm::SpeechLm;
 use crate::model::cuda_graph::CudaGraph;
 
@@ -59,6 +59,33 @@ pub struct DecoderStats {
     pub refills: u64,
     /// Why graphs are off, when they are.
     pub eager_reason: Option<String>,
+    /// Where the wall time of `SpeechLm::generate` went (seconds): admitting (prefill passes and
+    /// first draws, synchronised), preparing and launching steps, waiting for each step's picks
+    /// (the GPU's step time plus any launch backlog), and the host's bookkeeping between steps
+    /// (the GPU idles through it).
+    pub prefill_seconds: f64,
+    pub launch_seconds: f64,
+    pub wait_seconds: f64,
+    pub host_seconds: f64,
+    /// Prefill passes and the positions they fed.
+    pub prefills: u64,
+    pub prefill_positions: u64,
+}
+
+impl DecoderStats {
+    /// These stats with the time and prefill counters of `before` taken off (graph counters and
+    /// steps stay totals).
+    pub fn timings_since(&self, before: &DecoderStats) -> DecoderStats {
+        DecoderStats {
+            prefill_seconds: self.prefill_seconds - before.prefill_seconds,
+            launch_seconds: self.launch_seconds - before.launch_seconds,
+            wait_seconds: self.wait_seconds - before.wait_seconds,
+            host_seconds: self.host_seconds - before.host_seconds,
+            prefills: self.prefills - before.prefills,
+            prefill_positions: self.prefill_positions - before.prefill_positions,
+            ..self.clone()
+        }
+    }
 }
 
 /// One step's inputs, row by row (row `i` = slot `i`).
@@ -199,8 +226,66 @@ impl BatchDecoder {
         Ok(captured.out.shallow_clone())
     }
 
+    /// Benchmarks: the mean seconds of one step over `rows` rows reading `span` positions (every
+    /// row at position `span - 1`), run `n` times back to back — graph replays alone on CUDA with
+    /// graphs on, so no host work is counted — then synchronised. Clobbers the cache's contents.
+    pub fn time_step(&mut self, lm: &SpeechLm, rows: i64, span: i64, n: usize) -> R<f64> {
+        let r = rows as usize;
+        let (tokens, positions, uniforms) = (vec![0i64; r], vec![span - 1; r], vec![(0.5, 0.5); r]);
+        let input = StepInput { tokens: &tokens, embeddings: &[], positions: &positions, uniforms: &uniforms };
+        self.step(lm, rows, span, &input)?;
+        self.synchronize();
+        let started = Instant::now();
+        for _ in 0..n {
+            match self.captured.get(&(rows, span)) {
+                Some(c) if self.graphs_on => c.graph.replay().map_err(|e| tch::TchError::Torch(e.to_string()))?,
+                _ => {
+                    let buf = &self.buffers[&rows];
+                    lm.step_outputs(&self.cache, &buf.x, &buf.positions, &buf.uniforms, span, &self.params)?;
+                }
+            }
+        }
+        self.synchronize();
+        Ok(started.elapsed().as_secs_f64() / n.max(1) as f64)
+    }
+
+    /// Benchmarks: the mean seconds of the sampler's draws alone over `rows` rows of `vocab`
+    /// log-probabilities (captured as a graph when graphs are on), run `n` times.
+    pub fn time_sampler(&self, rows: i64, vocab: i64, n: usize) -> R<f64> {
+        let logp = Tensor::f_randn([rows, vocab], (Kind::Float, self.device))?.f_log_softmax(-1, Kind::Float)?;
+        let uniforms = Tensor::f_rand([rows, 2], (Kind::Float, self.device))?;
+        let params = self.params;
+        let graph = match (self.graphs_on, self.device) {
+            (true, Device::Cuda(i)) => {
+                Some(CudaGraph::capture(i, None, 1, || draw(&logp, &uniforms, &params)).map_err(|e| tch::TchError::Torch(e.to_string()))?.0)
+            }
+            _ => None,
+        };
+        self.synchronize();
+        let started = Instant::now();
+        for _ in 0..n {
+            match &graph {
+                Some(g) => g.replay().map_err(|e| tch::TchError::Torch(e.to_string()))?,
+                None => {
+                    let _ = draw(&logp, &uniforms, &params)?;
+                }
+            }
+        }
+        self.synchronize();
+        Ok(started.elapsed().as_secs_f64() / n.max(1) as f64)
+    }
+
+    fn synchronize(&self) {
+        if let Device::Cuda(i) = self.device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    }
+
     pub(super) fn count_refill(&mut self) {
         self.stats.refills += 1;
+    }
+    pub(super) fn stats_mut(&mut self) -> &mut DecoderStats {
+        &mut self.stats
     }
 
 }

@@ -12,7 +12,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::super::layers::{Linear, R};
+use super::super::layers::R;
 use super::super::weights::Weights;
 use super::cache::SlotCache;
 
@@ -31,7 +31,9 @@ pub struct Qwen2Dims {
     pub eps: f64,
 }
 
-/// `Qwen2RMSNorm`: in fp32, then back to the input's dtype, times the weight.
+/// `Qwen2RMSNorm` (fp32 statistics, times the weight) as libtorch's fused `rms_norm`: one kernel
+/// on CUDA. The reference rounds the normalised input to the input's dtype before the weight's
+/// product; the fused kernel rounds once — the same in fp32, within one bf16 step in bf16.
 struct RmsNorm {
     w: Tensor,
     eps: f64,
@@ -39,44 +41,99 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn forward(&self, x: &Tensor) -> R<Tensor> {
-        let xf = x.f_to_kind(Kind::Float)?;
-        let var = xf.f_pow_tensor_scalar(2)?.f_mean_dim(Some([-1i64].as_slice()), true, None::<Kind>)?;
-        let y = xf.f_mul(&var.f_add_scalar(self.eps)?.f_rsqrt()?)?.f_to_kind(x.kind())?;
-        y.f_mul(&self.w.f_to_kind(x.kind())?)
+        let h = self.w.size()[0];
+        x.f_rms_norm([h], Some(&self.w), self.eps)
     }
 }
 
+/// One decoder layer, its projections fused for the decode step's sake (a step of a 0.5B model
+/// is bound by kernel launches, not arithmetic): q, k and v as one GEMM with the query heads
+/// reordered so that the heads sharing a KV head are `kv_heads` apart (`[group, kv_heads,
+/// head_dim]`, with `o_proj`'s columns reordered to match) — the order FlashAttention's grouped
+/// decode reads without a copy; gate and up as one GEMM; o and down add into the residual in
+/// their GEMM. The arithmetic is the reference's.
 struct DecoderLayer {
     input_norm: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    /// `[heads·hd + 2·kv_heads·hd, hidden]` (query rows reordered) and its bias.
+    qkv: Tensor,
+    qkv_bias: Tensor,
+    /// `o_proj` transposed, `[heads·hd, hidden]`, rows reordered as the query heads.
+    o_t: Tensor,
     post_norm: RmsNorm,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    /// gate and up transposed, `[hidden, 2·intermediate]`.
+    gate_up_t: Tensor,
+    /// `down_proj` transposed, `[intermediate, hidden]`.
+    down_t: Tensor,
+}
+
+/// Reorders query-head rows (or, with `dim` 1, columns) from the checkpoint's `[kv_heads, group,
+/// head_dim]` order (HF's `repeat_kv`: head `h` reads KV head `h / group`) to `[group, kv_heads,
+/// head_dim]` (head `g·kv_heads + j` reads KV head `j`).
+fn heads_by_group(t: &Tensor, d: &Qwen2Dims, dim: i64) -> R<Tensor> {
+    let group = d.heads / d.kv_heads;
+    let mut shape = t.size();
+    let rest = shape.clone();
+    shape.splice(dim as usize..dim as usize + 1, [d.kv_heads, group, d.head_dim]);
+    t.f_view(shape.as_slice())?.f_transpose(dim, dim + 1)?.f_contiguous()?.f_view(rest.as_slice())
 }
 
 impl DecoderLayer {
-    fn new(w: &Weights, p: &str, d: &Qwen2Dims) -> DecoderLayer {
-        let (h, q_out, kv_out) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim);
-        DecoderLayer {
-            input_norm: RmsNorm { w: w.get(&format!("{p}.input_layernorm.weight"), &[h]), eps: d.eps },
-            q: Linear::new(w, &format!("{p}.self_attn.q_proj"), h, q_out, true),
-            k: Linear::new(w, &format!("{p}.self_attn.k_proj"), h, kv_out, true),
-            v: Linear::new(w, &format!("{p}.self_attn.v_proj"), h, kv_out, true),
-            o: Linear::new(w, &format!("{p}.self_attn.o_proj"), q_out, h, false),
-            post_norm: RmsNorm { w: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h]), eps: d.eps },
-            gate: Linear::new(w, &format!("{p}.mlp.gate_proj"), h, d.intermediate, false),
-            up: Linear::new(w, &format!("{p}.mlp.up_proj"), h, d.intermediate, false),
-            down: Linear::new(w, &format!("{p}.mlp.down_proj"), d.intermediate, h, false),
-        }
+    fn new(w: &Weights, p: &str, d: &Qwen2Dims) -> R<DecoderLayer> {
+        let (h, q_out, kv_out, i) = (d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim, d.intermediate);
+        let get = |name: &str, shape: &[i64]| w.get(&format!("{p}.{name}"), shape);
+        let q = heads_by_group(&get("self_attn.q_proj.weight", &[q_out, h]), d, 0)?;
+        let q_bias = heads_by_group(&get("self_attn.q_proj.bias", &[q_out]), d, 0)?;
+        let qkv = Tensor::f_cat(&[q, get("self_attn.k_proj.weight", &[kv_out, h]), get("self_attn.v_proj.weight", &[kv_out, h])], 0)?;
+        let qkv_bias = Tensor::f_cat(&[q_bias, get("self_attn.k_proj.bias", &[kv_out]), get("self_attn.v_proj.bias", &[kv_out])], 0)?;
+        let o = heads_by_group(&get("self_attn.o_proj.weight", &[h, q_out]), d, 1)?;
+        let gate_up = Tensor::f_cat(&[get("mlp.gate_proj.weight", &[i, h]), get("mlp.up_proj.weight", &[i, h])], 0)?;
+        Ok(DecoderLayer {
+            input_norm: RmsNorm { w: get("input_layernorm.weight", &[h]), eps: d.eps },
+            qkv,
+            qkv_bias,
+            o_t: o.f_tr()?.f_contiguous()?,
+            post_norm: RmsNorm { w: get("post_attention_layernorm.weight", &[h]), eps: d.eps },
+            gate_up_t: gate_up.f_tr()?.f_contiguous()?,
+            down_t: get("mlp.down_proj.weight", &[h, i]).f_tr()?.f_contiguous()?,
+        })
     }
 
-    fn mlp(&self, x: &Tensor) -> R<Tensor> {
-        let h = self.post_norm.forward(x)?;
-        self.down.forward(&self.gate.forward(&h)?.f_silu()?.f_mul(&self.up.forward(&h)?)?)
+    /// q `[N, heads, hd]` (grouped order, rotated), k `[N, kv_heads, hd]` (rotated) and v of `x`
+    /// `[N, hidden]` at the rotary angles `rope`.
+    fn qkv(&self, x: &Tensor, rope: &Rope, d: &Qwen2Dims) -> R<(Tensor, Tensor, Tensor)> {
+        let n = x.size2()?.0;
+        let qkv = self.input_norm.forward(x)?.f_linear(&self.qkv, Some(&self.qkv_bias))?;
+        let (q_heads, hd) = (d.heads + d.kv_heads, d.head_dim);
+        let qk = rope.apply(&qkv.f_narrow(1, 0, q_heads * hd)?.f_view([n, q_heads, hd])?)?;
+        let v = qkv.f_narrow(1, q_heads * hd, d.kv_heads * hd)?.f_view([n, d.kv_heads, hd])?;
+        Ok((qk.f_narrow(1, 0, d.heads)?, qk.f_narrow(1, d.heads, d.kv_heads)?, v))
+    }
+
+    /// `x + o(attention)` then `+ mlp`: `a` `[N, heads·hd]` in grouped head order.
+    fn finish(&self, x: &Tensor, a: &Tensor) -> R<Tensor> {
+        let x = x.f_addmm(a, &self.o_t)?;
+        let gate_up = self.post_norm.forward(&x)?.f_mm(&self.gate_up_t)?;
+        let i = self.down_t.size()[0];
+        let act = gate_up.f_narrow(1, 0, i)?.f_silu()?.f_mul(&gate_up.f_narrow(1, i, i)?)?;
+        x.f_addmm(&act, &self.down_t)
+    }
+}
+
+/// The rotary embedding at a set of positions: `x·cos + rotate_half(x)·sin`, with `rotate_half`'s
+/// sign folded into `sin` (`[-sin, sin]` over the two halves) so that a rotation is a flip and
+/// two products.
+struct Rope {
+    /// `[N, 1, head_dim]`
+    cos: Tensor,
+    signed_sin: Tensor,
+}
+
+impl Rope {
+    /// `x` `[N, heads, head_dim]` rotated.
+    fn apply(&self, x: &Tensor) -> R<Tensor> {
+        let (n, heads, hd) = x.size3()?;
+        let swapped = x.f_view([n, heads, 2, hd / 2])?.f_flip([2])?.f_view([n, heads, hd])?;
+        x.f_mul(&self.cos)?.f_addcmul(&swapped, &self.signed_sin)
     }
 }
 
@@ -88,12 +145,6 @@ pub struct Qwen2 {
     dims: Qwen2Dims,
 }
 
-/// `rotate_half`: (x1, x2) → (−x2, x1) over the last dimension.
-fn rotate_half(x: &Tensor) -> R<Tensor> {
-    let half = x.size().last().copied().unwrap_or(0) / 2;
-    Tensor::f_cat(&[x.f_narrow(-1, half, half)?.f_neg()?, x.f_narrow(-1, 0, half)?], -1)
-}
-
 impl Qwen2 {
     /// The decoder under `prefix` (`llm.model.model` in CosyVoice2's `llm.pt`).
     pub fn new(w: &Weights, prefix: &str, dims: Qwen2Dims) -> R<Qwen2> {
@@ -103,7 +154,7 @@ impl Qwen2 {
         let inv_freq = Tensor::f_full([hd / 2], dims.rope_theta, (Kind::Float, device))?.f_pow(&exponents)?.f_reciprocal()?;
         Ok(Qwen2 {
             embed_tokens: w.get(&format!("{prefix}.embed_tokens.weight"), &[dims.vocab, dims.hidden]),
-            layers: (0..dims.layers).map(|i| DecoderLayer::new(w, &format!("{prefix}.layers.{i}"), &dims)).collect(),
+            layers: (0..dims.layers).map(|i| DecoderLayer::new(w, &format!("{prefix}.layers.{i}"), &dims)).collect::<R<_>>()?,
             norm: RmsNorm { w: w.get(&format!("{prefix}.norm.weight"), &[dims.hidden]), eps: dims.eps },
             inv_freq,
             dims,
@@ -126,16 +177,13 @@ impl Qwen2 {
         SlotCache::new(d.layers as i64, slots, d.kv_heads, max_len, d.head_dim, kind, self.embed_tokens.device())
     }
 
-    /// cos and sin `[N, head_dim]` of the rotary embedding at `positions` `[N]`.
-    fn rope(&self, positions: &Tensor, kind: Kind) -> R<(Tensor, Tensor)> {
+    /// The rotary embedding at `positions` `[N]`, in `kind`.
+    fn rope(&self, positions: &Tensor, kind: Kind) -> R<Rope> {
         let freqs = positions.f_to_kind(Kind::Float)?.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
         let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-        Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
-    }
-
-    /// `x` `[N, heads, head_dim]` rotated by `cos`, `sin` `[N, head_dim]`.
-    fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> R<Tensor> {
-        x.f_mul(&cos.f_unsqueeze(1)?)?.f_add(&rotate_half(x)?.f_mul(&sin.f_unsqueeze(1)?)?)
+        let sin = freqs.f_sin()?;
+        let signed_sin = Tensor::f_cat(&[&sin.f_neg()?, &sin], -1)?;
+        Ok(Rope { cos: emb.f_cos()?.f_to_kind(kind)?.f_unsqueeze(1)?, signed_sin: signed_sin.f_to_kind(kind)?.f_unsqueeze(1)? })
     }
 
     /// Feeds `x` (`[T, hidden]` input embeddings of one sequence) into free `slot`; returns the
@@ -172,26 +220,44 @@ impl Qwen2 {
         let x = Tensor::f_cat(&items.iter().map(|(_, x)| x.shallow_clone()).collect::<Vec<_>>(), 0)?;
         let slot_index = Tensor::f_from_slice(&slots)?.f_to_device(device)?;
         let positions = Tensor::f_from_slice(&positions)?.f_to_device(device)?;
-        let owner = Tensor::f_from_slice(&owner)?.f_to_device(device)?;
-        let (cos, sin) = self.rope(&positions, x.kind())?;
-        // Query i sees key j when both are of one sequence and j is not later.
-        let same = owner.f_unsqueeze(1)?.f_eq_tensor(&owner.f_unsqueeze(0)?)?;
-        let earlier = positions.f_unsqueeze(0)?.f_le_tensor(&positions.f_unsqueeze(1)?)?;
-        let mask = same.f_logical_and(&earlier)?.f_view([1, 1, total, total])?;
+        let rope = self.rope(&positions, x.kind())?;
         let group = d.heads / d.kv_heads;
+        let (heads, kvh, hd) = (d.heads, d.kv_heads, d.head_dim);
+        let attend: Box<Attend> = if flash_capable(&x) {
+            // FlashAttention, causal within each sequence (offsets `cu`), GQA in its own head
+            // order (query head h reads KV head h / group): the grouped order is transposed in and out.
+            let lens: Vec<i64> = items.iter().map(|(_, x)| x.size()[0]).collect();
+            let mut cu = vec![0i32];
+            for len in &lens {
+                cu.push(cu[cu.len() - 1] + *len as i32);
+            }
+            let cu = Tensor::f_from_slice(&cu)?.f_to_device(device)?;
+            let longest = lens.iter().copied().max().unwrap_or(1);
+            Box::new(move |q: &Tensor, k: &Tensor, v: &Tensor| -> R<Tensor> {
+                let q = q.f_view([total, group, kvh, hd])?.f_transpose(1, 2)?.f_contiguous()?.f_view([total, heads, hd])?;
+                let a = crate::model::shim::flash_attention_varlen(&q, &k.f_contiguous()?, &v.f_contiguous()?, &cu, &cu, None, longest, longest, true)
+                    .map_err(|e| tch::TchError::Torch(e.to_string()))?;
+                a.f_view([total, kvh, group, hd])?.f_transpose(1, 2)?.f_reshape([total, heads * hd])
+            })
+        } else {
+            // Query i sees key j when both are of one sequence and j is not later.
+            let owner = Tensor::f_from_slice(&owner)?.f_to_device(device)?;
+            let same = owner.f_unsqueeze(1)?.f_eq_tensor(&owner.f_unsqueeze(0)?)?;
+            let earlier = positions.f_unsqueeze(0)?.f_le_tensor(&positions.f_unsqueeze(1)?)?;
+            let mask = same.f_logical_and(&earlier)?.f_view([1, 1, total, total])?;
+            Box::new(move |q: &Tensor, k: &Tensor, v: &Tensor| -> R<Tensor> {
+                // [1, H, ΣT, hd]: query head g·kv_heads + j reads KV head j (grouped order).
+                let spread = |t: &Tensor| -> R<Tensor> { t.f_repeat([1, group, 1])?.f_transpose(0, 1)?.f_unsqueeze(0) };
+                let a = Tensor::f_scaled_dot_product_attention(&q.f_transpose(0, 1)?.f_unsqueeze(0)?, &spread(k)?, &spread(v)?, Some(&mask), 0.0, false, None, false)?;
+                a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([total, heads * hd])
+            })
+        };
         let mut x = x;
         for (l, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x)?;
-            let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([total, d.heads, d.head_dim])?, &cos, &sin)?;
-            let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([total, d.kv_heads, d.head_dim])?, &cos, &sin)?;
-            let v = layer.v.forward(&h)?.f_view([total, d.kv_heads, d.head_dim])?;
+            let (q, k, v) = layer.qkv(&x, &rope, &d)?;
             cache.write(l, &slot_index, &positions, &k, &v)?;
-            // [1, H, ΣT, hd]: each KV head shared by its group of query heads.
-            let heads = |t: &Tensor| -> R<Tensor> { t.f_repeat_interleave_self_int(group, 1, None)?.f_transpose(0, 1)?.f_unsqueeze(0) };
-            let a = Tensor::f_scaled_dot_product_attention(&q.f_transpose(0, 1)?.f_unsqueeze(0)?, &heads(&k)?, &heads(&v)?, Some(&mask), 0.0, false, None, false)?;
-            let a = a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([total, d.heads * d.head_dim])?;
-            x = x.f_add(&layer.o.forward(&a)?)?;
-            x = x.f_add(&layer.mlp(&x)?)?;
+            let a = attend(&q, &k, &v)?;
+            x = layer.finish(&x, &a)?;
         }
         for (slot, x) in items {
             cache.advance(*slot, x.size2()?.0);
@@ -236,11 +302,10 @@ impl Qwen2 {
             Rows::First => Tensor::f_arange(n, (Kind::Int64, device))?,
             Rows::Slots(index) => index.shallow_clone(),
         };
-        let (cos, sin) = self.rope(positions, x.kind())?;
+        let rope = self.rope(positions, x.kind())?;
         // FlashAttention (bf16/fp16 on CUDA) reads each row's own filled positions only; elsewhere
         // SDPA reads `span` positions under a per-row mask.
-        let flash = device.is_cuda() && matches!(cache.k.kind(), Kind::BFloat16 | Kind::Half);
-        let attend: Box<Attend> = if flash {
+        let attend: Box<Attend> = if flash_capable(x) {
             let max_len = cache.max_len();
             let offsets = slot_index.f_mul_scalar(max_len)?;
             let cu_k = Tensor::f_cat(&[&offsets, &offsets.f_narrow(0, n - 1, 1)?.f_add_scalar(max_len)?], 0)?.f_to_kind(Kind::Int)?;
@@ -253,11 +318,11 @@ impl Qwen2 {
             let (s, kvh, hd) = (cache.slots() as i64, d.kv_heads, d.head_dim);
             Box::new(move |q: &Tensor, ck: &Tensor, cv: &Tensor| -> R<Tensor> {
                 let flat = |c: &Tensor| c.f_view([s * max_len, kvh, hd]);
-                // [N, H, hd] → [N × group, KVH, hd]
-                let q = q.f_view([n, kvh, group, hd])?.f_permute([0, 2, 1, 3])?.f_reshape([n * group, kvh, hd])?;
-                let a = crate::model::shim::flash_decode_grouped(&q, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, &used, group, span)
+                // [N, H, hd] in grouped order is [N × group, KVH, hd] row-major, and so is the output.
+                let q = q.f_contiguous()?.f_view([n * group, kvh, hd])?;
+                let a = crate::model::shim::flash_attention_varlen(&q, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, Some(&used), group, span, false)
                     .map_err(|e| tch::TchError::Torch(e.to_string()))?;
-                a.f_view([n, group, kvh, hd])?.f_permute([0, 2, 1, 3])?.f_reshape([n, kvh * group * hd])
+                a.f_view([n, kvh * group * hd])
             })
         } else {
             let mask = Tensor::f_arange(span, (Kind::Int64, device))?
@@ -275,27 +340,30 @@ impl Qwen2 {
                     };
                     rows.f_narrow(1, 0, span)?.f_transpose(1, 2)?.f_to_kind(q.kind())
                 };
-                let q = q.f_view([n, d.kv_heads, group, d.head_dim])?;
-                Tensor::f_scaled_dot_product_attention(&q, &read(ck)?, &read(cv)?, Some(&mask), 0.0, false, None, false)
+                // Grouped order: [N, group, KVH, hd] → [N, KVH, group, hd] (and back after).
+                let q = q.f_view([n, group, d.kv_heads, d.head_dim])?.f_transpose(1, 2)?;
+                let a = Tensor::f_scaled_dot_product_attention(&q, &read(ck)?, &read(cv)?, Some(&mask), 0.0, false, None, false)?;
+                a.f_transpose(1, 2)?.f_reshape([n, d.heads * d.head_dim])
             })
         };
         let mut x = x.shallow_clone();
         for (l, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x)?;
-            let q = Self::apply_rope(&layer.q.forward(&h)?.f_view([n, d.heads, d.head_dim])?, &cos, &sin)?;
-            let k = Self::apply_rope(&layer.k.forward(&h)?.f_view([n, d.kv_heads, d.head_dim])?, &cos, &sin)?;
-            let v = layer.v.forward(&h)?.f_view([n, d.kv_heads, d.head_dim])?;
+            let (q, k, v) = layer.qkv(&x, &rope, &d)?;
             cache.write(l, &slot_index, positions, &k, &v)?;
             let a = attend(&q, &cache.k.f_get(l as i64)?, &cache.v.f_get(l as i64)?)?;
-            let a = a.f_reshape([n, d.heads * d.head_dim])?;
-            x = x.f_add(&layer.o.forward(&a)?)?;
-            x = x.f_add(&layer.mlp(&x)?)?;
+            x = layer.finish(&x, &a)?;
         }
         self.norm.forward(&x)
     }
 }
 
-/// Attention of one layer's queries over its cached keys and values: `(q, keys, values)`.
+/// Whether FlashAttention (through the shim) serves activations like `x`: bf16/fp16 on CUDA.
+fn flash_capable(x: &Tensor) -> bool {
+    x.device().is_cuda() && matches!(x.kind(), Kind::BFloat16 | Kind::Half)
+}
+
+/// Attention of one layer's queries over keys and values: `(q, keys, values)` — a step's
+/// cached layer, or a prefill's own.
 type Attend<'a> = dyn Fn(&Tensor, &Tensor, &Tensor) -> R<Tensor> + 'a;
 
 /// Which slots the rows of a decode step are.

@@ -67,18 +67,21 @@ fn inverse_cdf(cdf: &Tensor, u: &Tensor) -> R<Tensor> {
 /// distribution; `[N, 2]` int64. Device operations only, so a CUDA graph can capture it with the
 /// decode step.
 pub fn draw(logp: &Tensor, uniforms: &Tensor, p: &SamplingParams) -> R<Tensor> {
-    let device = logp.device();
     let probs = logp.f_to_kind(Kind::Float)?.f_softmax(-1, Kind::Float)?;
     let (_, v) = probs.size2()?;
-    let (sorted, order) = probs.f_sort_stable(true, -1, true)?;
-    // The reference adds tokens in probability order while the sum so far is under top_p and
-    // fewer than top_k are taken.
-    let before = sorted.f_cumsum(-1, Kind::Float)?.f_sub(&sorted)?;
-    let rank = Tensor::f_arange(v, (Kind::Int64, device))?.f_unsqueeze(0)?;
-    let keep = before.f_lt(p.top_p)?.f_logical_and(&rank.f_lt(p.top_k)?)?;
-    let kept = sorted.f_mul(&keep.f_to_kind(Kind::Float)?)?;
+    // The reference sorts the whole distribution (stable, descending) and adds tokens in that
+    // order while the sum so far is under top_p and fewer than top_k are taken: only the top_k
+    // largest can be taken, so those are all it needs. Ordered as the stable sort orders them:
+    // by probability, ties by id (top-k's own order of ties is unspecified).
+    let k = p.top_k.clamp(1, v);
+    let (_, top_ids) = probs.f_topk(k, -1, true, false)?;
+    let (top_ids, _) = top_ids.f_sort(-1, false)?;
+    let (top, order) = probs.f_gather(1, &top_ids, false)?.f_sort_stable(true, -1, true)?;
+    let top_ids = top_ids.f_gather(1, &order, false)?;
+    let before = top.f_cumsum(-1, Kind::Float)?.f_sub(&top)?;
+    let kept = top.f_mul(&before.f_lt(p.top_p)?.f_to_kind(Kind::Float)?)?;
     let nucleus_cdf = kept.f_cumsum(-1, Kind::Float)?.f_div(&kept.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
-    let nucleus = order.f_gather(1, &inverse_cdf(&nucleus_cdf, &uniforms.f_select(1, 0)?)?.f_unsqueeze(1)?, false)?;
+    let nucleus = top_ids.f_gather(1, &inverse_cdf(&nucleus_cdf, &uniforms.f_select(1, 0)?)?.f_unsqueeze(1)?, false)?;
     let full_cdf = probs.f_cumsum(-1, Kind::Float)?.f_div(&probs.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
     let full = inverse_cdf(&full_cdf, &uniforms.f_select(1, 1)?)?.f_unsqueeze(1)?;
     Tensor::f_cat(&[nucleus, full], 1)
@@ -129,6 +132,16 @@ mod tests {
         assert_eq!((pick(0.1), pick(0.7), pick(0.95), pick(0.9999)), (2, 0, 3, 3));
         let k1 = SamplingParams { top_k: 1, ..p };
         assert_eq!(ras_sample(&lp, &[&[]], &[(0.99, 0.0)], &k1).unwrap()[0], 2, "top_k 1 is greedy");
+    }
+
+    #[test]
+    fn tied_probabilities_are_taken_in_id_order_as_the_reference_stable_sort_takes_them() {
+        // Sorted stably: 0.25 (ids 0, 1, 4), then 0.125 (ids 2, 3); sums before: 0, .25, .5, .75,
+        // .875 → ids 0, 1, 4, 2 kept, renormalised over 0.875.
+        let lp = logp(&[0.25, 0.25, 0.125, 0.125, 0.25]);
+        let p = SamplingParams::default();
+        let picks: Vec<i64> = [0.1, 0.4, 0.7, 0.95].iter().map(|&u| ras_sample(&lp, &[&[]], &[(u, 0.0)], &p).unwrap()[0]).collect();
+        assert_eq!(picks, vec![0, 1, 4, 2]);
     }
 
     #[test]

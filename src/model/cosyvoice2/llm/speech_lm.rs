@@ -21,6 +21,7 @@
 //! `weights` loads `llm.safetensors`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
 
 use tch::{Kind, TchError, Tensor};
 
@@ -35,7 +36,7 @@ use super::sampler::{choose, draw, ras_sample, uniforms_tensor, SamplingParams, 
 pub const LLM_FILE: &str = "llm.safetensors";
 
 /// Positions prefilled in one call at most (a call's attention reads its rows' slots whole).
-const PREFILL_POSITIONS: i64 = 2048;
+const PREFILL_POSITIONS: i64 = 4096;
 
 /// Draws of an end-of-speech token before `min_len` tolerated per step.
 const MAX_TRIALS: usize = 100;
@@ -205,7 +206,10 @@ impl SpeechLm {
         // Sequences by slot.
         let mut active: BTreeMap<usize, Sequence> = BTreeMap::new();
         loop {
+            let started = Instant::now();
             self.admit(dec, requests, ratios, &mut pending, &mut free, &mut active, &mut results)?;
+            let admitted = Instant::now();
+            dec.stats_mut().prefill_seconds += (admitted - started).as_secs_f64();
             let Some((&highest, _)) = active.last_key_value() else { break };
             let rows = rows_for(highest + 1, dec.slots());
             let mut tokens = vec![0i64; rows as usize];
@@ -222,7 +226,9 @@ impl SpeechLm {
             }
             let span = span_for(positions.iter().copied().max().unwrap_or(0) + 1, max_positions);
             let out = dec.step(self, rows, span, &StepInput { tokens: &tokens, embeddings: &embeddings, positions: &positions, uniforms: &uniforms })?;
+            let launched = Instant::now();
             let picks = Vec::<i64>::try_from(out.picks.f_to_device(tch::Device::Cpu)?.f_flatten(0, -1)?)?;
+            let picked = Instant::now();
             let slots: Vec<usize> = active.keys().copied().collect();
             for &slot in &slots {
                 dec.cache.advance(slot, 1);
@@ -240,6 +246,10 @@ impl SpeechLm {
                     free.insert(slot);
                 }
             }
+            let stats = dec.stats_mut();
+            stats.launch_seconds += (launched - admitted).as_secs_f64();
+            stats.wait_seconds += (picked - launched).as_secs_f64();
+            stats.host_seconds += picked.elapsed().as_secs_f64();
         }
         Ok(results.into_iter().map(|r| r.unwrap_or(Err(LmError::EmptyText))).collect())
     }
@@ -283,6 +293,9 @@ impl SpeechLm {
                 batch.push((slot, index, input));
             }
             let items: Vec<(usize, Tensor)> = batch.iter().map(|(slot, _, x)| (*slot, x.shallow_clone())).collect();
+            let stats = dec.stats_mut();
+            stats.prefills += 1;
+            stats.prefill_positions += positions as u64;
             let hidden = self.qwen.prefill_many(&mut dec.cache, &items)?;
             // The last position of each item.
             let mut last = Vec::with_capacity(batch.len());
