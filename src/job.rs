@@ -189,7 +189,8 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
     let voice = optional_name(&mut obj, "voice", DEFAULT_VOICE).map_err(|k| reject(id, k))?;
     if let Some(known) = voices {
         if !known.iter().any(|v| v == &voice) {
-            return Err(reject(id, RejectionKind::UnknownVoice { voice, known: known.join(", ") }));
+            let known = if known.is_empty() { "no voices yet — its spk2info.pt had none; add one".to_string() } else { known.join(", ") };
+            return Err(reject(id, RejectionKind::UnknownVoice { voice, known }));
         }
     }
     let campaign = optional_name(&mut obj, "campaign", DEFAULT_CAMPAIGN).map_err(|k| reject(id, k))?;
@@ -435,6 +436,9 @@ mod tests {
         let r = parse_job(body.as_bytes(), &Limits::default(), Some(&voices), true).unwrap_err();
         assert!(matches!(r.kind, RejectionKind::UnknownVoice { .. }));
         assert!(r.to_string().contains("default, narrator"));
+        // A model without voices says so.
+        let r = parse_job(body.as_bytes(), &Limits::default(), Some(&[]), true).unwrap_err();
+        assert!(r.to_string().contains("no voices yet"), "{r}");
     }
 
     #[test]

@@ -8,10 +8,13 @@ Output directory:
   token2wav.safetensors   `flow.*` and `hift.*` tensors in fp32, weight norm folded into plain weights,
                           plus `flow.rand_noise`, the fixed noise CosyVoice2's flow draws (seed 0);
   voices.safetensors      per registered voice: `<name>.embedding` (192-d x-vector) and, for
-                          zero-shot voices, `<name>.prompt_token` and `<name>.prompt_feat` (frames x 80).
+                          zero-shot voices, `<name>.prompt_token` and `<name>.prompt_feat` (frames x 80),
+                          `<name>.llm_prompt_token` and, where spk2info.pt has it, `<name>.prompt_text`
+                          (token ids). spk2info.pt's own key names and third-party ones (`embedding`,
+                          `speech_token`, `speech_feat`) are read; an empty one registers no voice;
+  llm.safetensors         the speech-token LM, when llm.pt is there ([cosyvoice2.llm] in model.toml).
 
-Needs only torch and safetensors. The LLM half (llm.pt) is not converted: voxbatch's
-cosyvoice2-token2wav jobs carry speech tokens.
+Needs only torch and safetensors.
 
 Usage: convert_cosyvoice.py MODEL_DIR OUT_DIR [--name NAME]
 """
@@ -82,6 +85,70 @@ def convert_llm(src, out_dir):
                 top_p=0.8, top_k=25, win_size=10, tau_r=0.1, min_token_text_ratio=2.0, max_token_text_ratio=20.0)
 
 
+# Key names of a voice's entries: CosyVoice2's own (`frontend_zero_shot`, `add_zero_shot_spk`) first,
+# then what CosyVoice-300M-SFT-style and third-party spk2info.pt files use.
+EMBEDDING_KEYS = ("flow_embedding", "embedding", "spk_embedding")
+FLOW_TOKEN_KEYS = ("flow_prompt_speech_token", "speech_token", "prompt_speech_token")
+FEAT_KEYS = ("prompt_speech_feat", "speech_feat")
+LLM_TOKEN_KEYS = ("llm_prompt_speech_token", "speech_token", "prompt_speech_token")
+
+
+def first(info, keys):
+    for k in keys:
+        if k in info and info[k] is not None:
+            return info[k]
+    return None
+
+
+def convert_voices(spk2info):
+    """spk2info.pt's voices -> (voices.safetensors tensors, names, prompt lengths). Per voice:
+    `<name>.embedding` (192-d x-vector), and for zero-shot voices `<name>.prompt_token` +
+    `<name>.prompt_feat` (flow prompt, 2 mel frames per token), `<name>.llm_prompt_token` (the LLM's
+    prompt speech tokens) and `<name>.prompt_text` (the prompt's text token ids) where present.
+    Exits with a clear message on an entry it cannot read."""
+    if not isinstance(spk2info, dict):
+        sys.exit(f"spk2info.pt holds a {type(spk2info).__name__}, not a dict of voices")
+    voices, names, prompt_lens = {}, [], []
+    for name, info in spk2info.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-\u0080-\uffff]+", name):
+            print(f"skipping voice {name!r}: names are letters, digits, '_' and '-'", file=sys.stderr)
+            continue
+        if not isinstance(info, dict):
+            sys.exit(f"spk2info.pt: voice {name!r} is a {type(info).__name__}, not a dict of tensors")
+        emb = first(info, EMBEDDING_KEYS)
+        if emb is None:
+            sys.exit(f"spk2info.pt: voice {name!r} has no x-vector (one of {', '.join(EMBEDDING_KEYS)}); "
+                     f"its keys are {', '.join(map(str, info))}")
+        emb = torch.as_tensor(emb).reshape(-1).float()
+        if emb.numel() != 192:
+            sys.exit(f"spk2info.pt: voice {name!r}'s x-vector has {emb.numel()} values, CosyVoice2's have 192")
+        voices[f"{name}.embedding"] = emb.clone().contiguous()
+        tok, feat = first(info, FLOW_TOKEN_KEYS), first(info, FEAT_KEYS)
+        if (tok is None) != (feat is None):
+            have = "speech tokens" if feat is None else "prompt mel"
+            sys.exit(f"spk2info.pt: voice {name!r} has {have} but not the other; a zero-shot prompt needs both")
+        if tok is not None:
+            tok = torch.as_tensor(tok).reshape(-1).long()
+            feat = torch.as_tensor(feat).reshape(-1, 80).float()
+            n = min(tok.shape[0], feat.shape[0] // 2)  # CosyVoice2 trims the prompt to 2 frames per token
+            voices[f"{name}.prompt_token"] = tok[:n].clone().contiguous()
+            voices[f"{name}.prompt_feat"] = feat[: 2 * n].clone().contiguous()
+            prompt_lens.append(n)
+            # Without LLM prompt tokens of its own, the LLM gets the flow's.
+            llm_tok = first(info, LLM_TOKEN_KEYS)
+            llm_tok = tok[:n] if llm_tok is None else torch.as_tensor(llm_tok).reshape(-1).long()
+            voices[f"{name}.llm_prompt_token"] = llm_tok.clone().contiguous()
+        else:
+            prompt_lens.append(0)
+        text = info.get("prompt_text")
+        if text is not None:
+            if isinstance(text, str):
+                sys.exit(f"spk2info.pt: voice {name!r}'s prompt_text is a string; CosyVoice2 stores its token ids")
+            voices[f"{name}.prompt_text"] = torch.as_tensor(text).reshape(-1).long().contiguous()
+        names.append(name)
+    return voices, names, prompt_lens
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model_dir")
@@ -130,32 +197,12 @@ def main():
     torch.manual_seed(0)
     tensors["flow.rand_noise"] = torch.randn([1, 80, 50 * 300]).contiguous()
 
-    voices, names, prompt_lens = {}, [], []
     spk_path = os.path.join(src, "spk2info.pt")
     spk2info = torch.load(spk_path, map_location="cpu", weights_only=False) if os.path.isfile(spk_path) else {}
-    for name, info in spk2info.items():
-        if not re.fullmatch(r"[A-Za-z0-9_\-\u0080-\uffff]+", name):
-            print(f"skipping voice {name!r}: names are letters, digits, '_' and '-'", file=sys.stderr)
-            continue
-        emb = info.get("flow_embedding", info.get("embedding"))
-        if emb is None:
-            print(f"skipping voice {name!r}: no embedding", file=sys.stderr)
-            continue
-        voices[f"{name}.embedding"] = emb.reshape(-1).float().contiguous()
-        if "flow_prompt_speech_token" in info and "prompt_speech_feat" in info:
-            tok = info["flow_prompt_speech_token"].reshape(-1).long()
-            feat = info["prompt_speech_feat"].reshape(-1, 80).float()
-            n = min(tok.shape[0], feat.shape[0] // 2)  # CosyVoice2 trims the prompt to 2 frames per token
-            voices[f"{name}.prompt_token"] = tok[:n].contiguous()
-            voices[f"{name}.prompt_feat"] = feat[: 2 * n].contiguous()
-            prompt_lens.append(n)
-        else:
-            prompt_lens.append(0)
-        names.append(name)
+    voices, names, prompt_lens = convert_voices(spk2info)
     if not names:
-        names, prompt_lens = ["default"], [0]
-        voices["default.embedding"] = torch.zeros(192)
-        print("no voices in spk2info.pt: registering `default` with a zero x-vector", file=sys.stderr)
+        # No silent zero-vector voice: a model without voices refuses jobs until one is added.
+        print(f"no voices in {spk_path}: none registered (jobs are refused until a voice is added)", file=sys.stderr)
 
     os.makedirs(args.out_dir, exist_ok=True)
     llm_dims = convert_llm(src, args.out_dir)

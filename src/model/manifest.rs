@@ -106,7 +106,8 @@ pub struct Manifest {
     pub frames_per_token: u32,
     /// Waveform samples per frame (the vocoder's total upsampling).
     pub samples_per_frame: u32,
-    /// Voice names; a job's `voice` must be one of these.
+    /// Voice names; a job's `voice` must be one of these. Empty only for a CosyVoice2 model whose
+    /// checkpoint had no voices.
     pub voices: Vec<String>,
     pub tokenizer: TokenizerSpec,
     pub signature: Signature,
@@ -141,7 +142,9 @@ impl Manifest {
         if m.sample_rate == 0 || m.frames_per_token == 0 || m.samples_per_frame == 0 {
             return Err(err("sample_rate, frames_per_token and samples_per_frame must be > 0".into()));
         }
-        if m.voices.is_empty() {
+        // A converted CosyVoice2 model may have no voices yet (its spk2info.pt had none): it loads,
+        // and its jobs are refused with that reason until a voice is added.
+        if m.voices.is_empty() && m.kind == ModelKind::TorchScript {
             return Err(err("`voices` must name at least one voice".into()));
         }
         if !m.voice_prompt_tokens.is_empty() && m.voice_prompt_tokens.len() != m.voices.len() {

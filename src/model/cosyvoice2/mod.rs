@@ -8,7 +8,8 @@
 //!
 //! A model directory (written by `tools/convert_cosyvoice.py`) holds `model.toml` with a
 //! `[cosyvoice2]` section of dimensions, `token2wav.safetensors` (weights, weight norm folded) and
-//! `voices.safetensors` (per voice: x-vector, optional prompt tokens and prompt mel).
+//! `voices.safetensors` (per voice: x-vector, optional prompt tokens and prompt mel, and the LLM's
+//! prompt: speech tokens and prompt text ids).
 //!
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread) and
 //! `super::manifest` (the `[cosyvoice2]` dimensions).
@@ -43,6 +44,10 @@ pub struct Voice {
     pub prompt_tokens: Vec<i64>,
     /// `[2 · prompt_tokens, 80]`.
     pub prompt_feat: Tensor,
+    /// The LLM's prompt: the prompt's speech tokens and its text's token ids (zero-shot voices;
+    /// empty otherwise).
+    pub llm_prompt_tokens: Vec<i64>,
+    pub prompt_text: Vec<i64>,
 }
 
 /// One item's output: its mel `[80, frames]` and its waveform.
@@ -119,7 +124,9 @@ impl Token2Wav {
                     prompt_tokens.len()
                 )));
             }
-            voices.push(Voice { embedding, prompt_tokens, prompt_feat });
+            let llm_prompt_tokens = vw.get_ids(&format!("{name}.llm_prompt_token")).unwrap_or_default();
+            let prompt_text = vw.get_ids(&format!("{name}.prompt_text")).unwrap_or_default();
+            voices.push(Voice { embedding, prompt_tokens, prompt_feat, llm_prompt_tokens, prompt_text });
         }
         vw.finish()?;
         Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_fp32: dims.vocoder_fp32, last_timing: None })
