@@ -167,8 +167,12 @@ impl Qwen2 {
 
     /// Token embeddings `[T, hidden]` of `ids`.
     pub fn embed(&self, ids: &[i64]) -> R<Tensor> {
-        let ids = Tensor::f_from_slice(ids)?.f_to_device(self.embed_tokens.device())?;
-        self.embed_tokens.f_index_select(0, &ids)
+        self.embed_ids(&Tensor::f_from_slice(ids)?.f_to_device(self.embed_tokens.device())?)
+    }
+
+    /// Token embeddings of `ids` (a device tensor `[T]`).
+    pub fn embed_ids(&self, ids: &Tensor) -> R<Tensor> {
+        self.embed_tokens.f_index_select(0, ids)
     }
 
     /// A cache for this model: `slots` sequences of up to `max_len` positions, in `kind`.
@@ -197,27 +201,38 @@ impl Qwen2 {
     /// mask (a position sees the earlier positions of its own sequence), so one call per layer
     /// serves them all. Returns the hidden states `[ΣT, hidden]`.
     pub fn prefill_many(&self, cache: &mut SlotCache, items: &[(usize, Tensor)]) -> R<Tensor> {
+        let slots: Vec<usize> = items.iter().map(|(slot, _)| *slot).collect();
+        let lens: Vec<i64> = items.iter().map(|(_, x)| x.size2().map(|(t, _)| t)).collect::<R<_>>()?;
+        if items.is_empty() {
+            return Tensor::f_zeros([0, self.dims.hidden], (self.embed_tokens.kind(), self.embed_tokens.device()));
+        }
+        let x = Tensor::f_cat(&items.iter().map(|(_, x)| x.shallow_clone()).collect::<Vec<_>>(), 0)?;
+        self.prefill_packed(cache, &slots, &lens, &x)
+    }
+
+    /// [`Qwen2::prefill_many`] with the items already laid end to end: `x` `[ΣT, hidden]`, item `i`
+    /// `lens[i]` positions long going into free slot `slots[i]`.
+    pub fn prefill_packed(&self, cache: &mut SlotCache, item_slots: &[usize], lens: &[i64], x: &Tensor) -> R<Tensor> {
         let d = self.dims;
         let mut slots = Vec::new();
         let mut positions = Vec::new();
         let mut owner = Vec::new();
-        for (i, (slot, x)) in items.iter().enumerate() {
-            let (t, _) = x.size2()?;
-            if !cache.is_empty(*slot) {
-                return Err(tch::TchError::Shape(format!("slot {slot} is not free ({} positions held)", cache.len(*slot))));
+        for (i, (&slot, &t)) in item_slots.iter().zip(lens).enumerate() {
+            if !cache.is_empty(slot) {
+                return Err(tch::TchError::Shape(format!("slot {slot} is not free ({} positions held)", cache.len(slot))));
             }
             if t > cache.max_len() {
                 return Err(tch::TchError::Shape(format!("slot {slot}: {t} positions exceed the cache's {}", cache.max_len())));
             }
-            slots.extend(std::iter::repeat_n(*slot as i64, t as usize));
+            slots.extend(std::iter::repeat_n(slot as i64, t as usize));
             positions.extend(0..t);
             owner.extend(std::iter::repeat_n(i as i64, t as usize));
         }
-        let Some(device) = items.first().map(|(_, x)| x.device()) else {
-            return Tensor::f_zeros([0, d.hidden], (self.embed_tokens.kind(), self.embed_tokens.device()));
-        };
+        if x.size2()?.0 != positions.len() as i64 {
+            return Err(tch::TchError::Shape(format!("{} input positions for items of {} in all", x.size2()?.0, positions.len())));
+        }
+        let device = x.device();
         let total = positions.len() as i64;
-        let x = Tensor::f_cat(&items.iter().map(|(_, x)| x.shallow_clone()).collect::<Vec<_>>(), 0)?;
         let slot_index = Tensor::f_from_slice(&slots)?.f_to_device(device)?;
         let positions = Tensor::f_from_slice(&positions)?.f_to_device(device)?;
         let rope = self.rope(&positions, x.kind())?;
@@ -226,9 +241,8 @@ impl Qwen2 {
         let attend: Box<Attend> = if flash_capable(&x) {
             // FlashAttention, causal within each sequence (offsets `cu`), GQA in its own head
             // order (query head h reads KV head h / group): the grouped order is transposed in and out.
-            let lens: Vec<i64> = items.iter().map(|(_, x)| x.size()[0]).collect();
             let mut cu = vec![0i32];
-            for len in &lens {
+            for len in lens {
                 cu.push(cu[cu.len() - 1] + *len as i32);
             }
             let cu = Tensor::f_from_slice(&cu)?.f_to_device(device)?;
@@ -252,15 +266,15 @@ impl Qwen2 {
                 a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([total, heads * hd])
             })
         };
-        let mut x = x;
+        let mut x = x.shallow_clone();
         for (l, layer) in self.layers.iter().enumerate() {
             let (q, k, v) = layer.qkv(&x, &rope, &d)?;
             cache.write(l, &slot_index, &positions, &k, &v)?;
             let a = attend(&q, &k, &v)?;
             x = layer.finish(&x, &a)?;
         }
-        for (slot, x) in items {
-            cache.advance(*slot, x.size2()?.0);
+        for (&slot, &t) in item_slots.iter().zip(lens) {
+            cache.advance(slot, t);
         }
         self.norm.forward(&x)
     }

@@ -165,19 +165,44 @@ impl SpeechLm {
 
     /// The reference's `lm_input` `[T, hidden]` for one request.
     pub fn input(&self, r: &LmRequest) -> R<Tensor> {
-        let text: Vec<i64> = r.prompt_text.iter().chain(&r.text).copied().collect();
-        let mut parts = vec![self.llm_embedding.f_narrow(0, 0, 1)?, self.qwen.embed(&text)?, self.llm_embedding.f_narrow(0, 1, 1)?];
-        if !r.prompt_speech.is_empty() {
-            let ids = Tensor::f_from_slice(&r.prompt_speech)?.f_to_device(self.speech_embedding.device())?;
-            parts.push(self.speech_embedding.f_index_select(0, &ids)?);
+        Ok(self.inputs(&[r])?.0)
+    }
+
+    /// Positions of a request's input: sos, prompt text and text, task id, prompt speech tokens.
+    fn input_len(r: &LmRequest) -> i64 {
+        2 + (r.prompt_text.len() + r.text.len() + r.prompt_speech.len()) as i64
+    }
+
+    /// The inputs of several requests laid end to end (`[ΣT, hidden]`) and each one's length,
+    /// built with one copy of ids to the device per table: every position is a row of
+    /// `[llm_embedding (sos, task); embed(all text ids); speech_embed(all prompt speech ids)]`.
+    pub fn inputs(&self, reqs: &[&LmRequest]) -> R<(Tensor, Vec<i64>)> {
+        let device = self.device();
+        let text: Vec<i64> = reqs.iter().flat_map(|r| r.prompt_text.iter().chain(&r.text)).copied().collect();
+        let speech: Vec<i64> = reqs.iter().flat_map(|r| r.prompt_speech.iter()).copied().collect();
+        let (text_at, speech_at) = (2i64, 2 + text.len() as i64);
+        let (mut t, mut s) = (0i64, 0i64);
+        let mut gather = Vec::with_capacity(reqs.iter().map(|r| Self::input_len(r) as usize).sum());
+        for r in reqs {
+            gather.push(0); // sos
+            for _ in 0..r.prompt_text.len() + r.text.len() {
+                gather.push(text_at + t);
+                t += 1;
+            }
+            gather.push(1); // task id
+            for _ in 0..r.prompt_speech.len() {
+                gather.push(speech_at + s);
+                s += 1;
+            }
         }
-        Tensor::f_cat(&parts, 0)
+        let ids = |v: &[i64]| -> R<Tensor> { Tensor::f_from_slice(v)?.f_to_device(device) };
+        let pool = Tensor::f_cat(&[self.llm_embedding.shallow_clone(), self.qwen.embed_ids(&ids(&text)?)?, self.speech_embedding.f_index_select(0, &ids(&speech)?)?], 0)?;
+        Ok((pool.f_index_select(0, &ids(&gather)?)?, reqs.iter().map(|r| Self::input_len(r)).collect()))
     }
 
     /// Positions one request needs in its slot: its input and `max_len` steps.
     pub fn positions_needed(&self, r: &LmRequest, ratios: LengthRatios) -> i64 {
-        let input = 2 + (r.prompt_text.len() + r.text.len() + r.prompt_speech.len()) as i64;
-        input + max_steps(r, ratios) as i64
+        Self::input_len(r) + max_steps(r, ratios) as i64
     }
 
     /// Decodes every request with the decoder's slots (a request at most `max_positions` long):
@@ -276,11 +301,11 @@ impl SpeechLm {
             return Ok(());
         }
         while !free.is_empty() && !pending.is_empty() {
-            let mut batch: Vec<(usize, usize, Tensor)> = Vec::new();
+            // (slot, request index) of this pass.
+            let mut batch: Vec<(usize, usize)> = Vec::new();
             let mut positions = 0;
             while let (Some(&slot), Some(&index)) = (free.first(), pending.front()) {
-                let input = self.input(&requests[index])?;
-                let t = input.size2()?.0;
+                let t = Self::input_len(&requests[index]);
                 if !batch.is_empty() && positions + t > PREFILL_POSITIONS {
                     break;
                 }
@@ -290,36 +315,36 @@ impl SpeechLm {
                 if !active.is_empty() {
                     dec.count_refill();
                 }
-                batch.push((slot, index, input));
+                batch.push((slot, index));
             }
-            let items: Vec<(usize, Tensor)> = batch.iter().map(|(slot, _, x)| (*slot, x.shallow_clone())).collect();
             let stats = dec.stats_mut();
             stats.prefills += 1;
             stats.prefill_positions += positions as u64;
-            let hidden = self.qwen.prefill_many(&mut dec.cache, &items)?;
+            let reqs: Vec<&LmRequest> = batch.iter().map(|&(_, index)| &requests[index]).collect();
+            let (x, lens) = self.inputs(&reqs)?;
+            let slots: Vec<usize> = batch.iter().map(|&(slot, _)| slot).collect();
+            let hidden = self.qwen.prefill_packed(&mut dec.cache, &slots, &lens, &x)?;
             // The last position of each item.
-            let mut last = Vec::with_capacity(batch.len());
-            let mut end = 0;
-            for (_, _, x) in &batch {
-                end += x.size2()?.0;
-                last.push(end - 1);
-            }
-            let index = Tensor::f_from_slice(&last)?.f_to_device(hidden.device())?;
-            let logp = self.log_probs(&hidden.f_index_select(0, &index)?)?;
+            let last: Vec<i64> = lens.iter().scan(0, |end, len| {
+                *end += len;
+                Some(*end - 1)
+            }).collect();
+            let last_index = Tensor::f_from_slice(&last)?.f_to_device(hidden.device())?;
+            let logp = self.log_probs(&hidden.f_index_select(0, &last_index)?)?;
             let mut seqs: Vec<Sequence> = batch
                 .iter()
-                .map(|(slot, index, x)| {
-                    let r = &requests[*index];
-                    let t = x.size2()?.0;
+                .zip(&last)
+                .map(|(&(slot, index), &end)| {
+                    let r = &requests[index];
                     Ok(Sequence {
-                        index: *index,
-                        slot: *slot,
+                        index,
+                        slot,
                         step: 0,
                         min_len: r.forced_len.unwrap_or((r.text.len() as f64 * ratios.min) as usize),
                         max_len: max_steps(r, ratios),
                         out: Vec::new(),
                         // Fed again if the first draw is skipped (see the module doc).
-                        next_input: Input::Embedding(x.f_get(t - 1)?),
+                        next_input: Input::Embedding(x.f_get(end)?),
                         rng: SequenceRng::new(r.seed),
                     })
                 })
