@@ -48,6 +48,12 @@ if ! .venv/bin/python -c "import cosyvoice, matcha, diffusers, conformer, omegac
   .venv/bin/pip install -q --disable-pip-version-check --no-deps token2wav-cosyvoice==0.1.0 conformer==0.3.2
   .venv/bin/pip install -q --disable-pip-version-check "diffusers==0.42.1" einops omegaconf scipy safetensors
 fi
+# WeTextProcessing's compiled grammars (the text frontend's normalisation; the converter copies them
+# into the model directory): the `wetext` package's files, without its Python runtime.
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('wetext') else 1)" 2>/dev/null; then
+  log "installing wetext 0.1.8 (text normalisation grammars)"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps wetext==0.1.8
+fi
 # CosyVoice2's LLM reference (Qwen2LM) needs the transformers CosyVoice pins, 4.51.3: 5.x changes
 # the model's output upstream, and 4.57 already decodes differently with the one-position attention
 # mask the reference passes at each step. It wants a huggingface_hub < 1, which the venv's diffusers
@@ -59,19 +65,21 @@ if ! PYTHONPATH="$LLM_SITE" .venv/bin/python -c "import transformers, sys; sys.e
     transformers==4.51.3 huggingface_hub==0.36.0 tokenizers==0.21.4
 fi
 LLM_BUILT=0
-if [ ! -f models/cosyvoice2-llm-parity/parity.safetensors ] || [ tools/make_llm_fixtures.py -nt models/cosyvoice2-llm-parity/parity.safetensors ]; then
+if [ ! -f models/cosyvoice2-llm-parity/tokenizer_parity.json ] || [ tools/make_llm_fixtures.py -nt models/cosyvoice2-llm-parity/parity.safetensors ] \
+   || [ tests/data/tokenizer_cases.txt -nt models/cosyvoice2-llm-parity/tokenizer_parity.json ]; then
   log "building the CosyVoice2 LLM parity fixtures"
   PYTHONPATH="$LLM_SITE" .venv/bin/python tools/make_llm_fixtures.py --out models/cosyvoice2-llm-parity > /dev/null
   LLM_BUILT=1
 fi
 if [ "$LLM_BUILT" = 1 ] || [ ! -f models/cosyvoice2-tiny-parity/parity.safetensors ] || [ ! -f models/cosyvoice2-tiny/llm.safetensors ] \
    || [ tools/make_parity_fixtures.py -nt models/cosyvoice2-tiny-parity/parity.safetensors ] \
-   || [ tools/convert_cosyvoice.py -nt models/cosyvoice2-tiny/token2wav.safetensors ]; then
+   || [ tools/convert_cosyvoice.py -nt models/cosyvoice2-tiny/token2wav.safetensors ] || [ ! -f models/cosyvoice2-tiny/fsts/zh/tn/tagger.fst ]; then
   log "building the CosyVoice2 parity fixtures (tiny) and converting them"
   .venv/bin/python tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity > /dev/null
   # The LLM fixture's llm.pt and Qwen2 config make the tiny model a whole CosyVoice2 directory.
   cp -r models/cosyvoice2-llm-parity/official/. models/cosyvoice2-tiny-parity/official/
-  .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
+  # (The tokenizer's conversion needs transformers 4.x: the LLM site's.)
+  PYTHONPATH="$LLM_SITE" .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
 fi
 
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)

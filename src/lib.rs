@@ -34,6 +34,7 @@ pub mod config;
 pub mod cost;
 pub mod db;
 pub mod enqueue;
+pub mod frontend;
 pub mod gpu;
 pub mod job;
 pub mod model;

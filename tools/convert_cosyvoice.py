@@ -12,9 +12,13 @@ Output directory:
                           `<name>.llm_prompt_token` and, where spk2info.pt has it, `<name>.prompt_text`
                           (token ids). spk2info.pt's own key names and third-party ones (`embedding`,
                           `speech_token`, `speech_feat`) are read; an empty one registers no voice;
-  llm.safetensors         the speech-token LM, when llm.pt is there ([cosyvoice2.llm] in model.toml).
+  llm.safetensors         the speech-token LM, when llm.pt is there ([cosyvoice2.llm] in model.toml);
+  tokenizer.json          CosyVoice-BlankEN's Qwen2 tokenizer with CosyVoice2's special tokens, when the
+                          checkpoint has one (needs transformers 4.x);
+  fsts/                   with the tokenizer: WeTextProcessing's zh/en TN grammars from the `wetext`
+                          package (the text frontend's normalisation).
 
-Needs only torch and safetensors.
+Needs torch and safetensors (and transformers for the tokenizer).
 
 Usage: convert_cosyvoice.py MODEL_DIR OUT_DIR [--name NAME]
 """
@@ -83,6 +87,59 @@ def convert_llm(src, out_dir):
                 rope_theta=float(cfg.get("rope_theta", 10000.0)), eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 speech_tokens=sd["speech_embedding.weight"].shape[0] - 3,
                 top_p=0.8, top_k=25, win_size=10, tau_r=0.1, min_token_text_ratio=2.0, max_token_text_ratio=20.0)
+
+
+# CosyVoice2's added special tokens (cosyvoice/tokenizer/tokenizer.py, QwenTokenizer): ids after
+# the Qwen2 vocabulary, matched whole in the text.
+SPECIAL_TOKENS = {
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+    "additional_special_tokens": [
+        "<|im_start|>", "<|im_end|>", "<|endofprompt|>", "[breath]", "<strong>", "</strong>", "[noise]",
+        "[laughter]", "[cough]", "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>",
+        "[hissing]", "[sigh]", "[vocalized-noise]", "[lipsmack]", "[mn]",
+    ],
+}
+
+
+def convert_tokenizer(src, out_dir):
+    """CosyVoice-BlankEN's Qwen2 tokenizer (vocab.json + merges.txt, or tokenizer.json) plus
+    CosyVoice2's special tokens -> OUT/tokenizer.json, one file the Rust `tokenizers` crate reads.
+    Loaded the way the reference loads it (transformers' AutoTokenizer). Returns the file name, or
+    None when the checkpoint has no tokenizer."""
+    blank_en = os.path.join(src, "CosyVoice-BlankEN")
+    if not any(os.path.isfile(os.path.join(blank_en, f)) for f in ("vocab.json", "tokenizer.json")):
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        sys.exit("converting CosyVoice-BlankEN's tokenizer needs transformers 4.x (pip install transformers==4.51.3)")
+    tok = AutoTokenizer.from_pretrained(blank_en)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.backend_tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    return "tokenizer.json"
+
+
+# WeTextProcessing's compiled grammars the frontend runs (src/frontend/normalize.rs), from the
+# `wetext` package (pip install --no-deps wetext==0.1.8): Chinese and English text normalisation.
+GRAMMARS = ("zh/tn/tagger.fst", "zh/tn/verbalizer.fst", "en/tn/tagger.fst", "en/tn/verbalizer.fst")
+
+
+def copy_grammars(out_dir):
+    """The text normalisation grammars into OUT/fsts/ (nothing is downloaded at run time).
+    Returns the directory name, or None (with a warning) when `wetext` is not installed."""
+    import importlib.util
+    import shutil
+    spec = importlib.util.find_spec("wetext")
+    if spec is None or not spec.submodule_search_locations:
+        print("the `wetext` package is not installed: no text normalisation grammars copied "
+              "(pip install --no-deps wetext==0.1.8, then convert again)", file=sys.stderr)
+        return None
+    src = os.path.join(list(spec.submodule_search_locations)[0], "fsts")
+    for rel in GRAMMARS:
+        os.makedirs(os.path.dirname(os.path.join(out_dir, "fsts", rel)), exist_ok=True)
+        shutil.copyfile(os.path.join(src, rel), os.path.join(out_dir, "fsts", rel))
+    return "fsts"
 
 
 # Key names of a voice's entries: CosyVoice2's own (`frontend_zero_shot`, `add_zero_shot_spk`) first,
@@ -206,6 +263,8 @@ def main():
 
     os.makedirs(args.out_dir, exist_ok=True)
     llm_dims = convert_llm(src, args.out_dir)
+    tokenizer = convert_tokenizer(src, args.out_dir)
+    grammars = copy_grammars(args.out_dir) if tokenizer else None
     save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
     save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
     name = args.name or os.path.basename(os.path.abspath(args.out_dir))
@@ -241,7 +300,7 @@ outputs = ["audio:float32[B,S]"]
                     "# sampling as cosyvoice2.yaml (ras_sampling) and the reference's length ratios.\n[cosyvoice2.llm]\n")
             for k, v in llm_dims.items():
                 f.write(f"{k} = {json.dumps(v)}\n")
-    print(json.dumps({"out": args.out_dir, "tensors": len(tensors), "voices": names, **dims}))
+    print(json.dumps({"out": args.out_dir, "tensors": len(tensors), "voices": names, "tokenizer": tokenizer, "grammars": grammars, **dims}))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ fixed seed; transformers 4.51.3 as CosyVoice pins it), and writes:
                        reference's `ras_sampling` pick with `multinomial` drawing by inverse CDF
                        from those uniforms (nucleus first, full distribution second);
   OUT/parity.json      dimensions, item lengths and the sampler cases' settings;
-  OUT/official/        llm.pt and CosyVoice-BlankEN/config.json as CosyVoice2 ships them (bootstrap
+  OUT/tokenizer_parity.json the reference tokenizer's ids for tests/data/tokenizer_cases.txt;
+  OUT/official/        llm.pt and CosyVoice-BlankEN/ (config.json, and a stand-in Qwen2 tokenizer's
+                       vocab.json, merges.txt, tokenizer_config.json) as CosyVoice2 ships them (bootstrap
                        copies them into the tiny token2wav fixture's official directory, so that
                        tools/convert_cosyvoice.py converts a whole model).
 
@@ -32,7 +34,8 @@ import types
 
 import torch
 
-DIMS = dict(vocab=60, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, speech_tokens=20, rope_theta=1e6, eps=1e-6)
+# vocab covers the stand-in tokenizer (tokenizer.json: 256 bytes, merges, CosyVoice2's added tokens).
+DIMS = dict(vocab=480, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, speech_tokens=20, rope_theta=1e6, eps=1e-6)
 # CosyVoice2-0.5B's (CosyVoice-BlankEN/config.json and cosyvoice2.yaml), for `--full`.
 FULL = dict(vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, speech_tokens=6561, rope_theta=1e6, eps=1e-6)
 # (text tokens, prompt text tokens, prompt speech tokens, teacher-forced steps) per item.
@@ -133,6 +136,54 @@ def write_official(lm, official):
     lm.llm.model.config.to_json_file(os.path.join(official, "CosyVoice-BlankEN", "config.json"))
 
 
+# Qwen2's pre-tokenizer pattern (transformers' Qwen2Converter).
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+TOKENIZER_CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "tokenizer_cases.txt")
+
+
+def tokenizer_cases():
+    with open(TOKENIZER_CASES, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#")]
+
+
+def write_tokenizer(blank_en, out):
+    """A stand-in for CosyVoice-BlankEN's Qwen2 tokenizer (no real vocabulary can be downloaded): a
+    byte-level BPE with Qwen2's pre-tokenizer, trained on the parity cases, saved as the checkpoint
+    ships its own (vocab.json, merges.txt, tokenizer_config.json; no tokenizer.json). Then the
+    reference's QwenTokenizer (cosyvoice/tokenizer/tokenizer.py, CosyVoice2's special tokens added)
+    tokenizes every case: OUT/tokenizer_parity.json."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+    cases = tokenizer_cases()
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+                                  special_tokens=["<|endoftext|>"])
+    bpe.train_from_iterator(cases * 3, trainer)
+    tmp = os.path.join(out, "tokenizer-build")
+    Qwen2TokenizerFast(tokenizer_object=bpe, unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                       pad_token="<|endoftext|>").save_pretrained(tmp)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        os.replace(os.path.join(tmp, name), os.path.join(blank_en, name))
+    import shutil
+    shutil.rmtree(tmp)
+    # The reference class, its unused whisper/tiktoken imports stubbed.
+    for name in ("whisper", "whisper.tokenizer", "tiktoken"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules["whisper.tokenizer"].Tokenizer = object
+    from cosyvoice.tokenizer.tokenizer import QwenTokenizer
+    ref = QwenTokenizer(blank_en, skip_special_tokens=True)
+    rows = [{"text": t, "ids": ref.encode(t)} for t in cases]
+    top = max(i for r in rows for i in r["ids"])
+    if top >= DIMS["vocab"]:
+        sys.exit(f"the stand-in tokenizer makes id {top}: raise DIMS['vocab'] above it")
+    with open(os.path.join(out, "tokenizer_parity.json"), "w", encoding="utf-8") as f:
+        json.dump({"vocab_size": len(ref.tokenizer), "cases": rows}, f, ensure_ascii=False, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -153,6 +204,7 @@ def main():
     # The converter's input, as CosyVoice2 ships it: llm.pt (the whole state dict, lm_head
     # included) and the Qwen2 config under CosyVoice-BlankEN/.
     write_official(lm, os.path.join(args.out, "official"))
+    write_tokenizer(os.path.join(args.out, "official", "CosyVoice-BlankEN"), args.out)
     d = DIMS
     g = torch.Generator().manual_seed(args.seed + 1)
     fx = {}

@@ -238,7 +238,7 @@ impl Qwen2 {
         let rope = self.rope(&positions, x.kind())?;
         let group = d.heads / d.kv_heads;
         let (heads, kvh, hd) = (d.heads, d.kv_heads, d.head_dim);
-        let attend: Box<Attend> = if flash_capable(&x) {
+        let attend: Box<Attend> = if flash_capable(x) {
             // FlashAttention, causal within each sequence (offsets `cu`), GQA in its own head
             // order (query head h reads KV head h / group): the grouped order is transposed in and out.
             let mut cu = vec![0i32];

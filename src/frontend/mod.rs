@@ -1,0 +1,125 @@
+//! The text frontend of CosyVoice2 jobs: a job's text → normalised text → segments (the LLM's units)
+//! with their token ids, as CosyVoice's `frontend.text_normalize` + `tokenizer.encode` do it.
+//!
+//! Stages, a file each: `normalize` (WeTextProcessing's grammars and the reference's clean-ups,
+//! prices read right), `segment` (the reference's `split_paragraph`, plus a hard cap), `tokenizer`
+//! (the Qwen2 tokenizer the converter writes), `english` (numbers in words). Pieces that hold
+//! only punctuation and symbols are dropped, as the reference drops them.
+//!
+//! Neighbours: `commands::text` (the dry run) and the worker's intake call [`Frontend::prepare`];
+//! `model::cosyvoice2::llm` takes the segments' tokens.
+
+pub mod english;
+pub mod normalize;
+pub mod segment;
+pub mod tokenizer;
+
+use std::path::Path;
+
+use normalize::{NormalizeError, Normalizer};
+use segment::{Lang, SegmentLimits};
+use tokenizer::{TextTokenizer, TokenizerError};
+
+/// One unit of synthesis.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Segment {
+    pub text: String,
+    pub tokens: Vec<i64>,
+}
+
+/// What the frontend makes of one text.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Prepared {
+    pub normalized: String,
+    pub lang: Lang,
+    pub segments: Vec<Segment>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrontendError {
+    #[error(transparent)]
+    Normalize(#[from] NormalizeError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// The text holds nothing to say (empty, or only punctuation and symbols once normalised).
+    #[error("the text normalises to nothing to say")]
+    Empty,
+}
+
+impl FrontendError {
+    /// Whether the job's text is at fault (reject it) rather than the model's files.
+    pub fn is_input(&self) -> bool {
+        matches!(self, FrontendError::Empty | FrontendError::Tokenizer(TokenizerError::Encode(_)))
+    }
+}
+
+pub struct Frontend {
+    normalizer: Normalizer,
+    tokenizer: TextTokenizer,
+    limits: SegmentLimits,
+}
+
+impl Frontend {
+    /// The frontend of a converted model directory (`tokenizer.json`, `fsts/`), segments within `limits`.
+    pub fn load(model_dir: &Path, limits: SegmentLimits) -> Result<Frontend, FrontendError> {
+        Ok(Frontend {
+            normalizer: Normalizer::new(&model_dir.join(normalize::FST_DIR))?,
+            tokenizer: TextTokenizer::load(&model_dir.join(tokenizer::TOKENIZER_FILE))?,
+            limits,
+        })
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// `text` normalised, segmented and tokenized. Blocking (grammars): off the async runtime.
+    pub fn prepare(&self, text: &str) -> Result<Prepared, FrontendError> {
+        let (normalized, lang) = self.normalizer.normalize(text)?;
+        let count = |s: &str| self.tokenizer.count(s);
+        let mut segments = Vec::new();
+        for piece in segment::split(&normalized, lang, &self.limits, &count) {
+            if only_punctuation(&piece) {
+                continue;
+            }
+            let tokens = self.tokenizer.encode(&piece)?;
+            if !tokens.is_empty() {
+                segments.push(Segment { text: piece, tokens });
+            }
+        }
+        if segments.is_empty() {
+            return Err(FrontendError::Empty);
+        }
+        Ok(Prepared { normalized, lang, segments })
+    }
+}
+
+/// The reference's `is_only_punctuation`: nothing but punctuation and symbols (or whitespace,
+/// which the reference's pattern does not list but which says nothing either).
+pub fn only_punctuation(text: &str) -> bool {
+    text.chars().all(|c| c.is_whitespace() || is_punctuation_or_symbol(c))
+}
+
+/// Unicode general categories P* and S*, approximated without a Unicode table: ASCII
+/// punctuation and symbols, general punctuation, CJK symbols, full-width forms' punctuation,
+/// currency, arrows, maths, dingbats and emoji ranges.
+fn is_punctuation_or_symbol(c: char) -> bool {
+    c.is_ascii_punctuation()
+        || matches!(c as u32,
+            0x00A1..=0x00BF | 0x00D7 | 0x00F7 | 0x2010..=0x2BFF | 0x3000..=0x3004 | 0x3008..=0x3020 | 0x3030..=0x303F | 0x30FB | 0xFE10..=0xFE6F
+            | 0xFF01..=0xFF0F | 0xFF1A..=0xFF20 | 0xFF3B..=0xFF40 | 0xFF5B..=0xFF65 | 0xFFE0..=0xFFEE | 0x1F000..=0x1FAFF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn punctuation_only_pieces_are_recognised() {
+        assert!(only_punctuation("。。。！？"));
+        assert!(only_punctuation("... —— ！！！"));
+        assert!(!only_punctuation("好。"));
+        assert!(!only_punctuation("a."));
+    }
+}

@@ -1,0 +1,394 @@
+//! Text normalisation for Chinese and English, as CosyVoice's frontend does it
+//! (`cosyvoice/cli/frontend.py`, `text_normalize` without ttsfrd): WeTextProcessing's FST grammars
+//! (the `wetext` package's compiled `zh/tn` and `en/tn` tagger and verbaliser, run by `wetext-rs`;
+//! the converter copies the files into the model directory, nothing is downloaded at run time),
+//! then the reference's clean-ups — for Chinese: no line breaks, no blanks between Chinese
+//! characters, `²`/`³` read, `.` → `。`, ` - ` → `，`, brackets removed, a trailing comma made a
+//! full stop; for English: digits the grammar left spelled out as `inflect` spells them.
+//!
+//! Where the grammars read prices wrongly (`¥1,299.00` → "一元,两百九十九点零零", `$1,299.50` →
+//! "thousand two hundred and ninety nine point five dollars", `$0.99` → "zero point nine nine
+//! dollars") a pass before them rewrites money and digit-group commas: amounts become "N dollars
+//! and M cents" / "N美元", thousands separators go, `.00` goes. `tests/data/normalize_cases.tsv`
+//! lists every case where the result differs from the reference, and why.
+//!
+//! Neighbours: `frontend` calls [`Normalizer::normalize`] before `segment`; `english` spells numbers.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use regex::Regex;
+
+use super::english::number_words;
+use super::segment::Lang;
+
+/// Where the converted model keeps the grammars (`zh/tn/*.fst`, `en/tn/*.fst`).
+pub const FST_DIR: &str = "fsts";
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NormalizeError {
+    #[error("text normalisation grammars missing: {0} (tools/convert_cosyvoice.py copies them from the `wetext` package)")]
+    Missing(String),
+    #[error("text normalisation failed: {0}")]
+    Grammar(String),
+}
+
+/// The normaliser of one model: the grammars, loaded on first use.
+pub struct Normalizer {
+    zh: Mutex<wetext_rs::Normalizer>,
+    en: Mutex<wetext_rs::Normalizer>,
+}
+
+/// Whether `text` has a CJK ideograph (the reference's `contains_chinese`).
+pub fn contains_chinese(text: &str) -> bool {
+    text.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))
+}
+
+impl Normalizer {
+    /// The grammars under `dir` (a model directory's [`FST_DIR`]).
+    pub fn new(dir: &Path) -> Result<Normalizer, NormalizeError> {
+        for f in ["zh/tn/tagger.fst", "zh/tn/verbalizer.fst", "en/tn/tagger.fst", "en/tn/verbalizer.fst"] {
+            if !dir.join(f).is_file() {
+                return Err(NormalizeError::Missing(dir.join(f).display().to_string()));
+            }
+        }
+        let make = |lang| {
+            // As the reference constructs them: ZhNormalizer(remove_erhua=False, full_to_half=False), EnNormalizer().
+            let config = wetext_rs::NormalizerConfig::new().with_lang(lang).with_remove_erhua(false).with_full_to_half(false);
+            Mutex::new(wetext_rs::Normalizer::new(PathBuf::from(dir), config))
+        };
+        Ok(Normalizer { zh: make(wetext_rs::Language::Zh), en: make(wetext_rs::Language::En) })
+    }
+
+    /// `text` normalised, and the rules its segments follow (Chinese when it has a Chinese
+    /// character, as the reference decides). Blocking (FST composition): call it off the async runtime.
+    pub fn normalize(&self, text: &str) -> Result<(String, Lang), NormalizeError> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok((String::new(), Lang::En));
+        }
+        if contains_chinese(text) {
+            let text = digit_groups(&money_zh(text), false);
+            let text = run(&self.zh, &text)?;
+            let text = replace_blank(&text.replace('\n', ""));
+            let text = text.replace('²', "平方").replace('³', "立方").replace('.', "。").replace(" - ", "，");
+            let text = remove_bracket(&text);
+            Ok((trailing_comma().replace(&text, "。").into_owned(), Lang::Zh))
+        } else {
+            let text = english_numbers(&decades(&web_addresses(&digit_groups(&money_en(text), true))));
+            // wetext-rs leaves text without digits alone, where the reference still reads its
+            // abbreviations and symbols ("Dr." → "doctor", "=" → "equals"): a digit it reads as
+            // "one" at the end makes it run, and is taken off again.
+            let text = if text.chars().any(|c| c.is_ascii_digit()) {
+                run(&self.en, &text)?
+            } else {
+                let out = run(&self.en, &format!("{text} 1"))?;
+                out.strip_suffix(" one").map(str::to_string).unwrap_or(out)
+            };
+            Ok((spell_out_numbers(&text), Lang::En))
+        }
+    }
+}
+
+fn run(n: &Mutex<wetext_rs::Normalizer>, text: &str) -> Result<String, NormalizeError> {
+    let mut n = n.lock().map_err(|_| NormalizeError::Grammar("a previous normalisation panicked".into()))?;
+    n.normalize(text).map_err(|e| NormalizeError::Grammar(e.to_string()))
+}
+
+fn regex(cell: &'static OnceLock<Regex>, pattern: &str) -> &'static Regex {
+    cell.get_or_init(|| Regex::new(pattern).unwrap_or_else(|e| panic!("built-in pattern {pattern}: {e}")))
+}
+
+fn trailing_comma() -> &'static Regex {
+    static R: OnceLock<Regex> = OnceLock::new();
+    regex(&R, r"[，,、]+$")
+}
+
+/// Numbers written with thousands separators: `1,234,567` → `1234567` for the Chinese grammar
+/// (which reads it right); spelled out for English (`1,234` → "one thousand two hundred and thirty
+/// four"), where the grammar drops the first word ("thousand two hundred…") and reads four digits
+/// without commas as a year ("twelve thirty four").
+fn digit_groups(text: &str, english: bool) -> String {
+    static R: OnceLock<Regex> = OnceLock::new();
+    regex(&R, r"(?-u:\b)\d{1,3}(?:,\d{3})+(?:\.\d+)?(?-u:\b)").replace_all(text, |c: &regex::Captures<'_>| {
+        let plain = c[0].replace(',', "");
+        if !english {
+            return plain;
+        }
+        let (whole, decimals) = plain.split_once('.').map_or((plain.as_str(), ""), |(w, d)| (w, d));
+        let whole = number_words(whole.parse().unwrap_or(0));
+        if decimals.is_empty() {
+            whole
+        } else {
+            format!("{whole} point {}", digits_words(decimals))
+        }
+    })
+    .into_owned()
+}
+
+/// An amount's digits without thousands separators.
+fn amount(m: &str) -> String {
+    m.replace(',', "")
+}
+
+/// A decimal part without trailing zeros (`50` → `5`, `00` → empty).
+fn trimmed_decimals(d: Option<regex::Match<'_>>) -> String {
+    d.map_or(String::new(), |m| m.as_str().trim_end_matches('0').to_string())
+}
+
+/// Chinese prices: the currency symbol after the amount as a word (`¥1299.00` → `1299元`,
+/// `$12.5万` → `12.5万美元`; a 元/块 already written after it is not doubled), for the grammar to
+/// read the number.
+fn money_zh(text: &str) -> String {
+    static R: OnceLock<Regex> = OnceLock::new();
+    let text = regex(&R, r"([¥￥$€£])\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(万|亿)?(?:元|块)?").replace_all(text, |c: &regex::Captures<'_>| {
+        let unit = match &c[1] {
+            "¥" | "￥" => "元",
+            "$" => "美元",
+            "€" => "欧元",
+            _ => "英镑",
+        };
+        let decimals = trimmed_decimals(c.get(3));
+        let point = if decimals.is_empty() { String::new() } else { format!(".{decimals}") };
+        format!("{}{point}{}{unit}", amount(&c[2]), c.get(4).map_or("", |m| m.as_str()))
+    });
+    text.into_owned()
+}
+
+/// English prices in words: `$1299.50` → "one thousand two hundred and ninety nine dollars and
+/// fifty cents", `$0.99` → "ninety nine cents", `€20` → "twenty euros"; a scale word after the
+/// amount (`$2.5 million`) keeps the decimal: "two point five million dollars".
+fn money_en(text: &str) -> String {
+    static R: OnceLock<Regex> = OnceLock::new();
+    regex(&R, r"([$€£¥])\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?:\s?(thousand|million|billion|trillion)\b)?").replace_all(text, |c: &regex::Captures<'_>| {
+        let (one, many, cent, cents) = match &c[1] {
+            "$" => ("dollar", "dollars", "cent", "cents"),
+            "€" => ("euro", "euros", "cent", "cents"),
+            "£" => ("pound", "pounds", "penny", "pence"),
+            _ => ("yen", "yen", "sen", "sen"),
+        };
+        let whole: u64 = amount(&c[2]).parse().unwrap_or(0);
+        if let Some(scale) = c.get(4) {
+            let decimals = trimmed_decimals(c.get(3));
+            let point = if decimals.is_empty() { String::new() } else { format!(" point {}", digits_words(&decimals)) };
+            return format!("{}{point} {} {many}", number_words(whole), scale.as_str());
+        }
+        let fraction = c.get(3).map_or(0, |m| {
+            let mut s: String = m.as_str().chars().take(2).collect();
+            while s.len() < 2 {
+                s.push('0');
+            }
+            s.parse::<u64>().unwrap_or(0)
+        });
+        let whole_words = format!("{} {}", number_words(whole), if whole == 1 { one } else { many });
+        match (whole, fraction) {
+            (_, 0) => whole_words,
+            (0, f) => format!("{} {}", number_words(f), if f == 1 { cent } else { cents }),
+            (_, f) => format!("{whole_words} and {} {}", number_words(f), if f == 1 { cent } else { cents }),
+        }
+    })
+    .into_owned()
+}
+
+/// English cardinals and decimals that wetext-rs's grammar reads differently from the reference's
+/// (`100` → "one oh oh", `98.6` → "nine eight point six", `5-10` → "five minus ten"), spelled here
+/// as the reference reads them, with a unit or percent sign right after them ([`UNITS`]) read too:
+/// standalone numbers only (not in times, dates, versions, codes, phone numbers, sums, ordinals or
+/// decades, not after a month's name, no leading zero), and two numbers of up to three digits
+/// joined by a hyphen as a range. Four-digit numbers from 1000 to 2099 without a unit stay for the
+/// grammar (it reads them as years, as the reference does).
+fn english_numbers(text: &str) -> String {
+    static RANGE: OnceLock<Regex> = OnceLock::new();
+    static NUMBER: OnceLock<Regex> = OnceLock::new();
+    let ranged = regex(&RANGE, r"(^|[\s(])(\d{1,3})-(\d{1,3})([\s,.;:!?)]|$)").replace_all(text, |c: &regex::Captures<'_>| {
+        format!("{}{} to {}{}", &c[1], &c[2], &c[3], &c[4])
+    });
+    let number = regex(&NUMBER, r"\d+(?:\.\d+)?");
+    let mut out = String::with_capacity(ranged.len());
+    let mut last = 0;
+    for m in number.find_iter(&ranged) {
+        if m.start() < last {
+            continue;
+        }
+        let digits = m.as_str();
+        let head = &ranged[..m.start()];
+        let rest = &ranged[m.end()..];
+        let mut back = head.chars().rev();
+        let before = back.next();
+        let sign = before == Some('-') && back.next().is_none_or(char::is_whitespace);
+        let unit = unit_after(rest);
+        let mut ahead = rest.chars();
+        let after = ahead.next();
+        let digit_after = ahead.next().is_some_and(|c| c.is_ascii_digit());
+        let suffix: String = rest.chars().take(2).collect::<String>().to_lowercase();
+        let ordinal_or_decade = ["st", "nd", "rd", "th"].contains(&suffix.as_str()) || suffix.starts_with('s');
+        let joined_before = !sign && before.is_some_and(|c| c.is_alphanumeric() || ":/-.,()+=×*<>#$€£¥".contains(c));
+        let joined_after = unit.is_none()
+            && (after.is_some_and(|c| c.is_alphanumeric() || ":/-()+=×*<>°%²³".contains(c)) || (matches!(after, Some('.' | ',')) && digit_after) || ordinal_or_decade);
+        let after_month = head.split_whitespace().next_back().is_some_and(|w| MONTHS.contains(&w.trim_end_matches('.').to_lowercase().as_str()));
+        let leading_zero = digits.len() > 1 && digits.starts_with('0') && !digits.contains('.');
+        let year = unit.is_none() && digits.len() == 4 && (1000..=2099).contains(&digits.parse::<u32>().unwrap_or(0));
+        out.push_str(&ranged[last..m.start()]);
+        last = m.end();
+        if joined_before || joined_after || after_month || leading_zero || year {
+            out.push_str(digits);
+            continue;
+        }
+        if sign {
+            // As the reference: a temperature is "negative", anything else "minus".
+            out.pop();
+            let temperature = unit.is_some_and(|(_, one, _)| one.starts_with("degree"));
+            out.push_str(if temperature { "negative " } else { "minus " });
+        }
+        let (whole, decimals) = digits.split_once('.').unwrap_or((digits, ""));
+        out.push_str(&number_words(whole.parse().unwrap_or(0)));
+        if !decimals.is_empty() {
+            out.push_str(" point ");
+            out.push_str(&digits_words(decimals));
+        }
+        if let Some((len, one, many)) = unit {
+            out.push(' ');
+            out.push_str(if digits == "1" { one } else { many });
+            last += len;
+        }
+    }
+    out.push_str(&ranged[last..]);
+    out
+}
+
+const MONTHS: [&str; 24] = [
+    "january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november", "december", "jan", "feb", "mar",
+    "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+];
+
+/// Units read after a number: (written, singular, plural). Longest first where one is a prefix.
+const UNITS: [(&str, &str, &str); 27] = [
+    ("%", "percent", "percent"),
+    ("°C", "degree Celsius", "degrees Celsius"),
+    ("°F", "degree Fahrenheit", "degrees Fahrenheit"),
+    ("km/h", "kilometer per hour", "kilometers per hour"),
+    ("mph", "mile per hour", "miles per hour"),
+    ("km²", "square kilometer", "square kilometers"),
+    ("m²", "square meter", "square meters"),
+    ("m³", "cubic meter", "cubic meters"),
+    ("km", "kilometer", "kilometers"),
+    ("cm", "centimeter", "centimeters"),
+    ("mm", "millimeter", "millimeters"),
+    ("kg", "kilogram", "kilograms"),
+    ("mg", "milligram", "milligrams"),
+    ("ml", "milliliter", "milliliters"),
+    ("lbs", "pound", "pounds"),
+    ("lb", "pound", "pounds"),
+    ("ft", "foot", "feet"),
+    ("GB", "gigabyte", "gigabytes"),
+    ("MB", "megabyte", "megabytes"),
+    ("TB", "terabyte", "terabytes"),
+    ("KB", "kilobyte", "kilobytes"),
+    ("GHz", "gigahertz", "gigahertz"),
+    ("MHz", "megahertz", "megahertz"),
+    ("Hz", "hertz", "hertz"),
+    ("kW", "kilowatt", "kilowatts"),
+    ("m", "meter", "meters"),
+    ("g", "gram", "grams"),
+];
+
+/// The unit at the start of `rest` (after at most one space), not followed by a letter: its byte
+/// length (space included) and its words.
+fn unit_after(rest: &str) -> Option<(usize, &'static str, &'static str)> {
+    let space = usize::from(rest.starts_with(' '));
+    let r = &rest[space..];
+    UNITS.iter().find_map(|&(written, one, many)| {
+        let tail = r.strip_prefix(written)?;
+        let letter_next = tail.chars().next().is_some_and(char::is_alphabetic);
+        (!letter_next).then_some((space + written.len(), one, many))
+    })
+}
+
+/// Decades: `1990s` → "nineteen nineties", `2000s` → "two thousands" (the grammar and the
+/// reference read "one thousand nine hundred and ninety seconds").
+fn decades(text: &str) -> String {
+    static R: OnceLock<Regex> = OnceLock::new();
+    const TENS: [&str; 10] = ["hundreds", "tens", "twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties", "nineties"];
+    regex(&R, r"(?-u:\b)(1[0-9]|20)([0-9])0s(?-u:\b)").replace_all(text, |c: &regex::Captures<'_>| {
+        let century: u64 = c[1].parse().unwrap_or(0);
+        let decade = c[2].parse::<usize>().unwrap_or(0);
+        match (century, decade) {
+            (20, 0) => "two thousands".to_string(),
+            _ => format!("{} {}", number_words(century), TENS[decade]),
+        }
+    })
+    .into_owned()
+}
+
+/// Web addresses and e-mail addresses read as the reference reads them: `www.example.com` →
+/// "WWW dot example dot com", `test@example.com` → "test at example dot com".
+fn web_addresses(text: &str) -> String {
+    static EMAIL: OnceLock<Regex> = OnceLock::new();
+    static WWW: OnceLock<Regex> = OnceLock::new();
+    let dots = |s: &str| s.split('.').collect::<Vec<_>>().join(" dot ");
+    let text = regex(&EMAIL, r"\b([A-Za-z0-9._%+-]+)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)\b")
+        .replace_all(text, |c: &regex::Captures<'_>| format!("{} at {}", dots(&c[1]), dots(&c[2])));
+    regex(&WWW, r"\bwww\.([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)\b")
+        .replace_all(&text, |c: &regex::Captures<'_>| format!("WWW dot {}", dots(&c[1])))
+        .into_owned()
+}
+
+/// Digits read one by one ("5" → "five", "25" → "two five").
+fn digits_words(digits: &str) -> String {
+    digits.chars().filter_map(|c| c.to_digit(10)).map(|d| number_words(u64::from(d))).collect::<Vec<_>>().join(" ")
+}
+
+/// The reference's `spell_out_number`: every run of ASCII digits left after the grammar, in words.
+fn spell_out_numbers(text: &str) -> String {
+    static R: OnceLock<Regex> = OnceLock::new();
+    regex(&R, r"\d+").replace_all(text, |c: &regex::Captures<'_>| match c[0].parse::<u64>() {
+        Ok(n) => super::english::inflect_words(n),
+        Err(_) => digits_words(&c[0]),
+    })
+    .into_owned()
+}
+
+/// The reference's `replace_blank`: a space stays only between two non-space ASCII characters.
+fn replace_blank(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    for (i, &c) in chars.iter().enumerate() {
+        if c == ' ' {
+            let ascii = |j: Option<usize>| j.and_then(|j| chars.get(j)).is_some_and(|&n| n.is_ascii() && n != ' ');
+            if ascii(i.checked_add(1)) && ascii(i.checked_sub(1)) {
+                out.push(c);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The reference's `remove_bracket`.
+fn remove_bracket(text: &str) -> String {
+    text.replace(['（', '）', '【', '】', '`'], "").replace("——", " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_and_digit_groups_are_rewritten_before_the_grammars() {
+        assert_eq!(digit_groups("共1,234,567人, 12,34", false), "共1234567人, 12,34");
+        assert_eq!(digit_groups("1,234 people and 2,000.5 tons", true), "one thousand two hundred and thirty four people and two thousand point five tons");
+        assert_eq!(money_zh("¥1,299.00，$12.5万，€3.50，￥5999元"), "1299元，12.5万美元，3.5欧元，5999元");
+        assert_eq!(money_en("$1,299.50"), "one thousand two hundred and ninety nine dollars and fifty cents");
+        assert_eq!(money_en("$0.99 and $1 and £2.01"), "ninety nine cents and one dollar and two pounds and one penny");
+        assert_eq!(money_en("$2.5 million"), "two point five million dollars");
+    }
+
+    #[test]
+    fn blanks_brackets_and_trailing_commas_as_the_reference() {
+        assert_eq!(replace_blank("你 好 a b 世界 c"), "你好a b世界c");
+        assert_eq!(remove_bracket("（注）【重要】——完"), "注重要 完");
+        assert_eq!(trailing_comma().replace("好的，，", "。"), "好的。");
+    }
+}

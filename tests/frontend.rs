@@ -1,0 +1,112 @@
+//! The text frontend against CosyVoice's reference (issue 14):
+//! - token ids: the converted `tokenizer.json` (a stand-in Qwen2 tokenizer, `tools/make_llm_fixtures.py`)
+//!   gives the reference `QwenTokenizer`'s ids over the multilingual table `tests/data/tokenizer_cases.txt`;
+//! - normalisation: `tests/data/normalize_cases.tsv` — input, the reference's output
+//!   (`tools/normalize_reference.py`), ours, and why where they differ. Ours must stay what the
+//!   table says; every difference from the reference must say why.
+//! - segments and the dry run's contract (`Frontend::prepare`).
+//!
+//! `VOXBATCH_WRITE_TABLE=1` rewrites the table's "ours" column from this build (then review the diff).
+
+use std::path::PathBuf;
+
+use voxbatch::frontend::normalize::Normalizer;
+use voxbatch::frontend::segment::{Lang, SegmentLimits};
+use voxbatch::frontend::tokenizer::TextTokenizer;
+use voxbatch::frontend::{Frontend, FrontendError};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn model() -> PathBuf {
+    let dir = root().join("models/cosyvoice2-tiny");
+    assert!(dir.join("tokenizer.json").is_file(), "{} has no tokenizer.json: run scripts/bootstrap.sh", dir.display());
+    dir
+}
+
+#[test]
+fn the_tokenizer_gives_the_reference_ids_over_the_multilingual_table() {
+    let tok = TextTokenizer::load(&model().join("tokenizer.json")).unwrap();
+    let fx: serde_json::Value = serde_json::from_slice(&std::fs::read(root().join("models/cosyvoice2-llm-parity/tokenizer_parity.json")).unwrap()).unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    assert!(cases.len() >= 25, "the table has {} cases", cases.len());
+    assert_eq!(tok.vocab_size() as u64, fx["vocab_size"].as_u64().unwrap(), "base vocabulary plus CosyVoice2's special tokens");
+    let mut specials = 0;
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<i64> = case["ids"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+        assert_eq!(tok.encode(text).unwrap(), want, "{text:?}");
+        specials += usize::from(text.contains("[breath]"));
+    }
+    assert!(specials > 0, "the table exercises CosyVoice2's special tokens");
+}
+
+struct Row {
+    input: String,
+    reference: String,
+    ours: String,
+    why: String,
+}
+
+fn table_path() -> PathBuf {
+    root().join("tests/data/normalize_cases.tsv")
+}
+
+fn table() -> Vec<Row> {
+    std::fs::read_to_string(table_path())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert!(f.len() == 4, "4 tab-separated columns: {l}");
+            Row { input: f[0].into(), reference: f[1].into(), ours: f[2].into(), why: f[3].into() }
+        })
+        .collect()
+}
+
+#[test]
+fn normalisation_matches_the_reference_table_and_every_difference_says_why() {
+    let n = Normalizer::new(&model().join("fsts")).unwrap();
+    let rows = table();
+    assert!(rows.len() >= 100, "{} cases", rows.len());
+    if std::env::var("VOXBATCH_WRITE_TABLE").is_ok() {
+        let mut out = String::from("# input\treference (tools/normalize_reference.py)\tours\twhy they differ\n");
+        for r in &rows {
+            let ours = n.normalize(&r.input).unwrap().0;
+            out += &format!("{}\t{}\t{ours}\t{}\n", r.input, r.reference, if ours == r.reference { "" } else { r.why.as_str() });
+        }
+        std::fs::write(table_path(), out).unwrap();
+    }
+    let mut differ = 0;
+    for r in &rows {
+        let (ours, lang) = n.normalize(&r.input).unwrap();
+        assert_eq!(ours, r.ours, "{}", r.input);
+        assert_eq!(lang == Lang::Zh, voxbatch::frontend::normalize::contains_chinese(&r.input));
+        if ours != r.reference {
+            differ += 1;
+            assert!(!r.why.trim().is_empty(), "{}: ours differs from the reference without a reason", r.input);
+        }
+    }
+    assert!(differ > 0 && differ < rows.len() / 2, "{differ} of {} differ", rows.len());
+}
+
+#[test]
+fn prepare_segments_long_text_within_the_cap_and_refuses_text_with_nothing_to_say() {
+    let limits = SegmentLimits { max: 80, min: 60, merge: 20, hard_max: 80 };
+    let f = Frontend::load(&model(), limits).unwrap();
+    let chapter = "第一章。".to_string() + &"今天天气很好，我们一起去公园散步，看到了很多美丽的花。".repeat(30);
+    let p = f.prepare(&chapter).unwrap();
+    assert_eq!(p.lang, Lang::Zh);
+    assert!(p.segments.len() > 5, "{} segments", p.segments.len());
+    assert!(p.segments.iter().all(|s| s.tokens.len() <= 80 && !s.tokens.is_empty()));
+    assert_eq!(p.segments.iter().map(|s| s.text.as_str()).collect::<String>(), p.normalized, "nothing lost, in order");
+    let en = f.prepare("It costs $1,299.50. Call me at 10:30 am!").unwrap();
+    assert_eq!(en.lang, Lang::En);
+    assert!(en.normalized.contains("one thousand two hundred and ninety nine dollars"), "{}", en.normalized);
+    for nothing in ["", "   ", "。。。！！", "……——"] {
+        let e = f.prepare(nothing).unwrap_err();
+        assert!(matches!(e, FrontendError::Empty) && e.is_input(), "{nothing:?}: {e}");
+    }
+}
