@@ -48,6 +48,24 @@ pub enum Command {
     Work(WorkArgs),
     /// Queue depth, dead-letter depth and jobs by status.
     Status,
+    /// Dry run of the text frontend on a job file, before any GPU time is bought: per job the
+    /// normalised text, its segments with token counts, the estimated audio length and cost; totals.
+    Text {
+        /// The job file (.txt or .jsonl, as `enqueue` reads it), or - for standard input.
+        file: PathBuf,
+        /// The converted CosyVoice2 model directory (its tokenizer.json and fsts/); default: [model] dir.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// GPU whose [cost] price the estimate uses.
+        #[arg(long, default_value = "H200")]
+        gpu: String,
+        /// Campaign for jobs that do not name one.
+        #[arg(long)]
+        campaign: Option<String>,
+        /// table or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
     /// Throughput and cost: jobs, characters, audio hours, GPU hours, real-time factor,
     /// audio-seconds per GPU-second, $ per audio hour and per million characters, utilisation, energy.
     Report {

@@ -88,6 +88,16 @@ async fn run() -> Result<()> {
         Command::Enqueue { file, campaign, voice, skip } => enqueue(&cfg, &file, &LineDefaults { campaign, voice }, skip).await?,
         Command::Work(args) => work(&mut cfg, args).await?,
         Command::Status => print_status(&commands::status(&cfg).await.context("status")?),
+        Command::Text { file, model, gpu, campaign, format } => {
+            let dir = model.unwrap_or_else(|| cfg.model.dir.clone());
+            let defaults = LineDefaults { campaign, voice: None };
+            let cfg2 = cfg.clone();
+            let report = tokio::task::spawn_blocking(move || commands::text_dry_run(&cfg2, &dir, &file, &defaults, &gpu)).await.context("text")??;
+            match format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                _ => print!("{}", commands::text_table(&report)),
+            }
+        }
         Command::Report { by, since, campaign, format, plot } => print_report(&cfg, by, since.as_deref(), campaign.as_deref(), format, plot.as_deref()).await?,
         Command::Audit { campaign, format } => audit(&cfg, &campaign, format).await?,
         Command::Calibrate { model, vram_fraction, min_tokens, max_tokens, max_seconds, no_db } => {

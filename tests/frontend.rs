@@ -6,7 +6,7 @@
 //!   table says; every difference from the reference must say why.
 //! - segments and the dry run's contract (`Frontend::prepare`).
 //!
-//! `VOXBATCH_WRITE_TABLE=1` rewrites the table's "ours" column from this build (then review the diff).
+//! `VOXBATCH_TEST_WRITE_TABLE=1` rewrites the table's "ours" column from this build (then review the diff).
 
 use std::path::PathBuf;
 
@@ -71,7 +71,7 @@ fn normalisation_matches_the_reference_table_and_every_difference_says_why() {
     let n = Normalizer::new(&model().join("fsts")).unwrap();
     let rows = table();
     assert!(rows.len() >= 100, "{} cases", rows.len());
-    if std::env::var("VOXBATCH_WRITE_TABLE").is_ok() {
+    if std::env::var("VOXBATCH_TEST_WRITE_TABLE").is_ok() {
         let mut out = String::from("# input\treference (tools/normalize_reference.py)\tours\twhy they differ\n");
         for r in &rows {
             let ours = n.normalize(&r.input).unwrap().0;
@@ -109,4 +109,35 @@ fn prepare_segments_long_text_within_the_cap_and_refuses_text_with_nothing_to_sa
         let e = f.prepare(nothing).unwrap_err();
         assert!(matches!(e, FrontendError::Empty) && e.is_input(), "{nothing:?}: {e}");
     }
+}
+
+#[test]
+fn the_text_dry_run_prints_segments_estimates_and_refusals_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.jsonl");
+    std::fs::write(
+        &file,
+        "{\"text\":\"价格是¥1,299.00，欢迎购买。\",\"campaign\":\"shop\"}\n{\"text\":\"It costs $0.99.\"}\n{\"text\":\"。。。\"}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
+        .args(["text", file.to_str().unwrap(), "--model", model().to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let jobs = r["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 3);
+    assert_eq!(jobs[0]["campaign"], "shop");
+    assert_eq!(jobs[0]["normalized"], "价格是一千二百九十九元，欢迎购买。");
+    assert!(jobs[0]["segments"][0]["tokens"].as_u64().unwrap() > 0);
+    assert_eq!(jobs[1]["normalized"], "It costs ninety nine cents.");
+    assert!(jobs[2]["error"].as_str().unwrap().contains("nothing to say"));
+    let t = &r["totals"];
+    assert_eq!((t["jobs"].as_u64(), t["refused"].as_u64()), (Some(3), Some(1)));
+    // 17 non-blank characters of normalised Chinese at 4 a second, 23 of English at 14.
+    let audio = t["audio_seconds"].as_f64().unwrap();
+    assert!((audio - (17.0 / 4.0 + 23.0 / 14.0)).abs() < 1e-9, "{audio}");
+    let cost = audio / 500.0 * 4.0 / 3600.0;
+    assert!((t["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12);
 }

@@ -11,6 +11,7 @@ mod enqueue;
 mod migrate;
 mod report;
 mod status;
+mod text;
 mod work;
 
 pub use audit::{audit, Audit};
@@ -21,6 +22,7 @@ pub use enqueue::{enqueue, publish_with_retry, EnqueueSummary};
 pub use migrate::migrate;
 pub use report::{report, write_plot};
 pub use status::{status, Status};
+pub use text::{text_dry_run, text_table, TextReport};
 pub use work::{parse_devices, work, ParseDevicesError};
 
 use crate::config::Config;

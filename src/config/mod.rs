@@ -15,6 +15,7 @@ mod batching;
 mod check;
 mod cost;
 mod database;
+mod frontend;
 mod llm;
 mod memory;
 mod model;
@@ -31,6 +32,7 @@ pub use amqp::{AmqpConfig, RawAmqp};
 pub use batching::{BatchingConfig, Limits, RawBatching, RawLimits};
 pub use cost::{CostConfig, RawCost};
 pub use database::{DatabaseConfig, RawDatabase};
+pub use frontend::{FrontendConfig, RawFrontend};
 pub use llm::{LlmConfig, RawLlm};
 pub use memory::{MemoryConfig, RawMemory, SizingPolicy};
 pub use model::{ModelConfig, RawModel};
@@ -70,6 +72,7 @@ pub struct RawConfig {
     pub worker: RawWorker,
     pub memory: RawMemory,
     pub llm: RawLlm,
+    pub frontend: RawFrontend,
     pub cost: RawCost,
 }
 
@@ -85,6 +88,7 @@ pub struct Config {
     pub worker: WorkerConfig,
     pub memory: MemoryConfig,
     pub llm: LlmConfig,
+    pub frontend: FrontendConfig,
     pub cost: CostConfig,
 }
 
@@ -101,6 +105,7 @@ impl RawConfig {
             worker: self.worker.validate()?,
             memory: self.memory.validate()?,
             llm: self.llm.validate()?,
+            frontend: self.frontend.validate()?,
             cost: self.cost.validate()?,
         })
     }
