@@ -34,7 +34,30 @@ pub struct Job {
     pub priority: u8,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Map<String, Value>>,
+    /// How a CosyVoice2 text job uses its voice (other models ignore it); `None`: the model's
+    /// default for the voice (zero-shot when it has a prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// The instruction of mode `instruct` ("用开心的语气说", "Speak slowly").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
 }
+
+/// CosyVoice2's inference modes for a registered voice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// The LLM continues the voice's prompt (its text and speech tokens): the voice's timbre and style.
+    ZeroShot,
+    /// The LLM gets neither prompt text nor prompt speech tokens (text in another language than
+    /// the prompt's); the flow still gets the voice.
+    CrossLingual,
+    /// CosyVoice2's instruct2: the LLM's prompt text is the job's `instruction`, no prompt speech tokens.
+    Instruct,
+}
+
+/// Characters an `instruction` may have.
+pub const MAX_INSTRUCTION_CHARS: usize = 500;
 
 impl Job {
     /// A new job with a fresh id and defaults.
@@ -47,6 +70,8 @@ impl Job {
             campaign: DEFAULT_CAMPAIGN.to_string(),
             priority: 0,
             metadata: None,
+            mode: None,
+            instruction: None,
         }
     }
 
@@ -218,8 +243,36 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
         }
         Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "metadata", reason: "must be a JSON object".into() })),
     };
+    let (mode, instruction) = mode_and_instruction(&mut obj).map_err(|k| reject(id, k))?;
     // Unknown fields are ignored (forward compatibility), except those later issues reserve.
-    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata })
+    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata, mode, instruction })
+}
+
+/// `mode` (`zero_shot`, `cross_lingual`, `instruct`) and `instruction` (required by, and only
+/// read in, mode `instruct`).
+fn mode_and_instruction(obj: &mut Map<String, Value>) -> Result<(Option<Mode>, Option<String>), RejectionKind> {
+    let invalid = |field, reason: &str| RejectionKind::InvalidField { field, reason: reason.to_string() };
+    let mode = match obj.remove("mode") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(serde_json::from_value::<Mode>(v).map_err(|_| invalid("mode", "must be \"zero_shot\", \"cross_lingual\" or \"instruct\""))?),
+    };
+    let instruction = match obj.remove("instruction") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if is_blank(&s) => return Err(invalid("instruction", "is empty")),
+        Some(Value::String(s)) if s.contains('\0') => return Err(invalid("instruction", "contains a NUL character")),
+        Some(Value::String(s)) if s.chars().count() > MAX_INSTRUCTION_CHARS => {
+            return Err(invalid("instruction", &format!("has more than {MAX_INSTRUCTION_CHARS} characters")))
+        }
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(invalid("instruction", "must be a string")),
+    };
+    match (mode, &instruction) {
+        (Some(Mode::Instruct), None) => Err(invalid("instruction", "mode instruct needs an instruction")),
+        (Some(Mode::ZeroShot | Mode::CrossLingual), Some(_)) => Err(invalid("instruction", "is read only in mode instruct")),
+        // An instruction alone asks for mode instruct.
+        (None, Some(_)) => Ok((Some(Mode::Instruct), instruction)),
+        _ => Ok((mode, instruction)),
+    }
 }
 
 /// Whether `text` has nothing to speak: only whitespace (Unicode White_Space, e.g. U+0085),
@@ -427,6 +480,26 @@ mod tests {
             parse_job(long.as_bytes(), &limits, None, true).unwrap_err().kind,
             RejectionKind::TextTooLong { chars: 6, limit: 5 }
         );
+    }
+
+    #[test]
+    fn mode_and_instruction_are_read_and_contradictions_rejected() {
+        let j = parse(&format!(r#"{{"job_id":"{ID}","text":"x","mode":"cross_lingual"}}"#)).unwrap();
+        assert_eq!((j.mode, j.instruction), (Some(Mode::CrossLingual), None));
+        let j = parse(&format!(r#"{{"job_id":"{ID}","text":"x","instruction":"用开心的语气说"}}"#)).unwrap();
+        assert_eq!(j.mode, Some(Mode::Instruct), "an instruction alone means instruct");
+        let back = parse_job(&j.to_json(), &Limits::default(), None, true).unwrap();
+        assert_eq!(back, j, "the published body keeps both");
+        for (body, says) in [
+            (r#""mode":"shout""#, "must be"),
+            (r#""mode":"instruct""#, "needs an instruction"),
+            (r#""mode":"zero_shot","instruction":"slowly""#, "only in mode instruct"),
+            (r#""instruction":"  ""#, "is empty"),
+            (r#""instruction":7"#, "must be a string"),
+        ] {
+            let e = parse(&format!(r#"{{"job_id":"{ID}","text":"x",{body}}}"#)).unwrap_err();
+            assert!(matches!(e.kind, RejectionKind::InvalidField { .. }) && e.to_string().contains(says), "{body}: {e}");
+        }
     }
 
     #[test]

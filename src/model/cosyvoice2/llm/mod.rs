@@ -8,6 +8,8 @@
 //!   the step captured as CUDA graphs per (rows, span) bucket and replayed (eager as the fallback).
 //! - [`speech_lm`]: `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules) with
 //!   continuous refill; each sequence gets the same tokens batched or alone.
+//! - [`prompt`]: a job's segments as LLM requests per CosyVoice2 mode (zero-shot, cross-lingual,
+//!   instruct), each segment seeded by job id and index.
 //!
 //! At parity with the reference (`tests/cosyvoice2_llm_parity.rs`); bf16 weights on CUDA, fp32 on
 //! the CPU, log-probabilities and sampling fp32. `sizing::llm` gives the slot count from the
@@ -17,6 +19,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod prompt;
 pub mod qwen2;
 pub mod sampler;
 pub mod speech_lm;
