@@ -16,14 +16,18 @@ use crate::model::cosyvoice2::llm::cache::SlotCache;
 use crate::model::LlmDims;
 
 /// Fixed workspace of the LM stage besides weights and slots: a prefill pass of up to 4,096
-/// positions and the captured graphs' pool. An estimate, not yet calibrated: on the H200 bench
-/// (512 slots) the peak exceeded cache + weights by 1.3 GiB, per-row step bytes included.
-pub const WORKSPACE_BYTES: u64 = 768 << 20;
+/// positions, the captured graphs' shared pool and libtorch's allocator slack. Calibrated on the
+/// H200 (`bench/results/2026-12-03-h200-llm-fused-*graphs.json`, CosyVoice2-0.5B shape, bf16):
+/// the peak minus KV cache and weights was 0.28–0.33 GiB at one slot and grew by at most 1.08 MiB
+/// a slot (1.76 GiB at 2,048 slots); this keeps 512 MiB fixed and [`step_bytes_per_row`] per slot.
+pub const WORKSPACE_BYTES: u64 = 512 << 20;
 
-/// Bytes of the decode step's activations per row: about sixteen fp32 vectors of the output size
-/// (logits, log-probabilities, probabilities, sorted values and int64 order, cumulative sums, CDFs).
+/// Bytes of the decode step's activations per row: 48 fp32 vectors of the output size (logits,
+/// log-probabilities, probabilities, cumulative sums, CDFs, the sampler's temporaries, the
+/// graphs' per-bucket outputs) — 1.26 MB for CosyVoice2, above the 1.08 MiB a slot measured
+/// (see [`WORKSPACE_BYTES`]).
 pub fn step_bytes_per_row(dims: &LlmDims) -> u64 {
-    16 * 4 * (dims.speech_tokens as u64 + 3)
+    48 * 4 * (dims.speech_tokens as u64 + 3)
 }
 
 /// Bytes of keys and values per position of one slot, in `kind` (the cache's own arithmetic).
