@@ -20,6 +20,7 @@ pub mod flow;
 pub mod hift;
 pub mod layers;
 pub mod llm;
+pub mod tts;
 mod weights;
 
 use std::path::Path;

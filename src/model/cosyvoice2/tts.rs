@@ -1,0 +1,147 @@
+//! CosyVoice2 text → speech, whole: for each job its text through the frontend (normalised,
+//! segmented, tokenized), the segments through the LLM (all the batch's segments decoding together
+//! with continuous refill), their speech tokens through token2wav (padded batches of segments) and
+//! each job's segment audio joined in order. A job whose text says nothing, whose segment yields no
+//! speech tokens or runs into the LLM's `max_len` fails alone, with its reason; the others are
+//! unaffected.
+//!
+//! This is the chain the `cosyvoice2` model kind will run on the model thread (issue 14: the worker
+//! wiring, segments as the batch unit and the two stages' interleaving are next); tests run it on
+//! the tiny random model.
+//!
+//! Neighbours: `frontend` (text → segments), `llm` (`SpeechLm`, `BatchDecoder`, `prompt`),
+//! `Token2Wav` (this module's parent), `job::Mode`.
+
+use std::path::Path;
+
+use super::llm::batch::BatchDecoder;
+use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
+use super::llm::sampler::SamplingParams;
+use super::llm::speech_lm::{LengthRatios, LmError, SpeechLm};
+use super::Token2Wav;
+use crate::frontend::segment::SegmentLimits;
+use crate::frontend::{Frontend, FrontendError};
+use crate::job::Mode;
+use crate::model::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
+
+/// One text job.
+#[derive(Debug, Clone)]
+pub struct TextJob {
+    pub job_id: uuid::Uuid,
+    pub text: String,
+    /// Index of its voice in the manifest's voices.
+    pub voice: usize,
+    pub mode: Option<Mode>,
+    pub instruction: Option<String>,
+}
+
+/// Why one job could not be synthesized (the others are unaffected).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TextJobError {
+    #[error(transparent)]
+    Frontend(#[from] FrontendError),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
+    #[error("segment {segment}: {source}")]
+    Llm { segment: usize, source: LmError },
+    #[error("segment {segment}: the LLM ran to max_len ({tokens} speech tokens) without ending the speech")]
+    MaxLen { segment: usize, tokens: usize },
+    #[error("segment {segment}: the LLM produced no speech tokens")]
+    NoSpeech { segment: usize },
+    #[error("unknown voice index {0}")]
+    UnknownVoice(usize),
+}
+
+/// Segments token2wav runs in one padded batch at most.
+const TOKEN2WAV_BATCH: usize = 16;
+
+pub struct TextToSpeech {
+    pub token2wav: Token2Wav,
+    pub lm: SpeechLm,
+    decoder: BatchDecoder,
+    ratios: LengthRatios,
+    frontend: Frontend,
+}
+
+impl TextToSpeech {
+    /// Loads a converted directory with its LLM (`llm.safetensors`), tokenizer and grammars; the
+    /// LLM decodes `slots` sequences at once, its steps as CUDA graphs on CUDA when `graphs`.
+    pub fn load(dir: &Path, device: Device, precision: Precision, slots: usize, limits: SegmentLimits, graphs: bool) -> Result<TextToSpeech, ModelError> {
+        let manifest = Manifest::load(dir)?;
+        let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
+        let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm).ok_or_else(|| err("model.toml has no [cosyvoice2.llm] (convert llm.pt)".into()))?;
+        let frontend = Frontend::load(dir, limits).map_err(|e| err(e.to_string()))?;
+        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
+        // A slot holds the longest segment with the longest voice prompt and an instruction.
+        let prompt = manifest.voice_prompt_tokens.iter().copied().max().unwrap_or(0) as i64;
+        let positions = 2 + 2 * limits.hard_max as i64 + prompt + (limits.hard_max as f64 * ratios.max).ceil() as i64;
+        let decoder = BatchDecoder::new(&lm, slots, positions, params, graphs).map_err(ModelError::Inference)?;
+        let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
+        Ok(TextToSpeech { token2wav, lm, decoder, ratios, frontend })
+    }
+
+    pub fn frontend(&self) -> &Frontend {
+        &self.frontend
+    }
+
+    /// Each job's audio (24 kHz) or why it failed; `Err` for the whole batch only when libtorch
+    /// fails (out of memory above all: the caller splits and retries).
+    pub fn synthesize(&mut self, jobs: &[TextJob]) -> Result<Vec<Result<Vec<f32>, TextJobError>>, ModelError> {
+        let mut results: Vec<Option<Result<Vec<f32>, TextJobError>>> = jobs.iter().map(|_| None).collect();
+        // (job, segment) of every request, in order.
+        let mut owners = Vec::new();
+        let mut requests = Vec::new();
+        for (j, job) in jobs.iter().enumerate() {
+            match self.requests(job) {
+                Ok(reqs) => {
+                    owners.extend((0..reqs.len()).map(|s| (j, s)));
+                    requests.extend(reqs);
+                }
+                Err(e) => results[j] = Some(Err(e)),
+            }
+        }
+        let decoded = tch::no_grad(|| self.lm.generate(&mut self.decoder, &requests, self.ratios)).map_err(ModelError::Inference)?;
+        // Speech tokens per job, in segment order; the first failure of a job is its result.
+        let mut tokens: Vec<Vec<Vec<i64>>> = jobs.iter().map(|_| Vec::new()).collect();
+        for ((j, segment), out) in owners.into_iter().zip(decoded) {
+            if results[j].is_some() {
+                continue;
+            }
+            match out {
+                Err(source) => results[j] = Some(Err(TextJobError::Llm { segment, source })),
+                Ok(o) if o.hit_max_len => results[j] = Some(Err(TextJobError::MaxLen { segment, tokens: o.tokens.len() })),
+                Ok(o) if o.tokens.is_empty() => results[j] = Some(Err(TextJobError::NoSpeech { segment })),
+                Ok(o) => tokens[j].push(o.tokens),
+            }
+        }
+        let items: Vec<(usize, SynthItem)> = tokens
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| results[*j].is_none())
+            .flat_map(|(j, segs)| segs.iter().map(move |t| (j, SynthItem { tokens: t.clone(), voice: jobs[j].voice as i64 })))
+            .collect();
+        let mut audio: Vec<Vec<f32>> = jobs.iter().map(|_| Vec::new()).collect();
+        for chunk in items.chunks(TOKEN2WAV_BATCH) {
+            let batch: Vec<SynthItem> = chunk.iter().map(|(_, item)| item.clone()).collect();
+            let waves = self.token2wav.run(&batch, None)?;
+            for ((j, _), (_, wave)) in chunk.iter().zip(waves) {
+                audio[*j].extend(wave);
+            }
+        }
+        Ok(results.into_iter().zip(audio).map(|(r, a)| r.unwrap_or(Ok(a))).collect())
+    }
+
+    /// A job's LLM requests: its segments, prompted as its mode says.
+    fn requests(&self, job: &TextJob) -> Result<Vec<super::llm::speech_lm::LmRequest>, TextJobError> {
+        let prepared = self.frontend.prepare(&job.text)?;
+        let voice = self.token2wav.voices().get(job.voice).ok_or(TextJobError::UnknownVoice(job.voice))?;
+        let name = self.token2wav.manifest().voices.get(job.voice).cloned().unwrap_or_default();
+        let instruction = match &job.instruction {
+            Some(text) => Some(self.frontend.tokenizer().encode(&format!("{text}{END_OF_PROMPT}")).map_err(FrontendError::from)?),
+            None => None,
+        };
+        let segments: Vec<Vec<i64>> = prepared.segments.into_iter().map(|s| s.tokens).collect();
+        Ok(prompt::requests(job.job_id, &segments, &name, voice, job.mode, instruction.as_deref())?)
+    }
+}
