@@ -78,6 +78,19 @@ impl TextToSpeech {
         let positions = 2 + 2 * limits.hard_max as i64 + prompt + (limits.hard_max as f64 * ratios.max).ceil() as i64;
         let decoder = BatchDecoder::new(&lm, slots, positions, params, graphs).map_err(ModelError::Inference)?;
         let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
+        // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the model.
+        let known = frontend.tokenizer().vocab_size();
+        if known as i64 > dims.vocab {
+            return Err(err(format!("tokenizer.json knows {known} ids, the LLM's embedding has {} rows: not this model's tokenizer", dims.vocab)));
+        }
+        for (name, voice) in Synthesizer::manifest(&token2wav).voices.iter().zip(token2wav.voices()) {
+            if let Some(bad) = voice.llm_prompt_tokens.iter().find(|t| !(0..dims.speech_tokens).contains(*t)) {
+                return Err(err(format!("voice {name}: LLM prompt token {bad} outside 0..{}", dims.speech_tokens)));
+            }
+            if let Some(bad) = voice.prompt_text.iter().find(|t| !(0..dims.vocab).contains(*t)) {
+                return Err(err(format!("voice {name}: prompt text id {bad} outside 0..{}", dims.vocab)));
+            }
+        }
         Ok(TextToSpeech { token2wav, lm, decoder, ratios, frontend })
     }
 
@@ -136,7 +149,7 @@ impl TextToSpeech {
     fn requests(&self, job: &TextJob) -> Result<Vec<super::llm::speech_lm::LmRequest>, TextJobError> {
         let prepared = self.frontend.prepare(&job.text)?;
         let voice = self.token2wav.voices().get(job.voice).ok_or(TextJobError::UnknownVoice(job.voice))?;
-        let name = self.token2wav.manifest().voices.get(job.voice).cloned().unwrap_or_default();
+        let name = Synthesizer::manifest(&self.token2wav).voices.get(job.voice).cloned().unwrap_or_default();
         let instruction = match &job.instruction {
             Some(text) => Some(self.frontend.tokenizer().encode(&format!("{text}{END_OF_PROMPT}")).map_err(FrontendError::from)?),
             None => None,
