@@ -6,8 +6,9 @@
 //! (the Qwen2 tokenizer the converter writes), `english` (numbers in words). Pieces that hold
 //! only punctuation and symbols are dropped, as the reference drops them.
 //!
-//! Neighbours: `commands::text` (the dry run) and the worker's intake call [`Frontend::prepare`];
-//! `model::cosyvoice2::llm` takes the segments' tokens.
+//! Neighbours: `commands::text` (the dry run) and `model::cosyvoice2::tts` (text jobs → speech)
+//! call [`Frontend::prepare`]; `model::cosyvoice2::llm::prompt` turns the segments' tokens into
+//! LLM requests. (The worker's intake is to call it too: issue 14.)
 
 pub mod english;
 pub mod normalize;
