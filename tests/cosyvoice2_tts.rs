@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use voxbatch::frontend::segment::SegmentLimits;
+use voxbatch::config::Config;
 use voxbatch::frontend::FrontendError;
 use voxbatch::job::Mode;
 use voxbatch::model::cosyvoice2::llm::prompt::PromptError;
@@ -41,9 +41,11 @@ fn job(n: u128, text: &str, voice: usize, mode: Option<Mode>, instruction: Optio
 
 #[test]
 fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
-    let limits = SegmentLimits { max: 20, min: 10, merge: 5, hard_max: 24 };
+    // Short segments (max 20, min 10, merge 5, cap 24 tokens), so that texts make several.
+    let mut cfg = Config::defaults().unwrap();
+    (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
     let dir = patient_model();
-    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, 8, limits, true).unwrap();
+    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, &cfg, 8).unwrap();
     let chapter = "第一章。".to_string() + &"今天天气很好，我们去公园散步。价格是¥1,299.00。".repeat(6);
     let jobs = vec![
         job(1, "你好，世界！今天是2024年1月15日。", 1, None, None),

@@ -11,6 +11,10 @@
 //! at batch 1, same weights, same call) comes from `tools/bench_llm_reference.py` through
 //! `--reference`.
 //!
+//! After each slot count's run it also says where the run's time went (prefill, launching,
+//! waiting for the GPU, host bookkeeping: `DecoderStats`) and times one step and the sampler alone
+//! (graph replays over every slot at [`PROFILE_SPAN`] positions).
+//!
 //! Neighbours: `model::cosyvoice2::llm` (`SpeechLm`, `BatchDecoder`); `model::memory` for the peak.
 
 use std::path::{Path, PathBuf};

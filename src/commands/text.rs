@@ -70,8 +70,7 @@ pub struct TextReport {
 /// time as `gpu` (a `[cost] gpu_hourly_usd` key, e.g. "H200"). Blocking.
 pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &LineDefaults, gpu: &str) -> Result<TextReport, CommandError> {
     let f = &cfg.frontend;
-    let limits = SegmentLimits { max: f.segment_max_tokens, min: f.segment_min_tokens, merge: f.segment_merge_tokens, hard_max: cfg.llm.max_text_tokens };
-    let frontend = Frontend::load(model_dir, limits).map_err(|e| CommandError::Usage(e.to_string()))?;
+    let frontend = Frontend::load(model_dir, SegmentLimits::from_config(cfg)).map_err(|e| CommandError::Usage(e.to_string()))?;
     let stdin_copy;
     let path = if input == Path::new("-") {
         stdin_copy = StdinCopy::read()?;

@@ -30,6 +30,15 @@ pub struct SegmentLimits {
     pub hard_max: usize,
 }
 
+impl SegmentLimits {
+    /// The configured limits: `[frontend]` segment sizes, capped at `[llm] max_text_tokens` (what
+    /// a slot is sized for).
+    pub fn from_config(c: &crate::config::Config) -> SegmentLimits {
+        let f = &c.frontend;
+        SegmentLimits { max: f.segment_max_tokens, min: f.segment_min_tokens, merge: f.segment_merge_tokens, hard_max: c.llm.max_text_tokens }
+    }
+}
+
 impl Default for SegmentLimits {
     fn default() -> Self {
         SegmentLimits { max: 80, min: 60, merge: 20, hard_max: 80 }

@@ -131,6 +131,13 @@ impl Drop for CudaGraph {
     }
 }
 
+/// Inside tch code (benchmarks timing a graph), a graph failure is a libtorch error like any other.
+impl From<GraphError> for tch::TchError {
+    fn from(e: GraphError) -> tch::TchError {
+        tch::TchError::Torch(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

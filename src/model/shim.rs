@@ -18,6 +18,13 @@ pub struct ShimError {
     pub message: String,
 }
 
+/// Inside tch code (`R<T>` results), a shim failure is a libtorch error like any other.
+impl From<ShimError> for tch::TchError {
+    fn from(e: ShimError) -> tch::TchError {
+        tch::TchError::Torch(e.to_string())
+    }
+}
+
 /// Calls a shim function that reports a caught exception through an error buffer.
 pub(super) fn checked(call: &'static str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), ShimError> {
     let mut buf = [0 as c_char; 512];

@@ -19,6 +19,7 @@ use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
 use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, SpeechLm};
 use super::Token2Wav;
+use crate::config::Config;
 use crate::frontend::segment::SegmentLimits;
 use crate::frontend::{Frontend, FrontendError};
 use crate::job::Mode;
@@ -65,24 +66,22 @@ pub struct TextToSpeech {
 }
 
 impl TextToSpeech {
-    /// Loads a converted directory with its LLM (`llm.safetensors`), tokenizer and grammars; the
-    /// LLM decodes `slots` sequences at once, its steps as CUDA graphs on CUDA when `graphs`.
-    pub fn load(dir: &Path, device: Device, precision: Precision, slots: usize, limits: SegmentLimits, graphs: bool) -> Result<TextToSpeech, ModelError> {
+    /// Loads a converted directory with its LLM (`llm.safetensors`), tokenizer and grammars, as
+    /// `cfg` says: segments as `[frontend]` and `[llm] max_text_tokens` cut them, slots as long as
+    /// `sizing::llm::max_positions`, CUDA graphs as `[llm] cuda_graphs`; the LLM decodes `slots`
+    /// sequences at once.
+    pub fn load(dir: &Path, device: Device, precision: Precision, cfg: &Config, slots: usize) -> Result<TextToSpeech, ModelError> {
         let manifest = Manifest::load(dir)?;
         let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
         let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm).ok_or_else(|| err("model.toml has no [cosyvoice2.llm] (convert llm.pt)".into()))?;
-        let frontend = Frontend::load(dir, limits).map_err(|e| err(e.to_string()))?;
-        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
-        // A slot holds the longest segment with the longest voice prompt and an instruction.
-        let prompt = manifest.voice_prompt_tokens.iter().copied().max().unwrap_or(0) as i64;
-        let positions = 2 + 2 * limits.hard_max as i64 + prompt + (limits.hard_max as f64 * ratios.max).ceil() as i64;
-        let decoder = BatchDecoder::new(&lm, slots, positions, params, graphs).map_err(ModelError::Inference)?;
-        let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
-        // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the model.
+        let frontend = Frontend::load(dir, SegmentLimits::from_config(cfg)).map_err(|e| err(e.to_string()))?;
+        // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the
+        // model before loading its weights.
         let known = frontend.tokenizer().vocab_size();
         if known as i64 > dims.vocab {
             return Err(err(format!("tokenizer.json knows {known} ids, the LLM's embedding has {} rows: not this model's tokenizer", dims.vocab)));
         }
+        let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
         for (name, voice) in Synthesizer::manifest(&token2wav).voices.iter().zip(token2wav.voices()) {
             if let Some(bad) = voice.llm_prompt_tokens.iter().find(|t| !(0..dims.speech_tokens).contains(*t)) {
                 return Err(err(format!("voice {name}: LLM prompt token {bad} outside 0..{}", dims.speech_tokens)));
@@ -91,6 +90,9 @@ impl TextToSpeech {
                 return Err(err(format!("voice {name}: prompt text id {bad} outside 0..{}", dims.vocab)));
             }
         }
+        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
+        let positions = crate::sizing::llm::max_positions(&cfg.llm, &dims);
+        let decoder = BatchDecoder::new(&lm, slots, positions, params, cfg.llm.cuda_graphs).map_err(ModelError::Inference)?;
         Ok(TextToSpeech { token2wav, lm, decoder, ratios, frontend })
     }
 
@@ -128,18 +130,17 @@ impl TextToSpeech {
                 Ok(o) => tokens[j].push(o.tokens),
             }
         }
-        let items: Vec<(usize, SynthItem)> = tokens
-            .iter()
+        // Every segment of the jobs still standing, in order, with its job.
+        let (segment_jobs, items): (Vec<usize>, Vec<SynthItem>) = tokens
+            .into_iter()
             .enumerate()
             .filter(|(j, _)| results[*j].is_none())
-            .flat_map(|(j, segs)| segs.iter().map(move |t| (j, SynthItem { tokens: t.clone(), voice: jobs[j].voice as i64 })))
-            .collect();
+            .flat_map(|(j, segs)| segs.into_iter().map(move |t| (j, SynthItem { tokens: t, voice: jobs[j].voice as i64 })))
+            .unzip();
         let mut audio: Vec<Vec<f32>> = jobs.iter().map(|_| Vec::new()).collect();
-        for chunk in items.chunks(TOKEN2WAV_BATCH) {
-            let batch: Vec<SynthItem> = chunk.iter().map(|(_, item)| item.clone()).collect();
-            let waves = self.token2wav.run(&batch, None)?;
-            for ((j, _), (_, wave)) in chunk.iter().zip(waves) {
-                audio[*j].extend(wave);
+        for (owners, batch) in segment_jobs.chunks(TOKEN2WAV_BATCH).zip(items.chunks(TOKEN2WAV_BATCH)) {
+            for (&j, (_, wave)) in owners.iter().zip(self.token2wav.run(batch, None)?) {
+                audio[j].extend(wave);
             }
         }
         Ok(results.into_iter().zip(audio).map(|(r, a)| r.unwrap_or(Ok(a))).collect())

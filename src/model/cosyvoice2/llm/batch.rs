@@ -238,7 +238,7 @@ impl BatchDecoder {
         let started = Instant::now();
         for _ in 0..n {
             match self.captured.get(&(rows, span)) {
-                Some(c) if self.graphs_on => c.graph.replay().map_err(|e| tch::TchError::Torch(e.to_string()))?,
+                Some(c) if self.graphs_on => c.graph.replay()?,
                 _ => {
                     let buf = &self.buffers[&rows];
                     lm.step_outputs(&self.cache, &buf.x, &buf.positions, &buf.uniforms, span, &self.params)?;
@@ -257,7 +257,7 @@ impl BatchDecoder {
         let params = self.params;
         let graph = match (self.graphs_on, self.device) {
             (true, Device::Cuda(i)) => {
-                Some(CudaGraph::capture(i, None, 1, || draw(&logp, &uniforms, &params)).map_err(|e| tch::TchError::Torch(e.to_string()))?.0)
+                Some(CudaGraph::capture(i, None, 1, || draw(&logp, &uniforms, &params))?.0)
             }
             _ => None,
         };
@@ -265,7 +265,7 @@ impl BatchDecoder {
         let started = Instant::now();
         for _ in 0..n {
             match &graph {
-                Some(g) => g.replay().map_err(|e| tch::TchError::Torch(e.to_string()))?,
+                Some(g) => g.replay()?,
                 None => {
                     let _ = draw(&logp, &uniforms, &params)?;
                 }

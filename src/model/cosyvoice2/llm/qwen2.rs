@@ -2,7 +2,7 @@
 //! embeddings, `layers` × (RMSNorm → grouped-query self-attention with rotary positions, q/k/v with
 //! bias → RMSNorm → SwiGLU), final RMSNorm. Dimensions come from the checkpoint's config.
 //!
-//! It runs over a [`SlotCache`]: [`Qwen2::prefill_many`] feeds newly admitted sequences' prompts
+//! It runs over a [`SlotCache`]: [`Qwen2::prefill_packed`] feeds newly admitted sequences' prompts
 //! into their free slots in one pass, none padded to another; [`Qwen2::step`] (graph-capturable)
 //! and [`Qwen2::decode`] advance a set of slots by one position
 //! each, every row at its own position and attending to its own slot's length. A slot freed and
@@ -193,27 +193,19 @@ impl Qwen2 {
     /// Feeds `x` (`[T, hidden]` input embeddings of one sequence) into free `slot`; returns the
     /// final hidden states `[T, hidden]`.
     pub fn prefill(&self, cache: &mut SlotCache, slot: usize, x: &Tensor) -> R<Tensor> {
-        self.prefill_many(cache, &[(slot, x.shallow_clone())])
+        self.prefill_packed(cache, &[slot], &[x.size2()?.0], x)
     }
 
     /// Feeds several sequences at once, each into its own free slot, none padded: the items'
-    /// positions are laid end to end (`[ΣT, hidden]`) and attend under one block-diagonal causal
-    /// mask (a position sees the earlier positions of its own sequence), so one call per layer
-    /// serves them all. Returns the hidden states `[ΣT, hidden]`.
-    pub fn prefill_many(&self, cache: &mut SlotCache, items: &[(usize, Tensor)]) -> R<Tensor> {
-        let slots: Vec<usize> = items.iter().map(|(slot, _)| *slot).collect();
-        let lens: Vec<i64> = items.iter().map(|(_, x)| x.size2().map(|(t, _)| t)).collect::<R<_>>()?;
-        if items.is_empty() {
-            return Tensor::f_zeros([0, self.dims.hidden], (self.embed_tokens.kind(), self.embed_tokens.device()));
-        }
-        let x = Tensor::f_cat(&items.iter().map(|(_, x)| x.shallow_clone()).collect::<Vec<_>>(), 0)?;
-        self.prefill_packed(cache, &slots, &lens, &x)
-    }
-
-    /// [`Qwen2::prefill_many`] with the items already laid end to end: `x` `[ΣT, hidden]`, item `i`
-    /// `lens[i]` positions long going into free slot `slots[i]`.
+    /// positions laid end to end in `x` (`[ΣT, hidden]`), item `i` `lens[i]` positions long going
+    /// into free slot `item_slots[i]`. They attend causally within their own sequence
+    /// (FlashAttention's variable-length kernel on CUDA bf16/fp16, a block-diagonal causal mask
+    /// elsewhere), so one call per layer serves them all. Returns the hidden states `[ΣT, hidden]`.
     pub fn prefill_packed(&self, cache: &mut SlotCache, item_slots: &[usize], lens: &[i64], x: &Tensor) -> R<Tensor> {
         let d = self.dims;
+        if item_slots.is_empty() {
+            return Tensor::f_zeros([0, d.hidden], (x.kind(), x.device()));
+        }
         let mut slots = Vec::new();
         let mut positions = Vec::new();
         let mut owner = Vec::new();
@@ -249,8 +241,7 @@ impl Qwen2 {
             let longest = lens.iter().copied().max().unwrap_or(1);
             Box::new(move |q: &Tensor, k: &Tensor, v: &Tensor| -> R<Tensor> {
                 let q = q.f_view([total, group, kvh, hd])?.f_transpose(1, 2)?.f_contiguous()?.f_view([total, heads, hd])?;
-                let a = crate::model::shim::flash_attention_varlen(&q, &k.f_contiguous()?, &v.f_contiguous()?, &cu, &cu, None, longest, longest, true)
-                    .map_err(|e| tch::TchError::Torch(e.to_string()))?;
+                let a = crate::model::shim::flash_attention_varlen(&q, &k.f_contiguous()?, &v.f_contiguous()?, &cu, &cu, None, longest, longest, true)?;
                 a.f_view([total, kvh, group, hd])?.f_transpose(1, 2)?.f_reshape([total, heads * hd])
             })
         } else {
@@ -334,8 +325,7 @@ impl Qwen2 {
                 let flat = |c: &Tensor| c.f_view([s * max_len, kvh, hd]);
                 // [N, H, hd] in grouped order is [N × group, KVH, hd] row-major, and so is the output.
                 let q = q.f_contiguous()?.f_view([n * group, kvh, hd])?;
-                let a = crate::model::shim::flash_attention_varlen(&q, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, Some(&used), group, span, false)
-                    .map_err(|e| tch::TchError::Torch(e.to_string()))?;
+                let a = crate::model::shim::flash_attention_varlen(&q, &flat(ck)?, &flat(cv)?, &cu_q, &cu_k, Some(&used), group, span, false)?;
                 a.f_view([n, kvh * group * hd])
             })
         } else {
