@@ -52,7 +52,7 @@ impl Default for CalibrateOptions {
 /// Random token ids (never 0, the padding id) for `batch` jobs of `len` tokens.
 pub fn synthetic_batch(rng: &mut rand::rngs::StdRng, batch: usize, len: usize, vocab: i64, voices: usize) -> Vec<SynthItem> {
     (0..batch)
-        .map(|_| SynthItem { tokens: (0..len).map(|_| rng.gen_range(1..vocab.max(2))).collect(), voice: rng.gen_range(0..voices.max(1)) as i64 })
+        .map(|_| SynthItem::tokens((0..len).map(|_| rng.gen_range(1..vocab.max(2))).collect(), rng.gen_range(0..voices.max(1)) as i64))
         .collect()
 }
 

@@ -69,7 +69,7 @@ pub enum Command {
     /// Throughput and cost: jobs, characters, audio hours, GPU hours, real-time factor,
     /// audio-seconds per GPU-second, $ per audio hour and per million characters, utilisation, energy.
     Report {
-        /// Group by campaign, day, batch_size, precision, gpu or model.
+        /// Group by campaign, day, batch_size, precision, gpu, model or stage (CosyVoice2: llm, token2wav).
         #[arg(long, default_value = "campaign")]
         by: Dimension,
         /// Only jobs finished at or after this time (RFC 3339, e.g. 2026-12-01T18:00:00Z, or a date).

@@ -132,6 +132,8 @@ pub enum RejectionKind {
     UnknownVoice { voice: String, known: String },
     #[error("job {job_id} was already submitted with a different {field}")]
     Conflict { job_id: Uuid, field: &'static str },
+    #[error("`text` says nothing once normalised: {0}")]
+    NothingToSay(String),
     #[error("delivered {deliveries} times without finishing (a worker crashed or lost its broker connection each time); not tried again")]
     DeliveryLimit { deliveries: u64 },
 }
@@ -154,6 +156,7 @@ impl RejectionKind {
             RejectionKind::InvalidField { .. } => "invalid_field",
             RejectionKind::InvalidSpeechTokens(_) => "invalid_speech_tokens",
             RejectionKind::MissingSpeechTokens => "missing_speech_tokens",
+            RejectionKind::NothingToSay(_) => "nothing_to_say",
             RejectionKind::UnknownVoice { .. } => "unknown_voice",
             RejectionKind::Conflict { .. } => "conflict",
             RejectionKind::DeliveryLimit { .. } => "delivery_limit",
@@ -307,9 +310,27 @@ fn speech_tokens(v: Value, limit: usize) -> Result<Vec<i64>, RejectionKind> {
         .collect()
 }
 
-/// The token ids a job gives `manifest`'s model: its speech tokens (checked against the model's
-/// vocabulary) for a speech-token model, its tokenized text otherwise.
-pub fn model_tokens(job: &Job, manifest: &crate::model::Manifest) -> Result<Vec<i64>, RejectionKind> {
+/// What a job gives `manifest`'s model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelInput {
+    /// Token ids: speech tokens, or text tokenized by the manifest's tokenizer.
+    Tokens(Vec<i64>),
+    /// Text for the CosyVoice2 frontend (kind `cosyvoice2`): normalised, segmented and tokenized
+    /// off the async runtime (`model::TextInput::prepare`).
+    Text,
+}
+
+/// What a job gives `manifest`'s model: its speech tokens (checked against the model's
+/// vocabulary) for a speech-token model, text for the frontend of a `cosyvoice2` model (unless
+/// the job carries speech tokens), its tokenized text otherwise.
+pub fn model_input(job: &Job, manifest: &crate::model::Manifest) -> Result<ModelInput, RejectionKind> {
+    if manifest.kind == crate::model::ModelKind::Cosyvoice2 && job.speech_tokens.is_none() {
+        return if is_blank(&job.text) { Err(RejectionKind::EmptyText) } else { Ok(ModelInput::Text) };
+    }
+    model_tokens(job, manifest).map(ModelInput::Tokens)
+}
+
+fn model_tokens(job: &Job, manifest: &crate::model::Manifest) -> Result<Vec<i64>, RejectionKind> {
     if !manifest.takes_speech_tokens() {
         if is_blank(&job.text) {
             return Err(RejectionKind::EmptyText);

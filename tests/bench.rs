@@ -56,7 +56,7 @@ async fn the_sweet_spot_bench_runs_every_step_and_writes_its_report() {
 
 #[tokio::test]
 async fn the_policy_bench_compares_the_policy_with_fixed_sizes_without_losing_jobs() {
-    let model = voxbatch::model::ModelHandle::load(&common::model_dir(), Device::Cpu, Precision::Fp32, 1).await.unwrap();
+    let model = voxbatch::model::ModelHandle::load(&common::model_dir(), Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, text: None }).await.unwrap();
     let m = voxbatch::batch::memory::MemoryModel { m0: 1e8, a: 4.0 * 512.0 * 240.0, b: 0.0 };
     let admission = voxbatch::batch::memory::MemoryBudget::new(m, 6, 2e9, 1 << 20, Default::default());
     let opts = voxbatch::bench::policy::PolicyBenchOptions {

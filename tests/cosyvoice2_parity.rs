@@ -237,8 +237,8 @@ fn registered_voices_synthesize_and_bad_tokens_are_refused() {
     assert_eq!(voices, 2, "the fixture registers one plain and one zero-shot voice");
     assert_eq!(model.voices()[1].prompt_tokens.len(), 6);
     let items: Vec<SynthItem> = vec![
-        SynthItem { tokens: vec![1, 2, 3, 4, 5], voice: 0 },
-        SynthItem { tokens: (0..17).collect(), voice: 1 },
+        SynthItem::tokens(vec![1, 2, 3, 4, 5], 0),
+        SynthItem::tokens((0..17).collect(), 1),
     ];
     let audio = model.synthesize(&items).unwrap();
     assert_eq!(audio[0].len(), 5 * 2 * 480);
@@ -249,7 +249,7 @@ fn registered_voices_synthesize_and_bad_tokens_are_refused() {
 
     let vocab = model.manifest().vocab_size();
     for (tokens, voice) in [(vec![vocab], 0), (vec![-1], 0), (vec![], 0), (vec![1], 7)] {
-        let e = model.synthesize(&[SynthItem { tokens, voice }]).unwrap_err();
+        let e = model.synthesize(&[SynthItem::tokens(tokens, voice)]).unwrap_err();
         assert!(matches!(e, ModelError::BadInput(_)), "{e}");
     }
 }
@@ -286,7 +286,7 @@ fn vocoder_fp32_keeps_the_vocoder_out_of_autocast() {
     let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
     assert!(toml.contains("vocoder_fp32 = false"), "the converter writes the key");
     std::fs::write(dir.path().join("model.toml"), toml.replace("vocoder_fp32 = false", "vocoder_fp32 = true")).unwrap();
-    let items = vec![SynthItem { tokens: (0..12).collect(), voice: 1 }];
+    let items = vec![SynthItem::tokens((0..12).collect(), 1)];
     let fx = Fixtures::load();
     let draws = draws(&fx, &[2]);
     let run = |dir: &std::path::Path| {

@@ -1,16 +1,20 @@
 //! CosyVoice2 text → speech through the whole chain on the tiny random model (bootstrap builds it:
 //! token2wav, LLM, stand-in tokenizer, the real grammars): frontend → LLM (batched, refilled) →
-//! token2wav → each job's audio in segment order. Random weights do not speak: these tests check
-//! the chain's contract (lengths, modes, each job's failure alone), not what it says.
+//! token2wav (buckets between LLM steps) → each job's audio in segment order. Random weights do not
+//! speak: these tests check the chain's contract (lengths, modes, each job's failure alone), not
+//! what it says.
 
 use std::path::PathBuf;
 
+use std::sync::Arc;
+
 use voxbatch::config::Config;
-use voxbatch::frontend::FrontendError;
+use voxbatch::frontend::segment::SegmentLimits;
+use voxbatch::frontend::{Frontend, FrontendError};
 use voxbatch::job::Mode;
 use voxbatch::model::cosyvoice2::llm::prompt::PromptError;
-use voxbatch::model::cosyvoice2::tts::{TextJob, TextJobError, TextToSpeech};
-use voxbatch::model::{Device, Precision};
+use voxbatch::model::cosyvoice2::tts::{TextJobError, TextPlan, TextToSpeech};
+use voxbatch::model::{Device, Precision, Stage, SynthItem, Synthesizer, TextInput};
 
 fn model() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
@@ -35,8 +39,9 @@ fn patient_model() -> tempfile::TempDir {
     dir
 }
 
-fn job(n: u128, text: &str, voice: usize, mode: Option<Mode>, instruction: Option<&str>) -> TextJob {
-    TextJob { job_id: uuid::Uuid::from_u128(n), text: text.into(), voice, mode, instruction: instruction.map(str::to_string) }
+fn job(frontend: &Frontend, n: u128, text: &str, voice: i64, mode: Option<Mode>, instruction: Option<&str>) -> SynthItem {
+    let input = TextInput::prepare(frontend, uuid::Uuid::from_u128(n), text, mode, instruction).unwrap();
+    SynthItem { tokens: Vec::new(), voice, text: Some(Arc::new(input)) }
 }
 
 #[test]
@@ -45,28 +50,44 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
     let mut cfg = Config::defaults().unwrap();
     (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
     let dir = patient_model();
-    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, &cfg, 8).unwrap();
+    let frontend = Frontend::load(dir.path(), SegmentLimits::from_config(&cfg)).unwrap();
+    // token2wav buckets of at most 3 segments: several run between LLM steps.
+    let plan = TextPlan { token2wav_max_batch: 3, ..TextPlan::small(cfg.llm.clone()) };
+    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, plan).unwrap();
     let chapter = "第一章。".to_string() + &"今天天气很好，我们去公园散步。价格是¥1,299.00。".repeat(6);
-    let jobs = vec![
-        job(1, "你好，世界！今天是2024年1月15日。", 1, None, None),
-        job(2, "It costs $0.99. Call me at 10:30 am!", 0, Some(Mode::Instruct), Some("Speak slowly")),
-        job(3, "。。。！！", 0, None, None),
-        job(4, "你好。", 1, Some(Mode::ZeroShot), None),
-        job(5, &chapter, 1, Some(Mode::CrossLingual), None),
+    // Text that says nothing never becomes a job: the frontend refuses it (the worker rejects it).
+    let nothing = TextInput::prepare(&frontend, uuid::Uuid::from_u128(3), "。。。！！", None, None);
+    assert!(matches!(nothing, Err(FrontendError::Empty)), "{nothing:?}");
+    let items = vec![
+        job(&frontend, 1, "你好，世界！今天是2024年1月15日。", 1, None, None),
+        job(&frontend, 2, "It costs $0.99. Call me at 10:30 am!", 0, Some(Mode::Instruct), Some("Speak slowly")),
+        // A job of speech tokens (as cosyvoice2-token2wav takes) rides along without the LLM.
+        SynthItem::tokens((0..40).map(|t| t % 64).collect(), 0),
+        job(&frontend, 4, "你好。", 1, Some(Mode::ZeroShot), None),
+        job(&frontend, 5, &chapter, 1, Some(Mode::CrossLingual), None),
     ];
-    let segments = tts.frontend().prepare(&chapter).unwrap().segments.len();
+    let segments = items[4].text.as_ref().unwrap().segments.len();
     assert!(segments >= 5, "the chapter is several segments: {segments}");
-    let out = tts.synthesize(&jobs).unwrap();
-    assert_eq!(out.len(), jobs.len());
-    for i in [0, 1, 4] {
-        let audio = out[i].as_ref().unwrap_or_else(|e| panic!("job {}: {e}", i + 1));
+    let out = tts.synthesize_text(&items).unwrap();
+    assert_eq!(out.len(), items.len());
+    for i in [0, 1, 2, 4] {
+        let audio = out[i].as_ref().unwrap_or_else(|e| panic!("item {i}: {e}"));
         // 2 mel frames a speech token, 480 samples a frame.
-        assert!(!audio.is_empty() && audio.len() % 960 == 0, "job {}: {} samples", i + 1, audio.len());
+        assert!(!audio.is_empty() && audio.len() % 960 == 0, "item {i}: {} samples", audio.len());
         assert!(audio.iter().all(|s| s.is_finite()));
     }
-    assert!(matches!(out[2], Err(TextJobError::Frontend(FrontendError::Empty))), "{:?}", out[2].as_ref().err());
+    assert_eq!(out[2].as_ref().unwrap().len(), 40 * 960, "the speech-token job: 40 tokens' audio");
     // voice1 has a flow prompt but no prompt text: zero-shot is refused with what to do instead.
     assert!(matches!(out[3], Err(TextJobError::Prompt(PromptError::NoPrompt(_)))), "{:?}", out[3].as_ref().err());
     // The chapter's audio is at least one token per segment longer than any one segment could be alone.
     assert!(out[4].as_ref().unwrap().len() >= segments * 960);
+    // Both stages accounted: every segment through the LLM and through token2wav.
+    let stages = tts.take_stages();
+    let llm = stages.iter().find(|s| s.stage == Stage::Llm).expect("an llm stage");
+    let t2w = stages.iter().find(|s| s.stage == Stage::Token2Wav).expect("a token2wav stage");
+    let text_segments: u64 = items.iter().filter_map(|i| i.text.as_ref()).map(|t| t.segments.len() as u64).sum();
+    assert_eq!(llm.items, text_segments - 1, "every segment but the refused zero-shot job's went through the LLM");
+    assert_eq!(t2w.items, llm.items + 1, "every decoded segment and the speech-token job went through token2wav");
+    assert!(llm.seconds > 0.0 && t2w.seconds > 0.0);
+    assert!(tts.take_stages().is_empty(), "taken once");
 }

@@ -1,10 +1,11 @@
-//! A worker serving the CosyVoice2 token2wav model (`models/cosyvoice2-tiny`, random weights):
-//! jobs carrying speech tokens become WAVs of 2 × 480 samples per token through the real RabbitMQ,
-//! Postgres and SeaweedFS; jobs the model cannot take are dead-lettered with their reason.
+//! A worker serving the CosyVoice2 token2wav model (`models/cosyvoice2-tiny` as kind
+//! `cosyvoice2-token2wav`, random weights): jobs carrying speech tokens become WAVs of 2 × 480
+//! samples per token through the real RabbitMQ, Postgres and SeaweedFS; jobs the model cannot take
+//! are dead-lettered with their reason. (Text jobs of kind `cosyvoice2`: `cosyvoice2_text_worker.rs`.)
 
 mod common;
 
-use common::{dead_letters, repo_path, TestEnv};
+use common::{dead_letters, model_variant, TestEnv};
 use voxbatch::audio::parse_wav_header;
 use voxbatch::job::Job;
 
@@ -19,7 +20,8 @@ fn speech_job(tokens: Vec<i64>, voice: &str) -> Job {
 #[tokio::test]
 async fn speech_token_jobs_become_audio_and_unusable_ones_are_dead_lettered() {
     let mut env = TestEnv::new("cosyvoice2").await;
-    env.cfg.model.dir = repo_path("models/cosyvoice2-tiny");
+    let token2wav_only = model_variant("models/cosyvoice2-tiny", &[(r#"kind = "cosyvoice2""#, r#"kind = "cosyvoice2-token2wav""#)]);
+    env.cfg.model.dir = token2wav_only.path().to_path_buf();
     let jobs: Vec<Job> = (0..6).map(|i| speech_job((0..(5 + 3 * i)).map(|t| t % 64).collect(), if i % 2 == 0 { "voice0" } else { "voice1" })).collect();
     env.publish(&jobs).await;
     let text_only = Job { voice: "voice0".into(), ..Job::new("a text job for a speech-token model") };

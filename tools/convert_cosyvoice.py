@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Converts an official CosyVoice2 model directory into a voxbatch `cosyvoice2-token2wav` model.
+"""Converts an official CosyVoice2 model directory into a voxbatch model: kind `cosyvoice2` (text
+jobs: LLM + token2wav + tokenizer + grammars) when the directory has llm.pt and CosyVoice-BlankEN/,
+else `cosyvoice2-token2wav` (jobs carry speech tokens).
 
 Input (as CosyVoice2 ships it): flow.pt, hift.pt, spk2info.pt, cosyvoice2.yaml, and optionally
 llm.pt with CosyVoice-BlankEN/config.json (the speech-token LM -> llm.safetensors).
 Output directory:
-  model.toml              the manifest (kind cosyvoice2-token2wav, dimensions, voices);
+  model.toml              the manifest (kind, dimensions, voices);
   token2wav.safetensors   `flow.*` and `hift.*` tensors in fp32, weight norm folded into plain weights,
                           plus `flow.rand_noise`, the fixed noise CosyVoice2's flow draws (seed 0);
   voices.safetensors      per registered voice: `<name>.embedding` (192-d x-vector) and, for
@@ -268,11 +270,15 @@ def main():
     save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
     save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
     name = args.name or os.path.basename(os.path.abspath(args.out_dir))
+    whole = bool(llm_dims and tokenizer and grammars)
+    kind = "cosyvoice2" if whole else "cosyvoice2-token2wav"
+    description = ("CosyVoice2 text to speech (LLM + flow matching + HiFT), converted" if whole
+                   else "CosyVoice2 token2wav (flow matching + HiFT), converted")
     with open(os.path.join(args.out_dir, "model.toml"), "w") as f:
         f.write(f'''# Written by tools/convert_cosyvoice.py from {os.path.abspath(src)}.
 name = {json.dumps(name)}
-kind = "cosyvoice2-token2wav"
-description = "CosyVoice2 token2wav (flow matching + HiFT), converted"
+kind = "{kind}"
+description = "{description}"
 sample_rate = 24000
 # 25 Hz speech tokens, 50 Hz mel frames, 480 samples per frame.
 frames_per_token = 2
@@ -300,7 +306,7 @@ outputs = ["audio:float32[B,S]"]
                     "# sampling as cosyvoice2.yaml (ras_sampling) and the reference's length ratios.\n[cosyvoice2.llm]\n")
             for k, v in llm_dims.items():
                 f.write(f"{k} = {json.dumps(v)}\n")
-    print(json.dumps({"out": args.out_dir, "tensors": len(tensors), "voices": names, "tokenizer": tokenizer, "grammars": grammars, **dims}))
+    print(json.dumps({"out": args.out_dir, "kind": kind, "tensors": len(tensors), "voices": names, "tokenizer": tokenizer, "grammars": grammars, **dims}))
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ struct Acc {
 
 /// Runs one batch through the worker's split-on-failure path; returns (outcome, measured peak).
 async fn run_batch(model: &ModelHandle, jobs: &[&Job], acc: &mut Acc) -> (BatchOutcome, Option<u64>) {
-    let run = synthesize_splitting(model, jobs.to_vec(), |j: &&Job| SynthItem { tokens: j.tokens.clone(), voice: j.voice }).await;
+    let run = synthesize_splitting(model, jobs.to_vec(), |j: &&Job| SynthItem::tokens(j.tokens.clone(), j.voice)).await;
     let ooms = run.events.iter().filter(|e| matches!(e, SplitEvent::OutOfMemory { .. })).count();
     acc.batches += 1;
     acc.jobs += run.done.len();

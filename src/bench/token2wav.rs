@@ -79,7 +79,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let max_batch = opts.batches.iter().copied().max().unwrap_or(1);
     let items: Vec<SynthItem> =
-        (0..max_batch).map(|_| SynthItem { tokens: (0..tokens).map(|_| rng.gen_range(0..vocab)).collect(), voice: 0 }).collect();
+        (0..max_batch).map(|_| SynthItem::tokens((0..tokens).map(|_| rng.gen_range(0..vocab)).collect(), 0)).collect();
     let gpu = crate::gpu::memory_info(opts.device).map(|i| i.name).unwrap_or_else(|_| opts.device.to_string());
     let mut points = Vec::new();
     let mut quality = Vec::new();

@@ -83,10 +83,22 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> CommandError {
     move |source| CommandError::Io { what, source }
 }
 
-/// Loads the configured model on `device`: the one way commands load a model.
+/// Loads the configured model on `device`: the one way commands load a model. A `cosyvoice2`
+/// model is sized first (`sizing::text_plan`: NVML and files, off the async runtime).
 async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
     let m = &cfg.model;
-    Ok(ModelHandle::load(&m.dir, device, m.precision, m.cpu_threads).await?)
+    let sized = cfg.clone();
+    let text = tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
+        let manifest = crate::model::Manifest::load(&sized.model.dir)?;
+        if manifest.kind != crate::model::ModelKind::Cosyvoice2 {
+            return Ok(None);
+        }
+        Ok(Some(crate::sizing::text_plan(&sized, &manifest, device, sized.model.precision)?))
+    })
+    .await
+    .map_err(|_| ModelError::ThreadGone)??;
+    let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text };
+    Ok(ModelHandle::load(&m.dir, device, m.precision, options).await?)
 }
 
 /// Connects to Postgres (creating and migrating the database) and opens the audio store

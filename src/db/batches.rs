@@ -16,6 +16,21 @@ pub struct JobResult {
     pub s3_key: String,
     pub audio_seconds: f64,
     pub sha256: String,
+    /// Segments of a CosyVoice2 text job.
+    pub segments: Option<i32>,
+}
+
+/// One stage of a batch (models with stages): device time, segments, speech tokens, and its
+/// share of the batch's inference time, energy and cost.
+#[derive(Debug, Clone)]
+pub struct StageRecord {
+    pub stage: &'static str,
+    pub seconds: f64,
+    pub items: i32,
+    pub tokens: i64,
+    pub share: f64,
+    pub gpu_energy_j: Option<f64>,
+    pub cost_usd: Option<f64>,
 }
 
 /// The row of one finished batch.
@@ -47,6 +62,8 @@ pub struct BatchRecord {
     pub hourly_usd: Option<f64>,
     pub cost_usd: Option<f64>,
     pub energy_usd: Option<f64>,
+    /// Per stage, for models with stages (empty otherwise).
+    pub stages: Vec<StageRecord>,
 }
 
 /// One out-of-memory error, split or lone failure of a batch.
@@ -111,20 +128,43 @@ impl Db {
         let keys: Vec<&str> = results.iter().map(|r| r.s3_key.as_str()).collect();
         let secs: Vec<f64> = results.iter().map(|r| r.audio_seconds).collect();
         let shas: Vec<&str> = results.iter().map(|r| r.sha256.as_str()).collect();
+        let segments: Vec<Option<i32>> = results.iter().map(|r| r.segments).collect();
         sqlx::query(
             "UPDATE jobs SET status = 'done', s3_key = t.s3_key, audio_seconds = t.secs, audio_sha256 = t.sha,
-               batch_id = $5, finished_at = now(), error = NULL
-             FROM UNNEST($1::uuid[], $2::text[], $3::float8[], $4::text[]) AS t(job_id, s3_key, secs, sha)
+               segments = t.segments, batch_id = $6, finished_at = now(), error = NULL
+             FROM UNNEST($1::uuid[], $2::text[], $3::float8[], $4::text[], $5::int[]) AS t(job_id, s3_key, secs, sha, segments)
              WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
         )
         .bind(&ids)
         .bind(&keys)
         .bind(&secs)
         .bind(&shas)
+        .bind(&segments)
         .bind(batch.batch_id)
         .execute(&mut *tx)
         .await
         .map_err(q("mark done"))?;
+        if !batch.stages.is_empty() {
+            let st = &batch.stages;
+            sqlx::query(
+                "INSERT INTO batch_stages (batch_id, stage, seconds, items, tokens, share, gpu_energy_j, cost_usd)
+                 SELECT $1, t.stage, t.seconds, t.items, t.tokens, t.share, t.energy, t.cost
+                 FROM UNNEST($2::text[], $3::float8[], $4::int[], $5::int8[], $6::float8[], $7::float8[], $8::float8[])
+                   AS t(stage, seconds, items, tokens, share, energy, cost)
+                 ON CONFLICT (batch_id, stage) DO NOTHING",
+            )
+            .bind(batch.batch_id)
+            .bind(st.iter().map(|s| s.stage).collect::<Vec<_>>())
+            .bind(st.iter().map(|s| s.seconds).collect::<Vec<_>>())
+            .bind(st.iter().map(|s| s.items).collect::<Vec<_>>())
+            .bind(st.iter().map(|s| s.tokens).collect::<Vec<_>>())
+            .bind(st.iter().map(|s| s.share).collect::<Vec<_>>())
+            .bind(st.iter().map(|s| s.gpu_energy_j).collect::<Vec<_>>())
+            .bind(st.iter().map(|s| s.cost_usd).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await
+            .map_err(q("insert batch stages"))?;
+        }
         tx.commit().await.map_err(q("commit batch"))?;
         Ok(())
     }

@@ -22,7 +22,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 mod batches;
 mod claim;
-pub use batches::{BatchEvent, BatchRecord, JobResult};
+pub use batches::{BatchEvent, BatchRecord, JobResult, StageRecord};
 pub use claim::{Claim, ClaimLease};
 
 /// Errors of the database stage. Worker code treats them as transient (retry with backoff).

@@ -18,6 +18,11 @@ pub enum ModelKind {
     /// `voices.safetensors`, written by `tools/convert_cosyvoice.py`. Jobs carry speech tokens.
     #[serde(rename = "cosyvoice2-token2wav")]
     Cosyvoice2Token2Wav,
+    /// CosyVoice2 whole: the token2wav files plus the speech-token LM (`llm.safetensors`,
+    /// `[cosyvoice2.llm]`), the text tokenizer (`tokenizer.json`) and the normalisation grammars
+    /// (`fsts/`). Jobs carry text (or, as for `cosyvoice2-token2wav`, speech tokens).
+    #[serde(rename = "cosyvoice2")]
+    Cosyvoice2,
 }
 
 /// How text becomes token ids.
@@ -164,7 +169,7 @@ impl Manifest {
                     return Err(err("model.pt is missing".into()));
                 }
             }
-            ModelKind::Cosyvoice2Token2Wav => {
+            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => {
                 if m.signature.inputs != TOKEN2WAV_INPUTS || m.signature.outputs != TOKEN2WAV_OUTPUTS {
                     return Err(err(format!(
                         "kind cosyvoice2-token2wav needs signature inputs {TOKEN2WAV_INPUTS:?} and outputs {TOKEN2WAV_OUTPUTS:?}"
@@ -179,7 +184,17 @@ impl Manifest {
                 if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
                     return Err(err("CosyVoice2 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
                 }
-                for f in [super::cosyvoice2::WEIGHTS_FILE, super::cosyvoice2::VOICES_FILE] {
+                let mut files = vec![super::cosyvoice2::WEIGHTS_FILE, super::cosyvoice2::VOICES_FILE];
+                if m.kind == ModelKind::Cosyvoice2 {
+                    if dims.llm.is_none() {
+                        return Err(err("kind cosyvoice2 needs a [cosyvoice2.llm] section (convert a directory with llm.pt)".into()));
+                    }
+                    files.extend([super::cosyvoice2::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
+                    if !dir.join(crate::frontend::normalize::FST_DIR).is_dir() {
+                        return Err(err(format!("{}/ (the normalisation grammars) is missing (tools/convert_cosyvoice.py copies it)", crate::frontend::normalize::FST_DIR)));
+                    }
+                }
+                for f in files {
                     if !dir.join(f).is_file() {
                         return Err(err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")));
                     }
@@ -193,7 +208,7 @@ impl Manifest {
     pub fn weights_bytes(&self) -> u64 {
         let file = match self.kind {
             ModelKind::TorchScript => "model.pt",
-            ModelKind::Cosyvoice2Token2Wav => super::cosyvoice2::WEIGHTS_FILE,
+            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => super::cosyvoice2::WEIGHTS_FILE,
         };
         std::fs::metadata(self.dir.join(file)).map(|m| m.len()).unwrap_or(0)
     }

@@ -2,10 +2,11 @@
 //! thread.
 //!
 //! A model directory holds `model.toml` (the [`Manifest`]) and the weights its `kind` names:
-//! `model.pt` (TorchScript, kind `torchscript`, the reference CNN) or safetensors (kind
-//! `cosyvoice2-token2wav`, [`cosyvoice2`]). [`ModelHandle::spawn`] loads it on its own OS thread
-//! (libtorch calls block) and serves batches sent from async code; every model implements
-//! [`Synthesizer`].
+//! `model.pt` (TorchScript, kind `torchscript`, the reference CNN) or safetensors (kinds
+//! `cosyvoice2-token2wav` and `cosyvoice2`, [`cosyvoice2`]; the latter adds the LLM and takes text
+//! jobs). [`ModelHandle::spawn`] loads it on its own OS thread (libtorch calls block) and serves
+//! batches sent from async code; every model implements [`Synthesizer`]. A batch's items may fail
+//! one by one ([`ItemAudio`]), and a model with stages says where its time went ([`StageTime`]).
 //!
 //! Neighbours: `sizing` sizes batches from the manifest (frames per token, weights);
 //! `worker::infer` sends each batch here; `worker::commit` hands the audio to `audio`.
@@ -143,21 +144,84 @@ impl ModelError {
     }
 }
 
-/// One item of a batch: token ids and the index of its voice in [`Manifest::voices`].
-#[derive(Debug, Clone, PartialEq)]
+/// One item of a batch: token ids and the index of its voice in [`Manifest::voices`]; for a text
+/// job of a `cosyvoice2` model its prepared text (segments) instead of tokens.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SynthItem {
     pub tokens: Vec<i64>,
     pub voice: i64,
+    pub text: Option<std::sync::Arc<TextInput>>,
+}
+
+impl SynthItem {
+    /// An item of tokens (text tokens or speech tokens, as the model takes).
+    pub fn tokens(tokens: Vec<i64>, voice: i64) -> SynthItem {
+        SynthItem { tokens, voice, text: None }
+    }
+
+    /// Input tokens: its tokens, or a text item's text tokens over all its segments.
+    pub fn len(&self) -> usize {
+        self.text.as_ref().map_or(self.tokens.len(), |t| t.text_tokens())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One item's audio, or why that item alone failed (the batch's other items are unaffected).
+pub type ItemAudio = Result<Vec<f32>, String>;
+
+/// A stage of a model with several (CosyVoice2: the speech-token LM, then token2wav).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    Llm,
+    Token2Wav,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Llm => "llm",
+            Stage::Token2Wav => "token2wav",
+        }
+    }
+}
+
+/// Device time one stage took over a batch, and what it processed (segments, tokens out).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageTime {
+    pub stage: Stage,
+    pub seconds: f64,
+    pub items: u64,
+    pub tokens: u64,
+}
+
+/// Adds `more` into `into`, one entry per stage.
+pub fn add_stages(into: &mut Vec<StageTime>, more: &[StageTime]) {
+    for m in more {
+        match into.iter_mut().find(|s| s.stage == m.stage) {
+            Some(s) => {
+                s.seconds += m.seconds;
+                s.items += m.items;
+                s.tokens += m.tokens;
+            }
+            None => into.push(*m),
+        }
+    }
+    into.sort_by_key(|s| s.stage);
 }
 
 /// The result of one batch: audio per item (trimmed to its own length) and timings.
 #[derive(Debug)]
 pub struct SynthOutput {
-    pub audio: Vec<Vec<f32>>,
+    pub audio: Vec<ItemAudio>,
     /// Wall time of the forward pass, device synchronised.
     pub infer: Duration,
     /// Peak memory of the forward pass (CUDA: allocated bytes; CPU: process resident bytes).
     pub peak_bytes: Option<u64>,
+    /// Where the time went, for models with stages (empty otherwise).
+    pub stages: Vec<StageTime>,
 }
 
 /// A loaded model that turns a batch of token sequences into waveforms.
@@ -165,16 +229,49 @@ pub trait Synthesizer {
     fn manifest(&self) -> &Manifest;
     /// Runs one padded batch. Implementations trim each output to its item's length.
     fn synthesize(&mut self, items: &[SynthItem]) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Runs one batch whose items may fail alone: what the inference thread calls. `Err` fails
+    /// the whole batch (out of memory above all: the caller splits it).
+    fn synthesize_items(&mut self, items: &[SynthItem]) -> Result<Vec<ItemAudio>, ModelError> {
+        Ok(self.synthesize(items)?.into_iter().map(Ok).collect())
+    }
+    /// Where the time of the calls since the last `take_stages` went, per stage (empty for a
+    /// model of one stage).
+    fn take_stages(&mut self) -> Vec<StageTime> {
+        Vec::new()
+    }
 }
 
-/// Loads a model directory for `device` and `precision`.
-pub fn load(dir: &std::path::Path, device: Device, precision: Precision) -> Result<Box<dyn Synthesizer>, ModelError> {
+/// What loading a model needs besides its directory, device and precision.
+#[derive(Default)]
+pub struct LoadOptions {
+    /// libtorch's CPU threads (0: its default).
+    pub cpu_threads: usize,
+    /// Kind `cosyvoice2`: the LLM's slots and token2wav's batches (`sizing::text_plan`); `None`
+    /// gives `cosyvoice2::tts::TextPlan::small` over the built-in `[llm]` settings.
+    pub text: Option<cosyvoice2::tts::TextPlan>,
+}
+
+/// Loads a model directory for `device` and `precision`: the one model loader.
+pub fn load(dir: &std::path::Path, device: Device, precision: Precision, text: Option<cosyvoice2::tts::TextPlan>) -> Result<Box<dyn Synthesizer>, ModelError> {
     let manifest = Manifest::load(dir)?;
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
         ModelKind::Cosyvoice2Token2Wav => Ok(Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?)),
+        ModelKind::Cosyvoice2 => {
+            let plan = match text {
+                Some(plan) => plan,
+                None => {
+                    let defaults = crate::config::Config::defaults()
+                        .map_err(|e| ModelError::Manifest { dir: dir.display().to_string(), reason: format!("built-in [llm] settings: {e}") })?;
+                    cosyvoice2::tts::TextPlan::small(defaults.llm)
+                }
+            };
+            Ok(Box::new(cosyvoice2::tts::TextToSpeech::load(dir, device, precision, plan)?))
+        }
     }
 }
+
+pub use cosyvoice2::tts::TextInput;
 
 type Request = (Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>);
 
@@ -189,7 +286,8 @@ pub struct ModelHandle {
 
 impl ModelHandle {
     /// Starts the inference thread and loads the model on it. Returns once the model is loaded.
-    pub fn spawn(dir: &std::path::Path, device: Device, precision: Precision, cpu_threads: usize) -> Result<ModelHandle, ModelError> {
+    pub fn spawn(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
+        let LoadOptions { cpu_threads, text } = options;
         // One request waits while one runs: async senders wait for room without blocking.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(1);
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Manifest, ModelError>>(1);
@@ -200,7 +298,7 @@ impl ModelHandle {
                 if cpu_threads > 0 {
                     tch::set_num_threads(cpu_threads as i32);
                 }
-                let mut model = match load(&dir, device, precision) {
+                let mut model = match load(&dir, device, precision, text) {
                     Ok(m) => {
                         let _ = ready_tx.send(Ok(m.manifest().clone()));
                         m
@@ -214,13 +312,14 @@ impl ModelHandle {
                 while let Some((items, reply)) = rx.blocking_recv() {
                     probe.reset();
                     let started = Instant::now();
-                    let result = model.synthesize(&items);
+                    let result = model.synthesize_items(&items);
                     let infer = started.elapsed();
                     let peak_bytes = probe.peak();
+                    let stages = model.take_stages();
                     if matches!(result, Err(ModelError::OutOfMemory { .. })) {
                         probe.release_cached();
                     }
-                    let _ = reply.send(result.map(|audio| SynthOutput { audio, infer, peak_bytes }));
+                    let _ = reply.send(result.map(|audio| SynthOutput { audio, infer, peak_bytes, stages }));
                 }
             })
             .map_err(|e| ModelError::DeviceUnavailable { device, reason: format!("cannot start inference thread: {e}") })?;
@@ -229,9 +328,9 @@ impl ModelHandle {
     }
 
     /// [`ModelHandle::spawn`] from async code.
-    pub async fn load(dir: &std::path::Path, device: Device, precision: Precision, cpu_threads: usize) -> Result<ModelHandle, ModelError> {
+    pub async fn load(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
         let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || ModelHandle::spawn(&dir, device, precision, cpu_threads))
+        tokio::task::spawn_blocking(move || ModelHandle::spawn(&dir, device, precision, options))
             .await
             .map_err(|_| ModelError::ThreadGone)?
     }

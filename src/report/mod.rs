@@ -54,6 +54,9 @@ pub enum Dimension {
     Precision,
     Gpu,
     Model,
+    /// CosyVoice2's stages (`llm`, `token2wav`): each stage's GPU time and cost over the jobs it
+    /// served (from `batch_stages`).
+    Stage,
 }
 
 impl Dimension {
@@ -65,6 +68,7 @@ impl Dimension {
             Dimension::Precision => "precision",
             Dimension::Gpu => "gpu",
             Dimension::Model => "model",
+            Dimension::Stage => "stage",
         }
     }
 }
@@ -79,7 +83,8 @@ impl FromStr for Dimension {
             "precision" => Dimension::Precision,
             "gpu" => Dimension::Gpu,
             "model" => Dimension::Model,
-            other => return Err(ParseError { value: other.to_string(), expected: "campaign, day, batch_size, precision, gpu or model" }),
+            "stage" => Dimension::Stage,
+            other => return Err(ParseError { value: other.to_string(), expected: "campaign, day, batch_size, precision, gpu, model or stage" }),
         })
     }
 }

@@ -15,9 +15,10 @@ pub mod profile;
 use tracing::{info, warn};
 
 use crate::batch::memory::{MemoryBudget, Profile};
-use crate::batch::{BatchPolicy, LengthBucketing};
+use crate::batch::{BatchPolicy, LengthBucketing, TokenBudget};
 use crate::config::{Config, SizingPolicy};
-use crate::model::{Device, Manifest, Precision};
+use crate::model::cosyvoice2::tts::TextPlan;
+use crate::model::{Device, Manifest, ModelKind, Precision};
 pub use profile::ProfileError;
 
 /// Errors choosing a batch size.
@@ -30,7 +31,19 @@ pub enum SizingError {
     NoBudget { gpu: String, fraction: f64, total: u64, others: u64, budget: f64 },
     #[error(transparent)]
     Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Llm(#[from] llm::LlmSizingError),
+    #[error("model {model} has no [cosyvoice2.llm] section: kind cosyvoice2 needs the LLM (convert a directory with llm.pt)")]
+    NoLlm { model: String },
 }
+
+/// Kind `cosyvoice2`: a batch of text jobs holds about this many fills of the LLM's slots
+/// (segments of `[frontend] segment_max_tokens`), so that slots are refilled from the batch's
+/// own backlog rather than idling at its tail.
+pub const TEXT_BATCH_FILLS: usize = 4;
+
+/// CPU's LLM slots when neither `llm.slots` nor a memory budget says (the tiny model, tests).
+const CPU_SLOTS: usize = 8;
 
 /// A worker's batch policy and the prefetch it needs.
 pub struct Sizing<T> {
@@ -42,6 +55,16 @@ pub struct Sizing<T> {
 /// largest size it would admit for short jobs, unless `amqp.prefetch` is set).
 pub fn worker_policy<T: Send + 'static>(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<Sizing<T>, SizingError> {
     let b = &cfg.batching;
+    if manifest.kind == ModelKind::Cosyvoice2 {
+        // Memory is the model thread's business (LLM slots allocated once, token2wav buckets
+        // admitted by the memory model): jobs are batched by the work they bring.
+        let slots = text_plan(cfg, manifest, device, precision)?.slots;
+        let max_jobs = b.max_batch.max(slots * TEXT_BATCH_FILLS);
+        let max_tokens = slots * cfg.frontend.segment_max_tokens * TEXT_BATCH_FILLS;
+        info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their segments' tokens (LLM slots × {TEXT_BATCH_FILLS})");
+        let policy = LengthBucketing::new(max_jobs, b.max_wait, max_tokens).with_max_length_ratio(b.max_length_ratio);
+        return Ok(Sizing { policy: Box::new(policy), prefetch: cfg.amqp.effective_prefetch(max_jobs) });
+    }
     match cfg.memory.policy {
         SizingPolicy::Tokens => {
             info!(max_batch = b.max_batch, max_batch_tokens = b.max_batch_tokens, "batch sizing: padded-token cap");
@@ -58,9 +81,40 @@ pub fn worker_policy<T: Send + 'static>(cfg: &Config, manifest: &Manifest, devic
     }
 }
 
-/// The memory budget for `device` around the matching calibration profile (or the built-in),
-/// and that profile.
-pub fn memory_admission(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<(MemoryBudget, Profile), SizingError> {
+/// How a `cosyvoice2` model's two stages are sized on `device`: the LLM's slots (`llm::plan`:
+/// `llm.memory_share` of the memory budget, or `llm.slots`) and token2wav's batches of finished
+/// segments (the token2wav memory model over the rest of the budget). With `memory.policy =
+/// "tokens"`: `llm.slots` (else `llm.max_slots` on a GPU, 8 on CPU) and `batching.max_batch` /
+/// `max_batch_tokens`. Reads NVML and files: off the async runtime.
+pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<TextPlan, SizingError> {
+    let dims = manifest.cosyvoice2.and_then(|c| c.llm).ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
+    let b = &cfg.batching;
+    match cfg.memory.policy {
+        SizingPolicy::Tokens => {
+            let slots = cfg.llm.slots.unwrap_or(if device == Device::Cpu { CPU_SLOTS } else { cfg.llm.max_slots });
+            let token2wav = Box::new(TokenBudget { max_batch_tokens: b.max_batch_tokens });
+            Ok(TextPlan { llm: cfg.llm.clone(), slots, token2wav, token2wav_max_batch: b.max_batch })
+        }
+        SizingPolicy::Memory => {
+            let (budget, gpu_name) = budget_bytes(cfg, device)?;
+            // The LM's weights load in bf16 on a GPU (half the fp32 file), fp32 on CPU.
+            let kind = if device == Device::Cpu { tch::Kind::Float } else { tch::Kind::BFloat16 };
+            let file = std::fs::metadata(manifest.dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).map(|m| m.len()).unwrap_or(0);
+            let weights = if kind == tch::Kind::Float { file } else { file / 2 };
+            let mut llm = llm::plan(&cfg.llm, &dims, kind, weights, budget as u64)?;
+            if device == Device::Cpu && cfg.llm.slots.is_none() {
+                llm.slots = llm.slots.min(CPU_SLOTS);
+            }
+            let (admission, _) = admission_within(cfg, manifest, device, precision, budget - llm.share_bytes as f64, gpu_name)?;
+            info!(slots = llm.slots, llm_share_bytes = llm.share_bytes, "LLM slots from the memory budget; token2wav batches from the rest");
+            Ok(TextPlan { llm: cfg.llm.clone(), slots: llm.slots, token2wav: Box::new(admission), token2wav_max_batch: b.max_batch })
+        }
+    }
+}
+
+/// The bytes batches may use on `device` (fraction × device memory − other processes − margin,
+/// or `memory.budget_bytes`), and the device's name.
+fn budget_bytes(cfg: &Config, device: Device) -> Result<(f64, String), SizingError> {
     let m = &cfg.memory;
     let info = match (crate::gpu::memory_info(device), m.budget_bytes) {
         (Ok(i), _) => Some(i),
@@ -86,6 +140,19 @@ pub fn memory_admission(cfg: &Config, manifest: &Manifest, device: Device, preci
             budget,
         });
     }
+    Ok((budget, gpu_name))
+}
+
+/// The memory budget for `device` around the matching calibration profile (or the built-in),
+/// and that profile.
+pub fn memory_admission(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<(MemoryBudget, Profile), SizingError> {
+    let (budget, gpu_name) = budget_bytes(cfg, device)?;
+    admission_within(cfg, manifest, device, precision, budget, gpu_name)
+}
+
+/// [`memory_admission`] over `budget` bytes of the GPU named `gpu_name`.
+fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision, budget: f64, gpu_name: String) -> Result<(MemoryBudget, Profile), SizingError> {
+    let m = &cfg.memory;
     let precision = precision.to_string();
     let profile = match profile::load_matching(&m.calibration_dir, &manifest.name, &gpu_name, &precision)? {
         Some(p) => {

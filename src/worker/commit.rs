@@ -24,8 +24,8 @@ use super::intake::Received;
 use super::Counters;
 use crate::audio::{encode_wavs, EncodedAudio};
 use crate::cost::Prices;
-use crate::db::{BatchRecord, Db, JobResult};
-use crate::model::{Device, Manifest, Precision};
+use crate::db::{BatchRecord, Db, JobResult, StageRecord};
+use crate::model::{Device, Manifest, Precision, StageTime};
 use crate::storage::{AudioMeta, Storage};
 
 /// What the commit stage needs.
@@ -82,7 +82,13 @@ impl Commit {
             .iter()
             .zip(&encoded)
             .zip(&keys)
-            .map(|((r, enc), key)| JobResult { job_id: r.job.job_id, s3_key: key.clone(), audio_seconds: enc.seconds, sha256: enc.sha256.clone() })
+            .map(|((r, enc), key)| JobResult {
+                job_id: r.job.job_id,
+                s3_key: key.clone(),
+                audio_seconds: enc.seconds,
+                sha256: enc.sha256.clone(),
+                segments: r.text.as_ref().map(|t| t.segments.len() as i32),
+            })
             .collect();
         let audio_seconds: f64 = results.iter().map(|r| r.audio_seconds).sum();
         let mut record = self.record(&meta, results.len(), audio_seconds, encode_ms, upload_ms);
@@ -173,6 +179,7 @@ impl Commit {
             hourly_usd: Some(cost.hourly_usd),
             cost_usd: Some(cost.cost_usd),
             energy_usd: cost.energy_usd,
+            stages: stage_records(&meta.stages, Some(cost.cost_usd), meta.gpu.as_ref().and_then(|g| g.energy_j)),
             gpu: meta.gpu.clone(),
         }
     }
@@ -182,6 +189,27 @@ impl Commit {
         let deliveries = d.received.into_iter().chain(d.duplicates).map(|r| r.delivery).collect();
         self.settler.give_back_claimed(&ids, deliveries).await;
     }
+}
+
+/// A batch's stages with their shares of its device time, cost and energy (the stages alternate
+/// within a batch: NVML cannot tell them apart, so the split is by device time).
+fn stage_records(stages: &[StageTime], cost_usd: Option<f64>, energy_j: Option<f64>) -> Vec<StageRecord> {
+    let total: f64 = stages.iter().map(|s| s.seconds).sum();
+    stages
+        .iter()
+        .map(|s| {
+            let share = if total > 0.0 { s.seconds / total } else { 1.0 / stages.len() as f64 };
+            StageRecord {
+                stage: s.stage.as_str(),
+                seconds: s.seconds,
+                items: s.items as i32,
+                tokens: s.tokens as i64,
+                share,
+                gpu_energy_j: energy_j.map(|e| e * share),
+                cost_usd: cost_usd.map(|c| c * share),
+            }
+        })
+        .collect()
 }
 
 /// A batch's messages: first copies and duplicates.

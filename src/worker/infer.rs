@@ -27,7 +27,7 @@ use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
 use crate::batch::{padding, BatchOutcome};
 use crate::db::{BatchEvent, Claim, ClaimLease, Db};
 use crate::gpu::sampler::{GpuSampler, GpuStats};
-use crate::model::{ModelError, ModelHandle, SynthItem};
+use crate::model::{add_stages, ModelError, ModelHandle, StageTime, SynthItem};
 
 /// A batch whose audio is ready to be committed.
 pub struct InferredBatch {
@@ -52,6 +52,8 @@ pub struct BatchMeta {
     pub predicted_peak: Option<f64>,
     pub measured_peak: Option<u64>,
     pub gpu: Option<GpuStats>,
+    /// Where the model's time went, per stage (models with stages).
+    pub stages: Vec<StageTime>,
 }
 
 /// What the inference stage needs.
@@ -132,7 +134,7 @@ impl Infer {
             s.begin();
         }
         let infer_started = Instant::now();
-        let run = synthesize_splitting(&self.model, to_run, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice }).await;
+        let run = synthesize_splitting(&self.model, to_run, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice, text: r.text.clone() }).await;
         let infer_elapsed = infer_started.elapsed();
         let gpu = match &self.sampler {
             Some(s) => Some(s.end().await),
@@ -170,6 +172,7 @@ impl Infer {
             predicted_peak,
             measured_peak: run.peak,
             gpu,
+            stages: run.stages,
         };
         Some(InferredBatch { meta, done: run.done, duplicates })
     }
@@ -261,26 +264,32 @@ pub struct ModelRun<T> {
     /// Σ tokens and Σ (size × longest) over every forward pass, failed ones included.
     pub forward_tokens: u64,
     pub forward_padded_tokens: u64,
+    /// Where the model's time went, per stage, over every pass (models with stages).
+    pub stages: Vec<StageTime>,
 }
 
 /// Runs `items` on `model`; on an out-of-memory error (the model thread releases cached memory)
 /// or any inference error, splits the batch in two and retries each half, down to single items
-/// (see `batch::split`). `synth_item` says what each item gives the model.
+/// (see `batch::split`). An item the model fails alone (a text job whose segment yields no speech)
+/// fails with its reason without touching the others. `synth_item` says what each item gives the
+/// model.
 pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_item: impl Fn(&T) -> SynthItem) -> ModelRun<T> {
     let peak = Arc::new(AtomicU64::new(0));
+    let stages = Arc::new(tokio::sync::Mutex::new(Vec::<StageTime>::new()));
     let (mut forward_tokens, mut forward_padded_tokens) = (0u64, 0u64);
-    let run = run_splitting(items, |t: &T| synth_item(t).tokens.len(), |part: &[T]| {
+    let run = run_splitting(items, |t: &T| synth_item(t).len(), |part: &[T]| {
         let batch: Vec<SynthItem> = part.iter().map(&synth_item).collect();
-        let longest = batch.iter().map(|i| i.tokens.len()).max().unwrap_or(0) as u64;
-        forward_tokens += batch.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
+        let longest = batch.iter().map(SynthItem::len).max().unwrap_or(0) as u64;
+        forward_tokens += batch.iter().map(|i| i.len() as u64).sum::<u64>();
         forward_padded_tokens += longest * batch.len() as u64;
-        let (model, peak) = (model.clone(), peak.clone());
+        let (model, peak, stages) = (model.clone(), peak.clone(), stages.clone());
         async move {
             match model.synthesize(batch).await {
                 Ok(out) => {
                     if let Some(p) = out.peak_bytes {
                         peak.fetch_max(p, Ordering::SeqCst);
                     }
+                    add_stages(&mut *stages.lock().await, &out.stages);
                     Ok(out.audio)
                 }
                 Err(ModelError::ThreadGone) => Err(AttemptError::Fatal("the inference thread is gone".into())),
@@ -290,7 +299,19 @@ pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_i
         }
     })
     .await;
-    for e in &run.events {
+    let mut events = run.events;
+    let mut failed = run.failed;
+    let mut done = Vec::with_capacity(run.done.len());
+    for (item, audio) in run.done {
+        match audio {
+            Ok(audio) => done.push((item, audio)),
+            Err(reason) => {
+                events.push(SplitEvent::FailedAlone { reason: reason.clone() });
+                failed.push((item, reason));
+            }
+        }
+    }
+    for e in &events {
         match e {
             SplitEvent::OutOfMemory { size, max_tokens } => warn!(size, max_tokens, "out of memory; splitting the batch"),
             SplitEvent::Split { size, into } => debug!(size, ?into, "split"),
@@ -298,15 +319,8 @@ pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_i
         }
     }
     let peak = peak.load(Ordering::SeqCst);
-    ModelRun {
-        done: run.done,
-        failed: run.failed,
-        given_back: run.given_back,
-        events: run.events,
-        peak: (peak > 0).then_some(peak),
-        forward_tokens,
-        forward_padded_tokens,
-    }
+    let stages = std::mem::take(&mut *stages.lock().await);
+    ModelRun { done, failed, given_back: run.given_back, events, peak: (peak > 0).then_some(peak), forward_tokens, forward_padded_tokens, stages }
 }
 
 /// An error and its sources, one line.

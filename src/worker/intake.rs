@@ -2,8 +2,11 @@
 //!
 //! Connects (reconnecting with back-off), feeds each valid job to the batch policy and hands a
 //! batch to the inference stage only when that stage has room, so each batch is chosen from
-//! everything held at that moment. Poison is rejected at once (`Settler::reject`). Jobs parked
-//! by the inference stage (claimed elsewhere) come back through `returns`. On shutdown or drain
+//! everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
+//! a `cosyvoice2` model goes through the text frontend first, on the blocking pool (text that
+//! says nothing is rejected there, before it takes a place in a batch), and joins the policy with
+//! its segments' tokens as its length. Jobs parked by the inference stage (claimed elsewhere) and
+//! prepared text jobs come back through `returns`. On shutdown or drain
 //! it stops consuming, gives back every job not started, and waits for the other stages to
 //! settle what they hold before closing the connection.
 //!
@@ -27,8 +30,9 @@ use super::retry::{backoff, Fatal, Transience};
 use super::WorkerError;
 use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, Pending};
 use crate::config::{AmqpConfig, Limits};
-use crate::job::{model_tokens, parse_job, Job, Rejection};
-use crate::model::Manifest;
+use crate::frontend::{Frontend, FrontendError};
+use crate::job::{model_input, parse_job, Job, ModelInput, Rejection, RejectionKind};
+use crate::model::{Manifest, TextInput};
 use crate::queue::{self, QueueError};
 
 /// A valid job and its delivery.
@@ -38,6 +42,8 @@ pub struct Received {
     pub tokens: Vec<i64>,
     /// Index of the job's voice in the manifest.
     pub voice: i64,
+    /// A text job of a `cosyvoice2` model: its segments, as the frontend prepared them.
+    pub text: Option<Arc<TextInput>>,
     /// Tokens the batch policy counts (the voice's prompt included).
     pub length: usize,
     pub delivery: Delivery,
@@ -54,6 +60,10 @@ pub struct Intake {
     pub amqp: AmqpConfig,
     pub limits: Limits,
     pub manifest: Arc<Manifest>,
+    /// Kind `cosyvoice2`: the text frontend, and how many jobs it prepares at once (blocking
+    /// threads; its grammars are one lock per language).
+    pub frontend: Option<Arc<Frontend>>,
+    pub frontend_slots: Arc<tokio::sync::Semaphore>,
     pub worker_id: String,
     pub prefetch: u16,
     /// Exit once the queue is empty and nothing is held.
@@ -72,8 +82,11 @@ pub struct Intake {
 pub struct IntakeChannels {
     pub batches: mpsc::Sender<Assembled>,
     pub outcomes: mpsc::UnboundedReceiver<BatchOutcome>,
-    /// Jobs the inference stage parked (claimed by another delivery) and now returns.
+    /// Jobs the inference stage parked (claimed by another delivery) and now returns, and text
+    /// jobs the frontend prepared.
     pub returns: mpsc::UnboundedReceiver<Received>,
+    /// Where prepared text jobs are sent (into `returns`).
+    pub prepared: mpsc::UnboundedSender<Received>,
 }
 
 /// How a connected session ended.
@@ -104,7 +117,7 @@ impl Intake {
             let end = self.session(&channel, consumer, policy.as_mut(), &mut ch, &mut seq, &mut shutdown).await?;
             match end {
                 SessionEnd::Stop => {
-                    self.stop_consuming(&channel, policy.as_mut(), ch.batches).await;
+                    self.stop_consuming(&channel, policy.as_mut(), ch.batches, &mut ch.returns).await;
                     let _ = conn.close(200, "worker stopping".into()).await;
                     return Ok(());
                 }
@@ -165,7 +178,7 @@ impl Intake {
                 delivery = consumer.next() => match delivery {
                     Some(Ok(d)) => {
                         empty_polls = 0;
-                        self.receive(Delivery::hold(d, &self.held), policy, seq);
+                        self.receive(Delivery::hold(d, &self.held), policy, seq, &ch.prepared);
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer failed; reconnecting (unacked messages will be redelivered)");
@@ -199,10 +212,10 @@ impl Intake {
     }
 
     /// Validates a delivery: a job goes to the policy, poison to the dead-letter queue.
-    fn receive(&self, delivery: Delivery, policy: &mut dyn BatchPolicy<Received>, seq: &mut u64) {
+    fn receive(&self, delivery: Delivery, policy: &mut dyn BatchPolicy<Received>, seq: &mut u64, prepared: &mpsc::UnboundedSender<Received>) {
         let parsed = parse_job(delivery.body(), &self.limits, Some(&self.manifest.voices), true).and_then(|job| {
-            match model_tokens(&job, &self.manifest) {
-                Ok(tokens) => Ok((job, tokens)),
+            match model_input(&job, &self.manifest) {
+                Ok(input) => Ok((job, input)),
                 Err(kind) => Err(Rejection { job_id: Some(job.job_id), kind }),
             }
         });
@@ -212,16 +225,58 @@ impl Intake {
                 let settler = self.settler.clone();
                 tokio::spawn(async move { settler.give_up(job.job_id, delivery).await });
             }
-            Ok((job, tokens)) => {
+            Ok((job, ModelInput::Tokens(tokens))) => {
                 let voice = self.manifest.voice_index(&job.voice).unwrap_or(0);
                 let length = tokens.len() + self.manifest.prompt_tokens(voice);
-                self.push(policy, Received { job, tokens, voice, length, delivery }, seq);
+                self.push(policy, Received { job, tokens, voice, text: None, length, delivery }, seq);
             }
+            Ok((job, ModelInput::Text)) => match &self.frontend {
+                Some(frontend) => self.prepare(frontend.clone(), job, delivery, prepared.clone()),
+                None => {
+                    let settler = self.settler.clone();
+                    let reason = "this worker has no text frontend for its model".to_string();
+                    tokio::spawn(async move { settler.fail(job.job_id, &reason, delivery).await });
+                }
+            },
             Err(rejection) => {
                 let settler = self.settler.clone();
                 tokio::spawn(async move { settler.reject(rejection, delivery).await });
             }
         }
+    }
+
+    /// Runs the text frontend over a job on the blocking pool; the prepared job comes back
+    /// through `prepared` (or, when the worker is stopping, goes back to the queue). Text that
+    /// says nothing (or that the tokenizer refuses) is rejected with the reason; a failure of the
+    /// model's grammar files fails the job, saying so.
+    fn prepare(&self, frontend: Arc<Frontend>, job: Job, delivery: Delivery, prepared: mpsc::UnboundedSender<Received>) {
+        let (settler, stop, manifest, slots) = (self.settler.clone(), self.stop.clone(), self.manifest.clone(), self.frontend_slots.clone());
+        tokio::spawn(async move {
+            let _slot = slots.acquire_owned().await;
+            let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
+            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref())).await;
+            match result {
+                Ok(Ok(input)) => {
+                    let voice = manifest.voice_index(&job.voice).unwrap_or(0);
+                    let length = input.text_tokens();
+                    let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, delivery };
+                    if stop.is_cancelled() {
+                        settler.outbox.give_back(vec![r.delivery]).await;
+                    } else if let Err(mpsc::error::SendError(r)) = prepared.send(r) {
+                        settler.outbox.give_back(vec![r.delivery]).await;
+                    }
+                }
+                Ok(Err(e)) if e.is_input() => {
+                    let kind = match e {
+                        FrontendError::Empty => RejectionKind::NothingToSay("it is empty or only punctuation and symbols".into()),
+                        other => RejectionKind::InvalidField { field: "text", reason: other.to_string() },
+                    };
+                    settler.reject(Rejection { job_id: Some(id), kind }, delivery).await;
+                }
+                Ok(Err(e)) => settler.fail(id, &format!("text frontend: {}", super::error_chain(&e)), delivery).await,
+                Err(e) => settler.fail(id, &format!("text frontend stopped: {e}"), delivery).await,
+            }
+        });
     }
 
     fn push(&self, policy: &mut dyn BatchPolicy<Received>, r: Received, seq: &mut u64) {
@@ -231,7 +286,13 @@ impl Intake {
 
     /// Stops consuming, gives back what was never started, and waits until the other stages
     /// have settled what they hold (the connection must stay open for their acks).
-    async fn stop_consuming(&self, channel: &Channel, policy: &mut dyn BatchPolicy<Received>, batches: mpsc::Sender<Assembled>) {
+    async fn stop_consuming(
+        &self,
+        channel: &Channel,
+        policy: &mut dyn BatchPolicy<Received>,
+        batches: mpsc::Sender<Assembled>,
+        returns: &mut mpsc::UnboundedReceiver<Received>,
+    ) {
         self.stop.cancel();
         let _ = channel.basic_cancel(self.worker_id.as_str().into(), BasicCancelOptions::default()).await;
         let unstarted: Vec<Delivery> = policy.take_all().into_iter().map(|p| p.item.delivery).collect();
@@ -240,7 +301,13 @@ impl Intake {
         }
         self.outbox.give_back(unstarted).await;
         drop(batches);
-        self.held.wait_zero().await;
+        // Jobs still coming back (parked, or prepared by the frontend) go back to the queue too.
+        loop {
+            tokio::select! {
+                _ = self.held.wait_zero() => break,
+                Some(r) = returns.recv() => self.outbox.give_back(vec![r.delivery]).await,
+            }
+        }
     }
 
     /// Connects to the broker, retrying with back-off until it works or the worker stops.

@@ -59,9 +59,14 @@ pub enum WorkerError {
     Stage(String),
     #[error(transparent)]
     Sizing(#[from] SizingError),
+    #[error("cannot load the text frontend")]
+    Frontend(#[from] crate::frontend::FrontendError),
     #[error("stopped on a permanent error: {error}")]
     Permanent { error: String, hint: Option<&'static str> },
 }
+
+/// Text jobs the frontend prepares at once (its grammars hold one lock per language).
+const FRONTEND_THREADS: usize = 4;
 
 /// How a worker runs.
 #[derive(Debug, Clone, Default)]
@@ -159,6 +164,17 @@ pub async fn run(
         .map(Arc::new);
     let gpu_name = sampler.as_ref().map(|s| s.name().to_string());
     let hourly_usd = cfg.cost.prices.hourly(device, gpu_name.as_deref());
+    // Kind cosyvoice2: the text frontend (grammars, tokenizer) runs at the intake, a job at a
+    // time on the blocking pool, so bad text is refused before it takes a place in a batch.
+    let frontend = if manifest.kind == crate::model::ModelKind::Cosyvoice2 {
+        let (dir, limits) = (manifest.dir.clone(), crate::frontend::segment::SegmentLimits::from_config(&cfg));
+        let loaded = tokio::task::spawn_blocking(move || crate::frontend::Frontend::load(&dir, limits))
+            .await
+            .map_err(|e| WorkerError::Stage(format!("text frontend: {e}")))??;
+        Some(Arc::new(loaded))
+    } else {
+        None
+    };
     let sizing = {
         let (cfg, manifest) = (cfg.clone(), manifest.clone());
         tokio::task::spawn_blocking(move || crate::sizing::worker_policy(&cfg, &manifest, device, precision))
@@ -230,6 +246,8 @@ pub async fn run(
         amqp: cfg.amqp.clone(),
         limits: cfg.limits.clone(),
         manifest,
+        frontend,
+        frontend_slots: Arc::new(tokio::sync::Semaphore::new(FRONTEND_THREADS)),
         worker_id: worker_id.clone(),
         prefetch: sizing.prefetch,
         drain: opts.drain,
@@ -240,11 +258,12 @@ pub async fn run(
         outbox,
         settler,
     };
+    let prepared = return_tx.clone();
     let infer_task = tokio::spawn(infer.run(batch_rx, post_tx, outcome_tx, return_tx));
     let commit_task = tokio::spawn(commit.run(post_rx));
     let heartbeat = tokio::spawn(heartbeat_loop(db.clone(), worker_id.clone(), clock.clone(), cfg.worker.heartbeat));
 
-    let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx };
+    let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx, prepared };
     let intake_result = intake.run(sizing.policy, channels, shutdown).await;
 
     // The intake has stopped and dropped its sender: the stages finish what they hold.

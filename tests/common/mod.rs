@@ -106,7 +106,7 @@ impl TestEnv {
     }
 
     pub fn model(&self) -> ModelHandle {
-        ModelHandle::spawn(&self.cfg.model.dir, Device::Cpu, Precision::Fp32, 1).expect("load the tiny reference model")
+        ModelHandle::spawn(&self.cfg.model.dir, Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, text: None }).expect("load the tiny reference model")
     }
 
     /// Runs a worker with `cfg` until the queue is drained.
@@ -223,3 +223,23 @@ pub async fn dead_letters(env: &TestEnv, n: usize) -> Vec<(String, String)> {
     out
 }
 
+
+/// A variant of the model directory `rel`: its files linked, its model.toml with each `(from, to)`
+/// replaced (each `from` must be there). For models that differ from a fixture in one setting.
+pub fn model_variant(rel: &str, replace: &[(&str, &str)]) -> tempfile::TempDir {
+    let src = repo_path(rel);
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/bootstrap.sh): {e}", src.display())) {
+        let entry = entry.unwrap();
+        if entry.file_name() != "model.toml" {
+            std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let mut toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
+    for (from, to) in replace {
+        assert!(toml.contains(from), "{} has no `{from}`", src.display());
+        toml = toml.replace(from, to);
+    }
+    std::fs::write(dir.path().join("model.toml"), toml).unwrap();
+    dir
+}

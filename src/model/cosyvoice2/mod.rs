@@ -34,7 +34,7 @@ use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 pub use self::weights::Weights;
 use super::shim::AutocastGuard;
 use super::torchscript::{classify, prepare_device};
-use super::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
+use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
 
 pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
 pub const VOICES_FILE: &str = "voices.safetensors";
@@ -65,6 +65,8 @@ pub struct Token2Wav {
     vocoder_fp32: bool,
     /// Time split of the last batch (encoder+flow, vocoder), device-synchronised.
     pub last_timing: Option<StageTiming>,
+    /// Work since the last [`Synthesizer::take_stages`].
+    work: StageTime,
 }
 
 /// Where the time of one batch went.
@@ -130,7 +132,12 @@ impl Token2Wav {
             voices.push(Voice { embedding, prompt_tokens, prompt_feat, llm_prompt_tokens, prompt_text });
         }
         vw.finish()?;
-        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_fp32: dims.vocoder_fp32, last_timing: None })
+        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_fp32: dims.vocoder_fp32, last_timing: None, work: idle_work() })
+    }
+
+    /// Device seconds of the batches run since the last [`Synthesizer::take_stages`].
+    pub fn work_seconds(&self) -> f64 {
+        self.work.seconds
     }
 
     pub fn voices(&self) -> &[Voice] {
@@ -144,8 +151,12 @@ impl Token2Wav {
         let _no_grad = tch::no_grad_guard();
         // Every operation of the port is tch's fallible `f_*` form: a libtorch failure (out of
         // memory above all) comes back as an error, classified here.
+        let started = Instant::now();
         let (result, timing) = self.forward(items, draws)?;
         self.last_timing = Some(timing);
+        self.work.seconds += started.elapsed().as_secs_f64();
+        self.work.items += items.len() as u64;
+        self.work.tokens += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
         Ok(result)
     }
 
@@ -250,4 +261,17 @@ impl Synthesizer for Token2Wav {
         }
         Ok(self.run(items, None)?.into_iter().map(|(_, wav)| wav).collect())
     }
+
+    fn take_stages(&mut self) -> Vec<StageTime> {
+        let work = std::mem::replace(&mut self.work, idle_work());
+        if work.items == 0 {
+            Vec::new()
+        } else {
+            vec![work]
+        }
+    }
+}
+
+fn idle_work() -> StageTime {
+    StageTime { stage: Stage::Token2Wav, seconds: 0.0, items: 0, tokens: 0 }
 }

@@ -1,47 +1,68 @@
-//! CosyVoice2 text → speech, whole: for each job its text through the frontend (normalised,
-//! segmented, tokenized), the segments through the LLM (all the batch's segments decoding together
-//! with continuous refill), their speech tokens through token2wav (padded batches of segments) and
-//! each job's segment audio joined in order. A job whose text says nothing, whose segment yields no
-//! speech tokens or runs into the LLM's `max_len` fails alone, with its reason; the others are
-//! unaffected.
+//! CosyVoice2 text → speech, whole (kind `cosyvoice2`): each text job arrives prepared by the
+//! frontend ([`TextInput::prepare`], run at the worker's intake: normalised, segmented,
+//! tokenized), its segments go through the LLM (all the batch's segments decoding together with
+//! continuous refill), and as segments finish their speech tokens go through token2wav in length
+//! buckets *between* LLM steps — the two stages share the GPU and neither waits for the batch's
+//! slowest sequence. Each job's segment audio is joined in order. Jobs that carry speech tokens
+//! (as for `cosyvoice2-token2wav`) skip the LLM. A job whose segment yields no speech tokens or
+//! runs into the LLM's `max_len`, or whose voice cannot serve its mode, fails alone with its reason.
 //!
-//! This is the chain the `cosyvoice2` model kind will run on the model thread (issue 14: the worker
-//! wiring, segments as the batch unit and the two stages' interleaving are next); tests run it on
-//! the tiny random model.
+//! Sizes come from a [`TextPlan`] (`sizing::text_plan`: LLM slots from `[llm]` and the memory
+//! budget, token2wav buckets from the token2wav memory model over what the LLM leaves).
 //!
-//! Neighbours: `frontend` (text → segments), `llm` (`SpeechLm`, `BatchDecoder`, `prompt`),
-//! `Token2Wav` (this module's parent), `job::Mode`.
+//! Neighbours: `frontend` (text → segments), `llm` (`SpeechLm::generate_with`, `BatchDecoder`,
+//! `prompt`), `Token2Wav` (this module's parent), `worker::intake` (prepares), `model` (the seam).
 
 use std::path::Path;
+use std::time::Instant;
 
 use super::llm::batch::BatchDecoder;
 use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
 use super::llm::sampler::SamplingParams;
-use super::llm::speech_lm::{LengthRatios, LmError, SpeechLm};
+use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
 use super::Token2Wav;
-use crate::config::Config;
-use crate::frontend::segment::SegmentLimits;
+use crate::model::torchscript::classify;
+use crate::batch::{Admission, TokenBudget};
+use crate::config::LlmConfig;
+use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
 use crate::frontend::{Frontend, FrontendError};
 use crate::job::Mode;
-use crate::model::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer};
+use crate::model::{ItemAudio, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
+use crate::model::Device;
 
-/// One text job.
-#[derive(Debug, Clone)]
-pub struct TextJob {
+/// A text job as the frontend prepared it: what the model thread needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextInput {
     pub job_id: uuid::Uuid,
-    pub text: String,
-    /// Index of its voice in the manifest's voices.
-    pub voice: usize,
+    /// Each segment's text token ids, in order.
+    pub segments: Vec<Vec<i64>>,
     pub mode: Option<Mode>,
-    pub instruction: Option<String>,
+    /// The instruction's token ids followed by `<|endofprompt|>` (mode instruct).
+    pub instruction: Option<Vec<i64>>,
+}
+
+impl TextInput {
+    /// The one way a job's text becomes model input: normalised, segmented and tokenized, its
+    /// instruction tokenized. Blocking (grammars): off the async runtime.
+    pub fn prepare(frontend: &Frontend, job_id: uuid::Uuid, text: &str, mode: Option<Mode>, instruction: Option<&str>) -> Result<TextInput, FrontendError> {
+        let prepared = frontend.prepare(text)?;
+        let instruction = match instruction {
+            Some(i) => Some(frontend.tokenizer().encode(&format!("{i}{END_OF_PROMPT}"))?),
+            None => None,
+        };
+        Ok(TextInput { job_id, segments: prepared.segments.into_iter().map(|s| s.tokens).collect(), mode, instruction })
+    }
+
+    /// Text tokens over all segments.
+    pub fn text_tokens(&self) -> usize {
+        self.segments.iter().map(Vec::len).sum()
+    }
 }
 
 /// Why one job could not be synthesized (the others are unaffected).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TextJobError {
-    #[error(transparent)]
-    Frontend(#[from] FrontendError),
     #[error(transparent)]
     Prompt(#[from] PromptError),
     #[error("segment {segment}: {source}")]
@@ -51,33 +72,60 @@ pub enum TextJobError {
     #[error("segment {segment}: the LLM produced no speech tokens")]
     NoSpeech { segment: usize },
     #[error("unknown voice index {0}")]
-    UnknownVoice(usize),
+    UnknownVoice(i64),
 }
 
-/// Segments token2wav runs in one padded batch at most.
-const TOKEN2WAV_BATCH: usize = 16;
+/// How the two stages are sized.
+pub struct TextPlan {
+    /// `[llm]`: slot length limits and CUDA graphs.
+    pub llm: LlmConfig,
+    /// Sequences the LLM decodes at once.
+    pub slots: usize,
+    /// Admits a token2wav batch of finished segments (size, longest in speech tokens): the
+    /// token2wav memory model over the budget the LLM leaves, or a token cap.
+    pub token2wav: Box<dyn Admission>,
+    /// Segments in one token2wav batch at most.
+    pub token2wav_max_batch: usize,
+}
+
+impl TextPlan {
+    /// A small plan for CPU and tests: 8 slots, token2wav batches of at most 16 segments and
+    /// 16,384 padded speech tokens.
+    pub fn small(llm: LlmConfig) -> TextPlan {
+        TextPlan { llm, slots: 8, token2wav: Box::new(TokenBudget { max_batch_tokens: 16_384 }), token2wav_max_batch: 16 }
+    }
+}
+
+/// A segment whose speech tokens wait for token2wav.
+struct Ready {
+    item: usize,
+    segment: usize,
+    tokens: Vec<i64>,
+    voice: i64,
+}
 
 pub struct TextToSpeech {
     pub token2wav: Token2Wav,
     pub lm: SpeechLm,
     decoder: BatchDecoder,
     ratios: LengthRatios,
-    frontend: Frontend,
+    admission: Box<dyn Admission>,
+    max_batch: usize,
+    /// LLM work since the last `take_stages`.
+    llm_work: StageTime,
 }
 
 impl TextToSpeech {
-    /// Loads a converted directory with its LLM (`llm.safetensors`), tokenizer and grammars, as
-    /// `cfg` says: segments as `[frontend]` and `[llm] max_text_tokens` cut them, slots as long as
-    /// `sizing::llm::max_positions`, CUDA graphs as `[llm] cuda_graphs`; the LLM decodes `slots`
-    /// sequences at once.
-    pub fn load(dir: &Path, device: Device, precision: Precision, cfg: &Config, slots: usize) -> Result<TextToSpeech, ModelError> {
+    /// Loads a converted directory with its LLM (`llm.safetensors`) sized as `plan` says, after
+    /// checking that its tokenizer and voice prompts fit the LLM's tables.
+    pub fn load(dir: &Path, device: Device, precision: Precision, plan: TextPlan) -> Result<TextToSpeech, ModelError> {
         let manifest = Manifest::load(dir)?;
         let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
         let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm).ok_or_else(|| err("model.toml has no [cosyvoice2.llm] (convert llm.pt)".into()))?;
-        let frontend = Frontend::load(dir, SegmentLimits::from_config(cfg)).map_err(|e| err(e.to_string()))?;
         // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the
         // model before loading its weights.
-        let known = frontend.tokenizer().vocab_size();
+        let tokenizer = TextTokenizer::load(&dir.join(TOKENIZER_FILE)).map_err(|e| err(e.to_string()))?;
+        let known = tokenizer.vocab_size();
         if known as i64 > dims.vocab {
             return Err(err(format!("tokenizer.json knows {known} ids, the LLM's embedding has {} rows: not this model's tokenizer", dims.vocab)));
         }
@@ -91,71 +139,171 @@ impl TextToSpeech {
             }
         }
         let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
-        let positions = crate::sizing::llm::max_positions(&cfg.llm, &dims);
-        let decoder = BatchDecoder::new(&lm, slots, positions, params, cfg.llm.cuda_graphs).map_err(ModelError::Inference)?;
-        Ok(TextToSpeech { token2wav, lm, decoder, ratios, frontend })
+        let positions = crate::sizing::llm::max_positions(&plan.llm, &dims);
+        let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;
+        Ok(TextToSpeech {
+            token2wav,
+            lm,
+            decoder,
+            ratios,
+            admission: plan.token2wav,
+            max_batch: plan.token2wav_max_batch.max(1),
+            llm_work: StageTime { stage: Stage::Llm, seconds: 0.0, items: 0, tokens: 0 },
+        })
     }
 
-    pub fn frontend(&self) -> &Frontend {
-        &self.frontend
-    }
-
-    /// Each job's audio (24 kHz) or why it failed; `Err` for the whole batch only when libtorch
-    /// fails (out of memory above all: the caller splits and retries).
-    pub fn synthesize(&mut self, jobs: &[TextJob]) -> Result<Vec<Result<Vec<f32>, TextJobError>>, ModelError> {
-        let mut results: Vec<Option<Result<Vec<f32>, TextJobError>>> = jobs.iter().map(|_| None).collect();
-        // (job, segment) of every request, in order.
-        let mut owners = Vec::new();
-        let mut requests = Vec::new();
-        for (j, job) in jobs.iter().enumerate() {
-            match self.requests(job) {
-                Ok(reqs) => {
-                    owners.extend((0..reqs.len()).map(|s| (j, s)));
-                    requests.extend(reqs);
+    /// Each item's audio (24 kHz) or why it failed: text items through LLM and token2wav,
+    /// speech-token items through token2wav. `Err` for the whole batch only when libtorch fails
+    /// (out of memory above all: the caller splits and retries).
+    pub fn synthesize_text(&mut self, items: &[SynthItem]) -> Result<Vec<Result<Vec<f32>, TextJobError>>, ModelError> {
+        let n = items.len();
+        let mut failed: Vec<Option<TextJobError>> = (0..n).map(|_| None).collect();
+        // Audio per item per segment, filled as token2wav finishes them.
+        let mut pieces: Vec<Vec<Option<Vec<f32>>>> = vec![Vec::new(); n];
+        let mut ready: Vec<Ready> = Vec::new();
+        // (item, segment) of every LLM request, in order.
+        let mut owners: Vec<(usize, usize)> = Vec::new();
+        let mut requests: Vec<LmRequest> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match &item.text {
+                Some(text) => match self.requests(text, item.voice) {
+                    Ok(reqs) => {
+                        pieces[i] = vec![None; reqs.len()];
+                        owners.extend((0..reqs.len()).map(|s| (i, s)));
+                        requests.extend(reqs);
+                    }
+                    Err(e) => failed[i] = Some(e),
+                },
+                None => {
+                    pieces[i] = vec![None];
+                    ready.push(Ready { item: i, segment: 0, tokens: item.tokens.clone(), voice: item.voice });
                 }
-                Err(e) => results[j] = Some(Err(e)),
             }
         }
-        let decoded = tch::no_grad(|| self.lm.generate(&mut self.decoder, &requests, self.ratios)).map_err(ModelError::Inference)?;
-        // Speech tokens per job, in segment order; the first failure of a job is its result.
-        let mut tokens: Vec<Vec<Vec<i64>>> = jobs.iter().map(|_| Vec::new()).collect();
-        for ((j, segment), out) in owners.into_iter().zip(decoded) {
-            if results[j].is_some() {
-                continue;
-            }
-            match out {
-                Err(source) => results[j] = Some(Err(TextJobError::Llm { segment, source })),
-                Ok(o) if o.hit_max_len => results[j] = Some(Err(TextJobError::MaxLen { segment, tokens: o.tokens.len() })),
-                Ok(o) if o.tokens.is_empty() => results[j] = Some(Err(TextJobError::NoSpeech { segment })),
-                Ok(o) => tokens[j].push(o.tokens),
-            }
+        let started = Instant::now();
+        let t2w_before = self.token2wav_seconds();
+        let ratios = self.ratios;
+        let (max_batch, voices) = (self.max_batch, items.iter().map(|i| i.voice).collect::<Vec<_>>());
+        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, .. } = self;
+        tch::no_grad(|| {
+            lm.generate_with(decoder, &requests, ratios, |index, out| -> Result<(), StepError> {
+                let (i, segment) = owners[index];
+                llm_work.items += 1;
+                if failed[i].is_some() {
+                    return Ok(());
+                }
+                match out {
+                    Err(source) => failed[i] = Some(TextJobError::Llm { segment, source }),
+                    Ok(o) if o.hit_max_len => failed[i] = Some(TextJobError::MaxLen { segment, tokens: o.tokens.len() }),
+                    Ok(o) if o.tokens.is_empty() => failed[i] = Some(TextJobError::NoSpeech { segment }),
+                    Ok(o) => {
+                        llm_work.tokens += o.tokens.len() as u64;
+                        ready.push(Ready { item: i, segment, tokens: o.tokens, voice: voices[i] });
+                    }
+                }
+                // Between LLM steps: a full token2wav bucket runs now.
+                while let Some(batch) = take_bucket(&mut ready, admission.as_ref(), max_batch, false) {
+                    run_bucket(token2wav, batch, &failed, &mut pieces).map_err(StepError::Model)?;
+                }
+                Ok(())
+            })
+        })
+        .map_err(|e| match e {
+            StepError::Tch(e) => classify(e, requests.len()),
+            StepError::Model(e) => e,
+        })?;
+        while let Some(batch) = take_bucket(&mut ready, admission.as_ref(), max_batch, true) {
+            run_bucket(token2wav, batch, &failed, &mut pieces)?;
         }
-        // Every segment of the jobs still standing, in order, with its job.
-        let (segment_jobs, items): (Vec<usize>, Vec<SynthItem>) = tokens
+        let t2w = self.token2wav_seconds() - t2w_before;
+        self.llm_work.seconds += (started.elapsed().as_secs_f64() - t2w).max(0.0);
+        Ok(failed
             .into_iter()
-            .enumerate()
-            .filter(|(j, _)| results[*j].is_none())
-            .flat_map(|(j, segs)| segs.into_iter().map(move |t| (j, SynthItem { tokens: t, voice: jobs[j].voice as i64 })))
-            .unzip();
-        let mut audio: Vec<Vec<f32>> = jobs.iter().map(|_| Vec::new()).collect();
-        for (owners, batch) in segment_jobs.chunks(TOKEN2WAV_BATCH).zip(items.chunks(TOKEN2WAV_BATCH)) {
-            for (&j, (_, wave)) in owners.iter().zip(self.token2wav.run(batch, None)?) {
-                audio[j].extend(wave);
-            }
-        }
-        Ok(results.into_iter().zip(audio).map(|(r, a)| r.unwrap_or(Ok(a))).collect())
+            .zip(pieces)
+            .map(|(f, segs)| match f {
+                Some(e) => Err(e),
+                None => Ok(segs.into_iter().flatten().flatten().collect()),
+            })
+            .collect())
+    }
+
+    fn token2wav_seconds(&mut self) -> f64 {
+        // Token2wav's own accumulation, read without taking it.
+        self.token2wav.work_seconds()
     }
 
     /// A job's LLM requests: its segments, prompted as its mode says.
-    fn requests(&self, job: &TextJob) -> Result<Vec<super::llm::speech_lm::LmRequest>, TextJobError> {
-        let prepared = self.frontend.prepare(&job.text)?;
-        let voice = self.token2wav.voices().get(job.voice).ok_or(TextJobError::UnknownVoice(job.voice))?;
-        let name = Synthesizer::manifest(&self.token2wav).voices.get(job.voice).cloned().unwrap_or_default();
-        let instruction = match &job.instruction {
-            Some(text) => Some(self.frontend.tokenizer().encode(&format!("{text}{END_OF_PROMPT}")).map_err(FrontendError::from)?),
-            None => None,
-        };
-        let segments: Vec<Vec<i64>> = prepared.segments.into_iter().map(|s| s.tokens).collect();
-        Ok(prompt::requests(job.job_id, &segments, &name, voice, job.mode, instruction.as_deref())?)
+    fn requests(&self, text: &TextInput, voice: i64) -> Result<Vec<LmRequest>, TextJobError> {
+        let index = usize::try_from(voice).map_err(|_| TextJobError::UnknownVoice(voice))?;
+        let v = self.token2wav.voices().get(index).ok_or(TextJobError::UnknownVoice(voice))?;
+        let name = Synthesizer::manifest(&self.token2wav).voices.get(index).cloned().unwrap_or_default();
+        Ok(prompt::requests(text.job_id, &text.segments, &name, v, text.mode, text.instruction.as_deref())?)
+    }
+}
+
+/// An error between LLM steps: libtorch's (classified with the batch's size) or token2wav's.
+enum StepError {
+    Tch(tch::TchError),
+    Model(ModelError),
+}
+
+impl From<tch::TchError> for StepError {
+    fn from(e: tch::TchError) -> StepError {
+        StepError::Tch(e)
+    }
+}
+
+/// The next token2wav batch from `ready`: the longest waiting segments first, as many as the
+/// admission rule and `max_batch` allow. Unless `flush`, only a full batch (one more would not
+/// be admitted) is taken: a partial one waits for more segments to finish.
+fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max_batch: usize, flush: bool) -> Option<Vec<Ready>> {
+    if ready.is_empty() {
+        return None;
+    }
+    ready.sort_by_key(|r| std::cmp::Reverse(r.tokens.len()));
+    let longest = ready[0].tokens.len();
+    let mut size = 1;
+    while size < ready.len() && size < max_batch && admission.check(size + 1, longest).is_none() {
+        size += 1;
+    }
+    let full = size < ready.len() || size == max_batch || admission.check(size + 1, longest).is_some();
+    if !full && !flush {
+        return None;
+    }
+    Some(ready.drain(..size).collect())
+}
+
+/// Runs one token2wav batch and files each segment's audio (segments of failed jobs are skipped).
+fn run_bucket(token2wav: &mut Token2Wav, batch: Vec<Ready>, failed: &[Option<TextJobError>], pieces: &mut [Vec<Option<Vec<f32>>>]) -> Result<(), ModelError> {
+    let batch: Vec<Ready> = batch.into_iter().filter(|r| failed[r.item].is_none()).collect();
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem::tokens(r.tokens.clone(), r.voice)).collect();
+    for (r, (_, wave)) in batch.iter().zip(token2wav.run(&items, None)?) {
+        pieces[r.item][r.segment] = Some(wave);
+    }
+    Ok(())
+}
+
+impl Synthesizer for TextToSpeech {
+    fn manifest(&self) -> &Manifest {
+        Synthesizer::manifest(&self.token2wav)
+    }
+
+    /// Speech-token items only (what `cosyvoice2-token2wav` takes); text items fail here.
+    fn synthesize(&mut self, items: &[SynthItem]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.synthesize_text(items)?.into_iter().map(|r| r.map_err(|e| ModelError::BadInput(e.to_string()))).collect()
+    }
+
+    fn synthesize_items(&mut self, items: &[SynthItem]) -> Result<Vec<ItemAudio>, ModelError> {
+        Ok(self.synthesize_text(items)?.into_iter().map(|r| r.map_err(|e| e.to_string())).collect())
+    }
+
+    fn take_stages(&mut self) -> Vec<StageTime> {
+        let llm = std::mem::replace(&mut self.llm_work, StageTime { stage: Stage::Llm, seconds: 0.0, items: 0, tokens: 0 });
+        let mut stages = if llm.items > 0 { vec![llm] } else { Vec::new() };
+        stages.extend(self.token2wav.take_stages());
+        stages
     }
 }

@@ -206,19 +206,38 @@ impl SpeechLm {
     }
 
     /// Decodes every request with the decoder's slots (a request at most `max_positions` long):
-    /// one result per request, in order; a libtorch failure fails the whole call. Newly admitted
-    /// requests are prefilled together (unpadded); every step advances all active slots at once;
-    /// finished slots are refilled as [`SpeechLm::admit`] says.
+    /// one result per request, in order; a libtorch failure fails the whole call. See
+    /// [`SpeechLm::generate_with`].
     pub fn generate(&self, dec: &mut BatchDecoder, requests: &[LmRequest], ratios: LengthRatios) -> Result<Vec<Result<LmOutput, LmError>>, TchError> {
-        let max_positions = dec.max_positions();
         let mut results: Vec<Option<Result<LmOutput, LmError>>> = requests.iter().map(|_| None).collect();
+        self.generate_with(dec, requests, ratios, |index, result| -> Result<(), TchError> {
+            results[index] = Some(result);
+            Ok(())
+        })?;
+        Ok(results.into_iter().map(|r| r.unwrap_or(Err(LmError::EmptyText))).collect())
+    }
+
+    /// Decodes every request, handing each result to `on_done(request index, result)` as soon as
+    /// its sequence ends — between decode steps, so the caller can put other device work (token2wav)
+    /// between them. Newly admitted requests are prefilled together (unpadded); every step
+    /// advances all active slots at once; finished slots are refilled as [`SpeechLm::admit`] says.
+    /// An error of libtorch or of `on_done` ends the call.
+    pub fn generate_with<E: From<TchError>>(
+        &self,
+        dec: &mut BatchDecoder,
+        requests: &[LmRequest],
+        ratios: LengthRatios,
+        mut on_done: impl FnMut(usize, Result<LmOutput, LmError>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let max_positions = dec.max_positions();
         let mut pending: VecDeque<usize> = VecDeque::new();
+        let mut done: Vec<(usize, Result<LmOutput, LmError>)> = Vec::new();
         for (i, r) in requests.iter().enumerate() {
             let needed = self.positions_needed(r, ratios);
             if r.text.is_empty() {
-                results[i] = Some(Err(LmError::EmptyText));
+                done.push((i, Err(LmError::EmptyText)));
             } else if needed > max_positions {
-                results[i] = Some(Err(LmError::TooLong { needed, limit: max_positions }));
+                done.push((i, Err(LmError::TooLong { needed, limit: max_positions })));
             } else {
                 pending.push_back(i);
             }
@@ -231,8 +250,11 @@ impl SpeechLm {
         // Sequences by slot.
         let mut active: BTreeMap<usize, Sequence> = BTreeMap::new();
         loop {
+            for (index, result) in done.drain(..) {
+                on_done(index, result)?;
+            }
             let started = Instant::now();
-            self.admit(dec, requests, ratios, &mut pending, &mut free, &mut active, &mut results)?;
+            self.admit(dec, requests, ratios, &mut pending, &mut free, &mut active, &mut done)?;
             let admitted = Instant::now();
             dec.stats_mut().prefill_seconds += (admitted - started).as_secs_f64();
             let Some((&highest, _)) = active.last_key_value() else { break };
@@ -265,7 +287,7 @@ impl SpeechLm {
             for (slot, next) in slots.into_iter().zip(nexts) {
                 if let Next::Done(result) = next {
                     if let Some(seq) = active.remove(&slot) {
-                        results[seq.index] = Some(result);
+                        done.push((seq.index, result));
                     }
                     dec.cache.free(slot);
                     free.insert(slot);
@@ -276,7 +298,10 @@ impl SpeechLm {
             stats.wait_seconds += (picked - launched).as_secs_f64();
             stats.host_seconds += picked.elapsed().as_secs_f64();
         }
-        Ok(results.into_iter().map(|r| r.unwrap_or(Err(LmError::EmptyText))).collect())
+        for (index, result) in done.drain(..) {
+            on_done(index, result)?;
+        }
+        Ok(())
     }
 
     /// Fills the lowest free slots from `pending`: prefills the admitted requests together (at
@@ -291,7 +316,7 @@ impl SpeechLm {
         pending: &mut VecDeque<usize>,
         free: &mut BTreeSet<usize>,
         active: &mut BTreeMap<usize, Sequence>,
-        results: &mut [Option<Result<LmOutput, LmError>>],
+        done: &mut Vec<(usize, Result<LmOutput, LmError>)>,
     ) -> R<()> {
         let params = *dec.params();
         // A prefill pass costs a few eager milliseconds whatever it holds: with many slots, wait
@@ -362,7 +387,7 @@ impl SpeechLm {
                         active.insert(seq.slot, seq);
                     }
                     Next::Done(result) => {
-                        results[seq.index] = Some(result);
+                        done.push((seq.index, result));
                         dec.cache.free(seq.slot);
                         free.insert(seq.slot);
                     }

@@ -1,0 +1,110 @@
+//! Text jobs of a `cosyvoice2` model through the real RabbitMQ, Postgres and SeaweedFS: the tiny
+//! random model (`models/cosyvoice2-tiny`, made by bootstrap) turns short lines, a mixed-language
+//! line, each mode, a chapter of many segments and a speech-token job riding along into WAVs;
+//! text that says nothing is refused at the intake, a job its voice cannot serve and one whose LLM
+//! runs into `max_len` fail alone with their reasons. Every batch records its two stages, and the
+//! cost report splits by stage. Random weights do not speak: the WAVs are noise of the right length.
+
+mod common;
+
+use common::{dead_letters, model_variant, TestEnv};
+use voxbatch::audio::parse_wav_header;
+use voxbatch::frontend::segment::SegmentLimits;
+use voxbatch::frontend::Frontend;
+use voxbatch::job::{Job, Mode};
+use voxbatch::report::{self, Dimension};
+
+fn text_job(text: &str, voice: &str, mode: Option<Mode>, instruction: Option<&str>) -> Job {
+    let mut job = Job::new(text);
+    job.voice = voice.to_string();
+    job.campaign = "cv2".to_string();
+    job.mode = mode;
+    job.instruction = instruction.map(str::to_string);
+    job
+}
+
+#[tokio::test]
+async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_fail_alone() {
+    // Random weights end speech at random: a longer max_len (200× the text instead of 20×) keeps
+    // every segment from running into it, which the last part of this test does on purpose.
+    let patient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 200.0")]);
+    let mut env = TestEnv::new_with("cv2text", |cfg| {
+        // Short segments, so that the chapter makes many.
+        (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+    })
+    .await;
+    env.cfg.model.dir = patient.path().to_path_buf();
+    let chapter = "第一章。".to_string() + &"今天天气很好，我们去公园散步。The price was $1,299.50, paid on 2024-01-15. ".repeat(5);
+    let mut speech = Job::new("");
+    speech.speech_tokens = Some((0..30).map(|t| t % 64).collect());
+    speech.voice = "voice0".into();
+    speech.campaign = "cv2".into();
+    let good = vec![
+        text_job("你好，世界！今天是2024年1月15日。", "voice1", None, None),
+        text_job("It costs $0.99. Call me at 10:30 am!", "voice0", Some(Mode::Instruct), Some("Speak slowly")),
+        text_job("Hello 世界, this is a mixed line with 3 apples.", "voice0", Some(Mode::CrossLingual), None),
+        text_job(&chapter, "voice1", Some(Mode::CrossLingual), None),
+        speech,
+    ];
+    let nothing = text_job("。。。！！ ……", "voice0", None, None);
+    let no_prompt = text_job("你好。", "voice1", Some(Mode::ZeroShot), None);
+    env.publish(&good).await;
+    env.publish(&[nothing, no_prompt]).await;
+
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.rejected, summary.jobs_failed), (good.len() as u64, 1, 1), "{summary:?}");
+    let mut letters = dead_letters(&env, 2).await;
+    letters.sort();
+    assert_eq!(letters[0].0, "nothing_to_say", "{letters:?}");
+    assert_eq!(letters[1].0, "synthesis_failed", "{letters:?}");
+    assert!(letters[1].1.contains("zero_shot") && letters[1].1.contains("voice1"), "says what is wrong and what to do: {}", letters[1].1);
+
+    // Each done job: a 24 kHz WAV of whole speech tokens (2 frames × 480 samples), its segments counted.
+    let frontend = Frontend::load(patient.path(), SegmentLimits::from_config(&env.cfg)).unwrap();
+    let mut text_segments = 0;
+    for job in &good {
+        let key = format!("{}cv2/{}.wav", env.key_prefix(), job.job_id);
+        let (wav, _) = env.storage.get(&key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        let info = parse_wav_header(&wav).expect("a PCM WAV");
+        assert_eq!(info.sample_rate, 24000);
+        assert!(info.samples > 0 && info.samples % 960 == 0, "job {}: {} samples", job.job_id, info.samples);
+        let segments: Option<i32> = sqlx::query_scalar("SELECT segments FROM jobs WHERE job_id = $1").bind(job.job_id).fetch_one(env.db.pool()).await.unwrap();
+        let expected = job.speech_tokens.is_none().then(|| frontend.prepare(&job.text).unwrap().segments.len() as i32);
+        assert_eq!(segments, expected, "job {}", job.job_id);
+        text_segments += expected.unwrap_or(0);
+    }
+    assert!(text_segments >= 8, "the chapter is many segments: {text_segments} in all");
+
+    // Both stages of every batch recorded: all text segments through the LLM, those and the
+    // speech-token job through token2wav; the stage shares of a batch add up to it.
+    let (llm_items, t2w_items): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(items) FILTER (WHERE stage = 'llm'), 0), coalesce(sum(items) FILTER (WHERE stage = 'token2wav'), 0) FROM batch_stages",
+    )
+    .fetch_one(env.db.pool())
+    .await
+    .unwrap();
+    assert_eq!((llm_items, t2w_items), (i64::from(text_segments), i64::from(text_segments) + 1));
+    let off: i64 = env.count("SELECT count(*) FROM (SELECT batch_id FROM batch_stages GROUP BY batch_id HAVING abs(sum(share) - 1) > 1e-9) s").await;
+    assert_eq!(off, 0, "stage shares add up to their batch");
+    let by_stage = report::report(&env.db, Dimension::Stage, None, Some("cv2")).await.unwrap();
+    let keys: Vec<&str> = by_stage.rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["llm", "token2wav"]);
+    let total = by_stage.total.as_ref().unwrap();
+    let stage_hours: f64 = by_stage.rows.iter().map(|r| r.gpu_hours).sum();
+    assert!((stage_hours - total.gpu_hours).abs() < 1e-9, "the stages' GPU time is the jobs' GPU time: {stage_hours} vs {}", total.gpu_hours);
+    assert!(total.usd_per_million_chars.is_some());
+
+    // An LLM that runs into max_len (here 0.2× the text's tokens) fails that job, saying so.
+    let impatient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 0.2")]);
+    env.cfg.model.dir = impatient.path().to_path_buf();
+    let long_winded = text_job("今天天气很好，我们去公园散步，然后一起吃午饭。", "voice0", Some(Mode::CrossLingual), None);
+    env.publish(std::slice::from_ref(&long_winded)).await;
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.jobs_failed), (0, 1), "{summary:?}");
+    let (code, reason) = dead_letters(&env, 1).await.remove(0);
+    assert_eq!(code, "synthesis_failed");
+    assert!(reason.contains("max_len"), "{reason}");
+    let status: String = sqlx::query_scalar("SELECT status FROM jobs WHERE job_id = $1").bind(long_winded.job_id).fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!(status, "failed");
+    env.cleanup().await;
+}
