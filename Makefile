@@ -10,8 +10,15 @@ bootstrap:
 build: bootstrap
 
 ## Turn the bundled sample corpus into WAV files in SeaweedFS and print the report.
+## `make demo MODEL=cosyvoice2-tiny`: text jobs through CosyVoice2 (LLM + token2wav) instead. Its
+## weights are random (bootstrap builds it from the reference code): the WAVs are noise of the right length.
 demo: bootstrap
+ifeq ($(MODEL),)
 	$(ENV) target/debug/voxbatch demo
+else
+	@echo "demo with models/$(MODEL): random weights do not speak; the WAVs show the pipeline, not a voice"
+	$(ENV) target/debug/voxbatch demo --model models/$(MODEL) --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-$(MODEL)
+endif
 
 ## Unit and integration tests against the real RabbitMQ, Postgres and SeaweedFS.
 test: bootstrap

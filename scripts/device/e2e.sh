@@ -12,37 +12,10 @@ ROOT=$PWD
 OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
 E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
 PY=${PY:-python3}
-PGPORT=${PGPORT:-5432}; AMQP_PORT=${AMQP_PORT:-5672}; NODENAME=${NODENAME:-rabbit@localhost}
 log() { echo "[e2e $(date -u +%T)] $*"; }
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-wait_port() { for _ in $(seq 1 120); do port_open "$1" && return 0; sleep 0.5; done; return 1; }
-
-log "unpacking services"
-[ -d "$E/lib" ] || tar -C "$E" -xJf .e2e/services.tar.xz || exit 1
-# Erlang and RabbitMQ use absolute paths: copy them to /usr/lib (new directories; -n replaces nothing).
-cp -an "$E/sys/usr/lib/erlang" /usr/lib/ 2>/dev/null; cp -an "$E/sys/usr/lib/rabbitmq" /usr/lib/ 2>/dev/null
-LIBS="$E/lib/usr/lib/x86_64-linux-gnu:$E/lib/lib/x86_64-linux-gnu"
-PGBIN="$E/lib/usr/lib/postgresql/15/bin"
-
-log "starting postgres on $PGPORT"
-PGDATA=$E/pgdata
-if [ ! -f "$PGDATA/PG_VERSION" ]; then
-  mkdir -p "$PGDATA" && chown nobody "$PGDATA" && chmod 700 "$PGDATA"
-  runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale > "$OUT/services.log" 2>&1 || { cat "$OUT/services.log"; exit 1; }
-fi
-# A warm machine may still run the services of an earlier call: reuse them.
-port_open "$PGPORT" || runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" setsid "$PGBIN/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 \
-  -c port="$PGPORT" -c unix_socket_directories=/tmp -c fsync=on >> "$OUT/services.log" 2>&1 < /dev/null &
-wait_port "$PGPORT" || { log "postgres did not start"; tail -20 "$OUT/services.log"; exit 1; }
-
-log "starting rabbitmq on $AMQP_PORT"
-R=$E/rabbit; mkdir -p "$R"; echo '[].' > "$R/enabled_plugins"
-port_open "$AMQP_PORT" || env HOME="$R" RABBITMQ_MNESIA_BASE="$R/mnesia" RABBITMQ_LOG_BASE="$R/log" RABBITMQ_NODENAME="$NODENAME" \
-  RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_ENABLED_PLUGINS_FILE="$R/enabled_plugins" RABBITMQ_CONFIG_FILE="$R/rabbitmq" \
-  RABBITMQ_DIST_PORT=$((AMQP_PORT + 20000)) LD_LIBRARY_PATH="$LIBS" PATH="/usr/lib/erlang/bin:$PATH" \
-  setsid /usr/lib/rabbitmq/bin/rabbitmq-server >> "$OUT/services.log" 2>&1 < /dev/null &
-wait_port "$AMQP_PORT" || { log "rabbitmq did not start"; tail -30 "$OUT/services.log"; exit 1; }
-sleep 2
+source scripts/device/services.sh
+start_services || exit 1
+trap stop_services EXIT
 
 source scripts/device/common.sh
 BIN=$E/voxbatch

@@ -16,6 +16,8 @@ rm -rf .whl .t2w && mkdir -p .whl .t2w
 # CosyVoice pins, with the huggingface_hub and tokenizers it was released with (tokenizers' wheel is
 # abi3: it serves the GPU machine's Python 3.12 too).
 .venv/bin/pip download -q --no-deps -d .whl transformers==4.51.3 huggingface_hub==0.36.0 tokenizers==0.21.4
+# The text normalisation grammars the converter copies (its FST files only: not imported).
+.venv/bin/pip download -q --no-deps -d .whl wetext==0.1.8
 for t in cosyvoice2_parity cosyvoice2_llm_parity; do
   test_bin=$(ls -t target/debug/deps/$t-* | grep -v '\.d$' | head -n1)
   strip -o .t2w/$t "$test_bin" && xz -T2 -6 -f .t2w/$t

@@ -16,6 +16,7 @@ pub struct RawLlm {
     pub max_prompt_text_tokens: i64,
     pub max_prompt_speech_tokens: i64,
     pub cuda_graphs: bool,
+    pub force_lengths: bool,
 }
 
 /// The LM stage's settings.
@@ -30,6 +31,9 @@ pub struct LlmConfig {
     pub max_prompt_text_tokens: usize,
     pub max_prompt_speech_tokens: usize,
     pub cuda_graphs: bool,
+    /// Benchmarks with random weights only: every segment decodes exactly its characters ÷
+    /// `[frontend]` chars_per_second × 25 speech tokens (end-of-speech refused until then).
+    pub force_lengths: bool,
 }
 
 impl RawLlm {
@@ -42,6 +46,7 @@ impl RawLlm {
             max_prompt_text_tokens: non_negative("llm.max_prompt_text_tokens", self.max_prompt_text_tokens)? as usize,
             max_prompt_speech_tokens: non_negative("llm.max_prompt_speech_tokens", self.max_prompt_speech_tokens)? as usize,
             cuda_graphs: self.cuda_graphs,
+            force_lengths: self.force_lengths,
         })
     }
 }

@@ -37,10 +37,11 @@ pub enum SizingError {
     NoLlm { model: String },
 }
 
-/// Kind `cosyvoice2`: a batch of text jobs holds about this many fills of the LLM's slots
-/// (segments of `[frontend] segment_max_tokens`), so that slots are refilled from the batch's
-/// own backlog rather than idling at its tail.
-pub const TEXT_BATCH_FILLS: usize = 4;
+/// Kind `cosyvoice2`: a batch of text jobs may hold up to this many fills of the LLM's slots
+/// (segments of `[frontend] segment_max_tokens`, counted as padded tokens — batch × longest job,
+/// about twice the jobs' sum), so that slots are refilled from the batch's own backlog rather than
+/// idling at its tail.
+pub const TEXT_BATCH_FILLS: usize = 8;
 
 /// CPU's LLM slots when neither `llm.slots` nor a memory budget says (the tiny model, tests).
 const CPU_SLOTS: usize = 8;
@@ -62,7 +63,9 @@ pub fn worker_policy<T: Send + 'static>(cfg: &Config, manifest: &Manifest, devic
         let max_jobs = b.max_batch.max(slots * TEXT_BATCH_FILLS);
         let max_tokens = slots * cfg.frontend.segment_max_tokens * TEXT_BATCH_FILLS;
         info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their segments' tokens (LLM slots × {TEXT_BATCH_FILLS})");
-        let policy = LengthBucketing::new(max_jobs, b.max_wait, max_tokens).with_max_length_ratio(b.max_length_ratio);
+        // No length buckets: the model thread buckets segments itself, and a job's length says
+        // nothing about padding.
+        let policy = LengthBucketing::new(max_jobs, b.max_wait, max_tokens).with_max_length_ratio(f64::INFINITY);
         return Ok(Sizing { policy: Box::new(policy), prefetch: cfg.amqp.effective_prefetch(max_jobs) });
     }
     match cfg.memory.policy {

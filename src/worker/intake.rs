@@ -32,6 +32,7 @@ use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, Pending};
 use crate::config::{AmqpConfig, Limits};
 use crate::frontend::{Frontend, FrontendError};
 use crate::job::{model_input, parse_job, Job, ModelInput, Rejection, RejectionKind};
+use crate::model::cosyvoice2::tts::ForcedLengths;
 use crate::model::{Manifest, TextInput};
 use crate::queue::{self, QueueError};
 
@@ -64,6 +65,8 @@ pub struct Intake {
     /// threads; its grammars are one lock per language).
     pub frontend: Option<Arc<Frontend>>,
     pub frontend_slots: Arc<tokio::sync::Semaphore>,
+    /// `[llm] force_lengths` (benchmarks with random weights).
+    pub forced_lengths: Option<ForcedLengths>,
     pub worker_id: String,
     pub prefetch: u16,
     /// Exit once the queue is empty and nothing is held.
@@ -251,10 +254,11 @@ impl Intake {
     /// model's grammar files fails the job, saying so.
     fn prepare(&self, frontend: Arc<Frontend>, job: Job, delivery: Delivery, prepared: mpsc::UnboundedSender<Received>) {
         let (settler, stop, manifest, slots) = (self.settler.clone(), self.stop.clone(), self.manifest.clone(), self.frontend_slots.clone());
+        let forced = self.forced_lengths;
         tokio::spawn(async move {
             let _slot = slots.acquire_owned().await;
             let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
-            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref())).await;
+            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), forced)).await;
             match result {
                 Ok(Ok(input)) => {
                     let voice = manifest.voice_index(&job.voice).unwrap_or(0);

@@ -248,6 +248,7 @@ pub async fn run(
         manifest,
         frontend,
         frontend_slots: Arc::new(tokio::sync::Semaphore::new(FRONTEND_THREADS)),
+        forced_lengths: crate::model::cosyvoice2::tts::ForcedLengths::from_config(&cfg),
         worker_id: worker_id.clone(),
         prefetch: sizing.prefetch,
         drain: opts.drain,

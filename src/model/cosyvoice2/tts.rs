@@ -25,6 +25,7 @@ use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
 use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
+use crate::frontend::segment::Lang;
 use crate::frontend::{Frontend, FrontendError};
 use crate::job::Mode;
 use crate::model::{ItemAudio, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
@@ -39,18 +40,58 @@ pub struct TextInput {
     pub mode: Option<Mode>,
     /// The instruction's token ids followed by `<|endofprompt|>` (mode instruct).
     pub instruction: Option<Vec<i64>>,
+    /// Benchmarks with random weights: each segment's exact speech-token count ([`ForcedLengths`]).
+    pub forced_lens: Option<Vec<usize>>,
+}
+
+/// Benchmarks with random weights (which end speech at random): each segment decodes exactly
+/// its characters ÷ the language's speaking rate × 25 speech tokens (`[llm] force_lengths`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ForcedLengths {
+    pub zh_chars_per_second: f64,
+    pub en_chars_per_second: f64,
+}
+
+impl ForcedLengths {
+    /// Speech tokens per second of audio (CosyVoice2's tokenizer runs at 25 Hz).
+    pub const TOKENS_PER_SECOND: f64 = 25.0;
+
+    pub fn from_config(cfg: &crate::config::Config) -> Option<ForcedLengths> {
+        cfg.llm.force_lengths.then_some(ForcedLengths {
+            zh_chars_per_second: cfg.frontend.zh_chars_per_second,
+            en_chars_per_second: cfg.frontend.en_chars_per_second,
+        })
+    }
+
+    /// Speech tokens of a segment of `chars` characters in `lang`.
+    pub fn tokens(&self, chars: usize, lang: Lang) -> usize {
+        let rate = match lang {
+            Lang::Zh => self.zh_chars_per_second,
+            Lang::En => self.en_chars_per_second,
+        };
+        ((chars as f64 / rate * Self::TOKENS_PER_SECOND).ceil() as usize).max(1)
+    }
 }
 
 impl TextInput {
     /// The one way a job's text becomes model input: normalised, segmented and tokenized, its
     /// instruction tokenized. Blocking (grammars): off the async runtime.
-    pub fn prepare(frontend: &Frontend, job_id: uuid::Uuid, text: &str, mode: Option<Mode>, instruction: Option<&str>) -> Result<TextInput, FrontendError> {
+    /// `forced`: benchmarks with random weights only.
+    pub fn prepare(
+        frontend: &Frontend,
+        job_id: uuid::Uuid,
+        text: &str,
+        mode: Option<Mode>,
+        instruction: Option<&str>,
+        forced: Option<ForcedLengths>,
+    ) -> Result<TextInput, FrontendError> {
         let prepared = frontend.prepare(text)?;
         let instruction = match instruction {
             Some(i) => Some(frontend.tokenizer().encode(&format!("{i}{END_OF_PROMPT}"))?),
             None => None,
         };
-        Ok(TextInput { job_id, segments: prepared.segments.into_iter().map(|s| s.tokens).collect(), mode, instruction })
+        let forced_lens = forced.map(|f| prepared.segments.iter().map(|s| f.tokens(s.text.chars().count(), prepared.lang)).collect());
+        Ok(TextInput { job_id, segments: prepared.segments.into_iter().map(|s| s.tokens).collect(), mode, instruction, forced_lens })
     }
 
     /// Text tokens over all segments.
@@ -194,7 +235,10 @@ impl TextToSpeech {
                 }
                 match out {
                     Err(source) => failed[i] = Some(TextJobError::Llm { segment, source }),
-                    Ok(o) if o.hit_max_len => failed[i] = Some(TextJobError::MaxLen { segment, tokens: o.tokens.len() }),
+                    // A forced length (benchmarks) ends there by design.
+                    Ok(o) if o.hit_max_len && requests[index].forced_len.is_none() => {
+                        failed[i] = Some(TextJobError::MaxLen { segment, tokens: o.tokens.len() })
+                    }
                     Ok(o) if o.tokens.is_empty() => failed[i] = Some(TextJobError::NoSpeech { segment }),
                     Ok(o) => {
                         llm_work.tokens += o.tokens.len() as u64;
@@ -237,7 +281,13 @@ impl TextToSpeech {
         let index = usize::try_from(voice).map_err(|_| TextJobError::UnknownVoice(voice))?;
         let v = self.token2wav.voices().get(index).ok_or(TextJobError::UnknownVoice(voice))?;
         let name = Synthesizer::manifest(&self.token2wav).voices.get(index).cloned().unwrap_or_default();
-        Ok(prompt::requests(text.job_id, &text.segments, &name, v, text.mode, text.instruction.as_deref())?)
+        let mut requests = prompt::requests(text.job_id, &text.segments, &name, v, text.mode, text.instruction.as_deref())?;
+        if let Some(forced) = &text.forced_lens {
+            for (r, &n) in requests.iter_mut().zip(forced) {
+                r.forced_len = Some(n);
+            }
+        }
+        Ok(requests)
     }
 }
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Issue 14's end-to-end run on the GPU machine: text jobs → CosyVoice2 speech through RabbitMQ,
+# Postgres and a worker on one GPU (storage file://). The model is CosyVoice2-shaped with random
+# weights: token2wav from tools/make_parity_fixtures.py --config full, the LLM from
+# tools/make_llm_fixtures.py --full, the stand-in tokenizer of the LLM fixtures, the wetext grammars,
+# converted by tools/convert_cosyvoice.py. Random weights end speech at random, so lengths are forced
+# ([llm] force_lengths: each segment decodes its characters ÷ [frontend] chars_per_second × 25 speech
+# tokens). The corpus is tools/make_text_corpus.py (JOBS lines of 5-400 characters plus CHAPTERS of
+# ~10,000). NVML's utilisation is sampled over the whole drain by nvidia-smi; the reference
+# Qwen2LM.inference at batch 1 runs on the same LLM weights in the same call.
+# Carry: .whl .t2w/voxbatch.xz .e2e/services.tar.xz models/cosyvoice2-llm-parity (pack-gpu.sh,
+# pack-services.sh). Together they pass the carry limit (64 MiB), so the run can be split in two calls
+# on one warm machine: STAGE=model (carry .whl, .t2w/voxbatch.xz, models/cosyvoice2-llm-parity: builds
+# the model in /tmp/cv2full and runs the reference) then STAGE=e2e (carry .e2e/services.tar.xz,
+# .t2w/voxbatch.xz; needs the first call's /tmp). STAGE=all (default) does both.
+# Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3), PY.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/text-e2e-out}; mkdir -p "$OUT"
+E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
+PY=${PY:-python3}
+log() { echo "[text-e2e $(date -u +%T)] $*"; }
+STAGE=${STAGE:-all}
+M=/tmp/cv2full
+if [ "$STAGE" != e2e ]; then
+rm -rf /tmp/site /tmp/llm-site
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/llm-site .whl/transformers-* .whl/huggingface_hub-* .whl/tokenizers-* || exit 1
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+LLM_PY="env PYTHONPATH=/tmp/llm-site:$PYTHONPATH $PY"
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+
+if [ ! -f "$M/model/tokenizer.json" ]; then
+  log "building the full-size random CosyVoice2 (reference code) and converting it"
+  $PY tools/make_parity_fixtures.py --config full --no-fixtures --out "$M" 2>&1 | grep -v Warning | tail -1
+  $LLM_PY tools/make_llm_fixtures.py --full --out "$M/llm" 2>&1 | tail -1
+  cp -r "$M/llm/official/." "$M/official/"
+  # The stand-in tokenizer (no real vocabulary can be downloaded), beside the full config.json.
+  cp models/cosyvoice2-llm-parity/official/CosyVoice-BlankEN/{vocab.json,merges.txt,tokenizer_config.json} "$M/official/CosyVoice-BlankEN/"
+  $LLM_PY tools/convert_cosyvoice.py "$M/official" "$M/model" --name cosyvoice2-full-random 2>&1 | tail -1 | cut -c1-300
+fi
+grep -q '^kind = "cosyvoice2"' "$M/model/model.toml" || { log "the converted model is not kind cosyvoice2"; head -5 "$M/model/model.toml"; exit 1; }
+log "reference Qwen2LM.inference, batch 1, fp32, same LLM weights"
+$LLM_PY tools/bench_llm_reference.py --official "$M/official" --device cuda:0 --precision fp32 \
+  --sequences "${REF_SEQUENCES:-3}" --out "$OUT/reference-fp32.json" 2>&1 | grep -v -i warn | tail -2
+cp "$OUT/reference-fp32.json" /tmp/cv2full-reference-fp32.json 2>/dev/null
+[ "$STAGE" = model ] && { log "model stage done"; exit 0; }
+fi
+[ -f "$M/model/model.toml" ] || { log "no model in $M: run STAGE=model first on this (warm) machine"; exit 1; }
+[ -f "$OUT/reference-fp32.json" ] || cp /tmp/cv2full-reference-fp32.json "$OUT/" 2>/dev/null
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+
+source scripts/device/services.sh
+start_services || exit 1
+NVSMI_PID=
+finish() { [ -n "$NVSMI_PID" ] && kill "$NVSMI_PID" 2>/dev/null; stop_services; }
+trap finish EXIT
+
+BIN=$E/voxbatch
+xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
+export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
+export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MODEL__DIR="$M/model"
+export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
+export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
+export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
+export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info}
+
+log "corpus, dry run, enqueue"
+$PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"
+$BIN migrate || exit 1
+$BIN text "$E/corpus.jsonl" --gpu H200 --format json > "$OUT/dry-run.json" 2> "$OUT/dry-run.err" || tail -3 "$OUT/dry-run.err"
+CAMPAIGN=text-e2e-$(date +%s)
+$BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
+
+log "worker: drain (NVML sampled every 200 ms)"
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv,noheader,nounits -lms 200 > "$OUT/nvml.csv" 2>/dev/null &
+NVSMI_PID=$!
+t0=$(date +%s.%N)
+timeout "${WORK_TIMEOUT:-420}" $BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
+t1=$(date +%s.%N)
+kill "$NVSMI_PID" 2>/dev/null; NVSMI_PID=
+log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
+grep -E "error|panicked" "$OUT/worker.log" | head -5
+$BIN status | tail -15
+$BIN report --by campaign --campaign "$CAMPAIGN" --format json > "$OUT/report-campaign.json"
+$BIN report --by stage --campaign "$CAMPAIGN" --format json > "$OUT/report-stage.json"
+$BIN report --by stage --campaign "$CAMPAIGN"
+$PY - "$OUT" "$t0" "$t1" <<'PYEOF'
+import csv, json, sys, datetime
+out, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+r = json.load(open(f"{out}/report-campaign.json")); t = r["total"]; w = r["workers"]
+st = json.load(open(f"{out}/report-stage.json"))
+audio_s = t["audio_hours"] * 3600; span = r["batch_span_seconds"]; infer_s = t["gpu_hours"] * 3600
+util = []
+for row in csv.reader(open(f"{out}/nvml.csv")):
+    try:
+        ts = datetime.datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp(); util.append((ts, float(row[1])))
+    except (ValueError, IndexError):
+        pass
+# NVML over the whole drain (model load and the first batch's frontend included), and over the
+# working span (first to last sample with any kernel activity).
+busy = [u for _, u in util]
+active = [i for i, (_, u) in enumerate(util) if u > 0]
+working = busy[active[0]: active[-1] + 1] if active else []
+ref = json.load(open(f"{out}/reference-fp32.json")) if __import__("os").path.exists(f"{out}/reference-fp32.json") else {}
+summary = {
+    "jobs": t["jobs"], "chars": t["chars"], "audio_seconds": audio_s, "batch_span_seconds": span,
+    "worker_wall_seconds": t1 - t0, "inference_seconds": infer_s,
+    "e2e_audio_s_per_s_span": audio_s / span, "e2e_audio_s_per_s_wall": audio_s / (t1 - t0),
+    "model_audio_s_per_gpu_s": audio_s / infer_s, "usd_per_million_chars": t["usd_per_million_chars"],
+    "nvml_util_mean_drain": sum(busy) / len(busy) if busy else None, "nvml_samples": len(busy),
+    "nvml_util_mean_working": sum(working) / len(working) if working else None,
+    "nvml_working_seconds": (util[active[-1]][0] - util[active[0]][0]) if active else None,
+    "nvml_util_mean_in_batches": t["gpu_util_mean"],
+    "stages": {s["key"]: {"gpu_seconds": s["gpu_hours"] * 3600, "audio_s_per_gpu_s": s["audio_s_per_gpu_s"]} for s in st["rows"]},
+    "reference_batch1": ref,
+}
+json.dump(summary, open(f"{out}/text-e2e-summary.json", "w"), indent=1)
+print(json.dumps(summary, indent=1)[:3000])
+PYEOF
+log "done"
