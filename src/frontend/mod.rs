@@ -6,9 +6,9 @@
 //! (the Qwen2 tokenizer the converter writes), `english` (numbers in words). Pieces that hold
 //! only punctuation and symbols are dropped, as the reference drops them.
 //!
-//! Neighbours: `commands::text` (the dry run) and `model::cosyvoice2::tts` (text jobs → speech)
-//! call [`Frontend::prepare`]; `model::cosyvoice2::llm::prompt` turns the segments' tokens into
-//! LLM requests. (The worker's intake is to call it too: issue 14.)
+//! Neighbours: `commands::text` (the dry run) and `model::cosyvoice2::tts::TextInput::prepare`
+//! (which the worker's intake runs on each text job) call [`Frontend::prepare`];
+//! `model::cosyvoice2::llm::prompt` turns the segments' tokens into LLM requests.
 
 pub mod english;
 pub mod normalize;
