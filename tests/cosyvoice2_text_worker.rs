@@ -108,3 +108,34 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     assert_eq!(status, "failed");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_worker_killed_mid_chapter_loses_nothing_and_the_chapter_is_synthesized_again_whole() {
+    let patient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 200.0")]);
+    let mut env = TestEnv::new("cv2kill").await;
+    env.cfg.model.dir = patient.path().to_path_buf();
+    let chapter = text_job(&"今天天气很好，我们去公园散步。The price was $1,299.50, paid on 2024-01-15. ".repeat(25), "voice1", Some(Mode::CrossLingual), None);
+    let lines: Vec<Job> = (0..3).map(|i| text_job(&format!("第{i}行。Line {i} of the book."), "voice0", Some(Mode::CrossLingual), None)).collect();
+    env.publish(std::slice::from_ref(&chapter)).await;
+    env.publish(&lines).await;
+    // A worker process, as in production; killed while the chapter is being synthesized.
+    let mut child = common::spawn_worker_process(&env, &[]);
+    let chapter_running = || async {
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM jobs WHERE job_id = $1").bind(chapter.job_id).fetch_optional(env.db.pool()).await.unwrap();
+        status.as_deref() == Some("running")
+    };
+    assert!(common::eventually(std::time::Duration::from_secs(120), chapter_running).await, "the worker claimed the chapter");
+    child.start_kill().unwrap(); // SIGKILL
+    child.wait().await.unwrap();
+    let chapter_done: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE job_id = $1 AND status = 'done'").bind(chapter.job_id).fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!(chapter_done, 0, "killed before the chapter was done");
+
+    let summary = env.drain().await;
+    let done = env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await;
+    assert_eq!(done, 4, "every job done once ({summary:?})");
+    assert_eq!(env.objects().await.len(), 4, "one object a job");
+    let segments: Option<i32> = sqlx::query_scalar("SELECT segments FROM jobs WHERE job_id = $1").bind(chapter.job_id).fetch_one(env.db.pool()).await.unwrap();
+    assert!(segments.unwrap_or(0) >= 10, "the chapter is many segments: {segments:?}");
+    assert_eq!(env.depths().await, (0, 0));
+    env.cleanup().await;
+}

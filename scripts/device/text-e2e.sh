@@ -50,7 +50,7 @@ cp "$OUT/reference-fp32.json" /tmp/cv2full-reference-fp32.json 2>/dev/null
 [ "$STAGE" = model ] && { log "model stage done"; exit 0; }
 fi
 [ -f "$M/model/model.toml" ] || { log "no model in $M: run STAGE=model first on this (warm) machine"; exit 1; }
-[ -f "$OUT/reference-fp32.json" ] || cp /tmp/cv2full-reference-fp32.json "$OUT/" 2>/dev/null
+[ -f "$OUT/reference-fp32.json" ] || cp /tmp/cv2full-reference-fp32.json "$OUT/reference-fp32.json" 2>/dev/null
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 
