@@ -398,6 +398,11 @@ async fn demo(cfg: &Config, corpus: &Path, campaign: &str) -> Result<()> {
     for url in d.audio_urls.iter().take(3) {
         println!("  {url}");
     }
-    println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
+    // The bundled models have random weights (no weights can be downloaded): say so.
+    if cfg.model.dir.ends_with("cosyvoice2-tiny") {
+        println!("(cosyvoice2-tiny has random weights: its audio is noise of the right length, not speech; convert your CosyVoice2 checkpoint for speech)");
+    } else if cfg.model.dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with("reference-")) {
+        println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
+    }
     Ok(())
 }
