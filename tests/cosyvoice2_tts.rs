@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use voxbatch::config::Config;
 use voxbatch::frontend::segment::SegmentLimits;
-use voxbatch::frontend::{Frontend, FrontendError};
+use voxbatch::frontend::{Frontend, FrontendError, SpeakingRates};
 use voxbatch::job::Mode;
 use voxbatch::model::cosyvoice2::llm::prompt::PromptError;
 use voxbatch::model::cosyvoice2::tts::{TextJobError, TextPlan, TextToSpeech};
@@ -39,8 +39,12 @@ fn patient_model() -> tempfile::TempDir {
     dir
 }
 
+fn rates() -> SpeakingRates {
+    SpeakingRates::from_config(&Config::defaults().unwrap().frontend)
+}
+
 fn job(frontend: &Frontend, n: u128, text: &str, voice: i64, mode: Option<Mode>, instruction: Option<&str>) -> SynthItem {
-    let input = TextInput::prepare(frontend, uuid::Uuid::from_u128(n), text, mode, instruction, None).unwrap();
+    let input = TextInput::prepare(frontend, uuid::Uuid::from_u128(n), text, mode, instruction, &rates(), false).unwrap();
     SynthItem { tokens: Vec::new(), voice, text: Some(Arc::new(input)) }
 }
 
@@ -56,7 +60,7 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
     let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, plan).unwrap();
     let chapter = "第一章。".to_string() + &"今天天气很好，我们去公园散步。价格是¥1,299.00。".repeat(6);
     // Text that says nothing never becomes a job: the frontend refuses it (the worker rejects it).
-    let nothing = TextInput::prepare(&frontend, uuid::Uuid::from_u128(3), "。。。！！", None, None, None);
+    let nothing = TextInput::prepare(&frontend, uuid::Uuid::from_u128(3), "。。。！！", None, None, &rates(), false);
     assert!(matches!(nothing, Err(FrontendError::Empty)), "{nothing:?}");
     let items = vec![
         job(&frontend, 1, "你好，世界！今天是2024年1月15日。", 1, None, None),

@@ -19,7 +19,7 @@ use super::CommandError;
 use crate::config::Config;
 use crate::enqueue::{read_jobs, LineDefaults};
 use crate::frontend::segment::{Lang, SegmentLimits};
-use crate::frontend::Frontend;
+use crate::frontend::{Frontend, SpeakingRates};
 use crate::model::Device;
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,6 +70,7 @@ pub struct TextReport {
 /// time as `gpu` (a `[cost] gpu_hourly_usd` key, e.g. "H200"). Blocking.
 pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &LineDefaults, gpu: &str) -> Result<TextReport, CommandError> {
     let f = &cfg.frontend;
+    let rates = SpeakingRates::from_config(f);
     let frontend = Frontend::load(model_dir, SegmentLimits::from_config(cfg)).map_err(|e| CommandError::Usage(e.to_string()))?;
     let stdin_copy;
     let path = if input == Path::new("-") {
@@ -100,9 +101,7 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
         };
         match frontend.prepare(&job.text) {
             Ok(prep) => {
-                let rate = if prep.lang == Lang::Zh { f.zh_chars_per_second } else { f.en_chars_per_second };
-                let spoken = prep.normalized.chars().filter(|c| !c.is_whitespace()).count();
-                p.audio_seconds = spoken as f64 / rate;
+                p.audio_seconds = rates.audio_seconds(&prep.normalized, prep.lang);
                 p.cost_usd = p.audio_seconds * usd_per_audio_second;
                 p.segments = prep.segments.iter().map(|s| SegmentPreview { text: s.text.clone(), tokens: s.tokens.len() }).collect();
                 totals.segments += p.segments.len();

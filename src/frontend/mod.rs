@@ -96,6 +96,38 @@ impl Frontend {
     }
 }
 
+/// Speaking rates (characters of normalised text a second, whitespace not counted): how long a
+/// text will sound before it is synthesized — the dry run's estimate, the batch policy's measure of
+/// a text job's work, and the forced lengths of benchmarks with random weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpeakingRates {
+    pub zh_chars_per_second: f64,
+    pub en_chars_per_second: f64,
+}
+
+impl SpeakingRates {
+    /// Speech tokens a second of audio (CosyVoice2's speech tokenizer runs at 25 Hz).
+    pub const TOKENS_PER_SECOND: f64 = 25.0;
+
+    pub fn from_config(f: &crate::config::FrontendConfig) -> SpeakingRates {
+        SpeakingRates { zh_chars_per_second: f.zh_chars_per_second, en_chars_per_second: f.en_chars_per_second }
+    }
+
+    /// Seconds `text` (normalised, in `lang`) takes to say.
+    pub fn audio_seconds(&self, text: &str, lang: Lang) -> f64 {
+        let rate = match lang {
+            Lang::Zh => self.zh_chars_per_second,
+            Lang::En => self.en_chars_per_second,
+        };
+        text.chars().filter(|c| !c.is_whitespace()).count() as f64 / rate
+    }
+
+    /// Speech tokens of `text` (at least one).
+    pub fn speech_tokens(&self, text: &str, lang: Lang) -> usize {
+        ((self.audio_seconds(text, lang) * Self::TOKENS_PER_SECOND).ceil() as usize).max(1)
+    }
+}
+
 /// The reference's `is_only_punctuation`: nothing but punctuation and symbols (or whitespace,
 /// which the reference's pattern does not list but which says nothing either).
 pub fn only_punctuation(text: &str) -> bool {

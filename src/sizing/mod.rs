@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use crate::batch::memory::{MemoryBudget, Profile};
 use crate::batch::{BatchPolicy, LengthBucketing, TokenBudget};
 use crate::config::{Config, SizingPolicy};
+use crate::frontend::SpeakingRates;
 use crate::model::cosyvoice2::tts::TextPlan;
 use crate::model::{Device, Manifest, ModelKind, Precision};
 pub use profile::ProfileError;
@@ -38,10 +39,13 @@ pub enum SizingError {
 }
 
 /// Kind `cosyvoice2`: a batch of text jobs may hold up to this many fills of the LLM's slots
-/// (segments of `[frontend] segment_max_tokens`, counted as padded tokens — batch × longest job,
-/// about twice the jobs' sum), so that slots are refilled from the batch's own backlog rather than
+/// (segments of [`SEGMENT_SPEECH_TOKENS`], counted as padded tokens — batch × longest job, about
+/// twice the jobs' sum), so that slots are refilled from the batch's own backlog rather than
 /// idling at its tail.
 pub const TEXT_BATCH_FILLS: usize = 8;
+
+/// A typical segment's speech tokens (10 s of audio) for [`TEXT_BATCH_FILLS`].
+pub const SEGMENT_SPEECH_TOKENS: usize = 250;
 
 /// CPU's LLM slots when neither `llm.slots` nor a memory budget says (the tiny model, tests).
 const CPU_SLOTS: usize = 8;
@@ -59,10 +63,14 @@ pub fn worker_policy<T: Send + 'static>(cfg: &Config, manifest: &Manifest, devic
     if manifest.kind == ModelKind::Cosyvoice2 {
         // Memory is the model thread's business (LLM slots allocated once, token2wav buckets
         // admitted by the memory model): jobs are batched by the work they bring.
+        // A job's length is its estimated speech tokens (both stages' work). A batch holds at most
+        // TEXT_BATCH_FILLS fills of the slots, and at most `worker.max_hold` of work at the
+        // estimated throughput: its messages stay far inside RabbitMQ's consumer timeout unless
+        // the device is slower than `[frontend] estimate_audio_seconds_per_gpu_second` says.
         let slots = text_plan(cfg, manifest, device, precision)?.slots;
         let max_jobs = b.max_batch.max(slots * TEXT_BATCH_FILLS);
-        let max_tokens = slots * cfg.frontend.segment_max_tokens * TEXT_BATCH_FILLS;
-        info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their segments' tokens (LLM slots × {TEXT_BATCH_FILLS})");
+        let max_tokens = text_batch_tokens(slots, cfg.worker.max_hold, cfg.frontend.estimate_audio_seconds_per_gpu_second);
+        info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their estimated speech tokens (LLM slots × {TEXT_BATCH_FILLS}, within worker.max_hold)");
         // No length buckets: the model thread buckets segments itself, and a job's length says
         // nothing about padding.
         let policy = LengthBucketing::new(max_jobs, b.max_wait, max_tokens).with_max_length_ratio(f64::INFINITY);
@@ -82,6 +90,14 @@ pub fn worker_policy<T: Send + 'static>(cfg: &Config, manifest: &Manifest, devic
             Ok(Sizing { policy: Box::new(policy), prefetch })
         }
     }
+}
+
+/// The padded speech tokens a batch of text jobs may hold: [`TEXT_BATCH_FILLS`] fills of `slots`,
+/// and no more than `max_hold` of work at `audio_seconds_per_second`.
+pub fn text_batch_tokens(slots: usize, max_hold: std::time::Duration, audio_seconds_per_second: f64) -> usize {
+    let fills = slots * SEGMENT_SPEECH_TOKENS * TEXT_BATCH_FILLS;
+    let hold = max_hold.as_secs_f64() * audio_seconds_per_second * SpeakingRates::TOKENS_PER_SECOND;
+    fills.min(hold as usize).max(1)
 }
 
 /// How a `cosyvoice2` model's two stages are sized on `device`: the LLM's slots (`llm::plan`:
@@ -184,5 +200,21 @@ pub fn describe(profile: &Profile) -> String {
         "built-in (no calibration)".to_string()
     } else {
         format!("calibrated {} (R² {:.4}, worst error {:.1}%)", profile.created_at, profile.fit.r2, profile.fit.worst_rel_error * 100.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_text_batch_fills_the_slots_but_never_holds_more_than_max_hold_of_work() {
+        // The H200 at its measured 200 audio-s/s, max_hold 5 min: 60,000 s of audio = 1.5 M
+        // tokens would be allowed; 512 slots × 250 × 8 fills = 1,024,000 is the binding cap.
+        assert_eq!(text_batch_tokens(512, Duration::from_secs(300), 200.0), 1_024_000);
+        // A device estimated at 20 audio-s/s: 5 min of work is 6,000 s of audio = 150,000 tokens.
+        assert_eq!(text_batch_tokens(512, Duration::from_secs(300), 20.0), 150_000);
+        assert_eq!(text_batch_tokens(8, Duration::from_secs(300), 200.0), 16_000);
     }
 }

@@ -5,7 +5,8 @@
 //! everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
 //! a `cosyvoice2` model goes through the text frontend first, on the blocking pool (text that
 //! says nothing is rejected there, before it takes a place in a batch), and joins the policy with
-//! its segments' tokens as its length. Jobs parked by the inference stage (claimed elsewhere) and
+//! its estimated speech tokens (characters at the speaking rate) as its length, the unit of
+//! speech-token jobs too. Jobs parked by the inference stage (claimed elsewhere) and
 //! prepared text jobs come back through `returns`. On shutdown or drain
 //! it stops consuming, gives back every job not started, and waits for the other stages to
 //! settle what they hold before closing the connection.
@@ -30,9 +31,8 @@ use super::retry::{backoff, Fatal, Transience};
 use super::WorkerError;
 use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, Pending};
 use crate::config::{AmqpConfig, Limits};
-use crate::frontend::{Frontend, FrontendError};
+use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::{model_input, parse_job, Job, ModelInput, Rejection, RejectionKind};
-use crate::model::cosyvoice2::tts::ForcedLengths;
 use crate::model::{Manifest, TextInput};
 use crate::queue::{self, QueueError};
 
@@ -65,8 +65,10 @@ pub struct Intake {
     /// threads; its grammars are one lock per language).
     pub frontend: Option<Arc<Frontend>>,
     pub frontend_slots: Arc<tokio::sync::Semaphore>,
+    /// `[frontend]` speaking rates (a text job's estimated speech tokens are its length), and
     /// `[llm] force_lengths` (benchmarks with random weights).
-    pub forced_lengths: Option<ForcedLengths>,
+    pub rates: SpeakingRates,
+    pub force_lengths: bool,
     pub worker_id: String,
     pub prefetch: u16,
     /// Exit once the queue is empty and nothing is held.
@@ -254,15 +256,15 @@ impl Intake {
     /// model's grammar files fails the job, saying so.
     fn prepare(&self, frontend: Arc<Frontend>, job: Job, delivery: Delivery, prepared: mpsc::UnboundedSender<Received>) {
         let (settler, stop, manifest, slots) = (self.settler.clone(), self.stop.clone(), self.manifest.clone(), self.frontend_slots.clone());
-        let forced = self.forced_lengths;
+        let (rates, forced) = (self.rates, self.force_lengths);
         tokio::spawn(async move {
             let _slot = slots.acquire_owned().await;
             let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
-            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), forced)).await;
+            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
             match result {
                 Ok(Ok(input)) => {
                     let voice = manifest.voice_index(&job.voice).unwrap_or(0);
-                    let length = input.text_tokens();
+                    let length = input.estimated_speech_tokens();
                     let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, delivery };
                     if stop.is_cancelled() {
                         settler.outbox.give_back(vec![r.delivery]).await;

@@ -25,8 +25,7 @@ use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
 use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
-use crate::frontend::segment::Lang;
-use crate::frontend::{Frontend, FrontendError};
+use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::Mode;
 use crate::model::{ItemAudio, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
 use crate::model::Device;
@@ -40,37 +39,12 @@ pub struct TextInput {
     pub mode: Option<Mode>,
     /// The instruction's token ids followed by `<|endofprompt|>` (mode instruct).
     pub instruction: Option<Vec<i64>>,
-    /// Benchmarks with random weights: each segment's exact speech-token count ([`ForcedLengths`]).
-    pub forced_lens: Option<Vec<usize>>,
-}
-
-/// Benchmarks with random weights (which end speech at random): each segment decodes exactly
-/// its characters ÷ the language's speaking rate × 25 speech tokens (`[llm] force_lengths`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ForcedLengths {
-    pub zh_chars_per_second: f64,
-    pub en_chars_per_second: f64,
-}
-
-impl ForcedLengths {
-    /// Speech tokens per second of audio (CosyVoice2's tokenizer runs at 25 Hz).
-    pub const TOKENS_PER_SECOND: f64 = 25.0;
-
-    pub fn from_config(cfg: &crate::config::Config) -> Option<ForcedLengths> {
-        cfg.llm.force_lengths.then_some(ForcedLengths {
-            zh_chars_per_second: cfg.frontend.zh_chars_per_second,
-            en_chars_per_second: cfg.frontend.en_chars_per_second,
-        })
-    }
-
-    /// Speech tokens of a segment of `chars` characters in `lang`.
-    pub fn tokens(&self, chars: usize, lang: Lang) -> usize {
-        let rate = match lang {
-            Lang::Zh => self.zh_chars_per_second,
-            Lang::En => self.en_chars_per_second,
-        };
-        ((chars as f64 / rate * Self::TOKENS_PER_SECOND).ceil() as usize).max(1)
-    }
+    /// Each segment's estimated speech tokens (its characters at the speaking rate, 25 a second):
+    /// the job's work for the batch policy.
+    pub speech_estimate: Vec<usize>,
+    /// Benchmarks with random weights (`[llm] force_lengths`): each segment decodes exactly its
+    /// estimate, end-of-speech refused until then.
+    pub forced: bool,
 }
 
 impl TextInput {
@@ -83,15 +57,22 @@ impl TextInput {
         text: &str,
         mode: Option<Mode>,
         instruction: Option<&str>,
-        forced: Option<ForcedLengths>,
+        rates: &SpeakingRates,
+        forced: bool,
     ) -> Result<TextInput, FrontendError> {
         let prepared = frontend.prepare(text)?;
         let instruction = match instruction {
             Some(i) => Some(frontend.tokenizer().encode(&format!("{i}{END_OF_PROMPT}"))?),
             None => None,
         };
-        let forced_lens = forced.map(|f| prepared.segments.iter().map(|s| f.tokens(s.text.chars().count(), prepared.lang)).collect());
-        Ok(TextInput { job_id, segments: prepared.segments.into_iter().map(|s| s.tokens).collect(), mode, instruction, forced_lens })
+        let speech_estimate = prepared.segments.iter().map(|s| rates.speech_tokens(&s.text, prepared.lang)).collect();
+        let segments = prepared.segments.into_iter().map(|s| s.tokens).collect();
+        Ok(TextInput { job_id, segments, mode, instruction, speech_estimate, forced })
+    }
+
+    /// Estimated speech tokens over all segments.
+    pub fn estimated_speech_tokens(&self) -> usize {
+        self.speech_estimate.iter().sum()
     }
 
     /// Text tokens over all segments.
@@ -282,8 +263,8 @@ impl TextToSpeech {
         let v = self.token2wav.voices().get(index).ok_or(TextJobError::UnknownVoice(voice))?;
         let name = Synthesizer::manifest(&self.token2wav).voices.get(index).cloned().unwrap_or_default();
         let mut requests = prompt::requests(text.job_id, &text.segments, &name, v, text.mode, text.instruction.as_deref())?;
-        if let Some(forced) = &text.forced_lens {
-            for (r, &n) in requests.iter_mut().zip(forced) {
+        if text.forced {
+            for (r, &n) in requests.iter_mut().zip(&text.speech_estimate) {
                 r.forced_len = Some(n);
             }
         }
