@@ -203,7 +203,7 @@ impl TextToSpeech {
             }
         }
         let started = Instant::now();
-        let t2w_before = self.token2wav_seconds();
+        let t2w_before = self.token2wav.work_seconds();
         let ratios = self.ratios;
         let (max_batch, voices) = (self.max_batch, items.iter().map(|i| i.voice).collect::<Vec<_>>());
         let TextToSpeech { token2wav, lm, decoder, admission, llm_work, .. } = self;
@@ -240,21 +240,22 @@ impl TextToSpeech {
         while let Some(batch) = take_bucket(&mut ready, admission.as_ref(), max_batch, true) {
             run_bucket(token2wav, batch, &failed, &mut pieces)?;
         }
-        let t2w = self.token2wav_seconds() - t2w_before;
+        let t2w = self.token2wav.work_seconds() - t2w_before;
         self.llm_work.seconds += (started.elapsed().as_secs_f64() - t2w).max(0.0);
         Ok(failed
             .into_iter()
             .zip(pieces)
             .map(|(f, segs)| match f {
                 Some(e) => Err(e),
-                None => Ok(segs.into_iter().flatten().flatten().collect()),
+                // Every segment's audio, in order; one missing would drop text: never silently.
+                None => segs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(segment, audio)| audio.ok_or(TextJobError::NoSpeech { segment }))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(|parts| parts.concat()),
             })
             .collect())
-    }
-
-    fn token2wav_seconds(&mut self) -> f64 {
-        // Token2wav's own accumulation, read without taking it.
-        self.token2wav.work_seconds()
     }
 
     /// A job's LLM requests: its segments, prompted as its mode says.
