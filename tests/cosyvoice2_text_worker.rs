@@ -40,14 +40,15 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     speech.voice = "voice0".into();
     speech.campaign = "cv2".into();
     let good = vec![
-        text_job("你好，世界！今天是2024年1月15日。", "voice1", None, None),
+        // voice1 has a whole prompt (text and speech tokens): zero-shot.
+        text_job("你好，世界！今天是2024年1月15日。", "voice1", Some(Mode::ZeroShot), None),
         text_job("It costs $0.99. Call me at 10:30 am!", "voice0", Some(Mode::Instruct), Some("Speak slowly")),
         text_job("Hello 世界, this is a mixed line with 3 apples.", "voice0", Some(Mode::CrossLingual), None),
         text_job(&chapter, "voice1", Some(Mode::CrossLingual), None),
         speech,
     ];
     let nothing = text_job("。。。！！ ……", "voice0", None, None);
-    let no_prompt = text_job("你好。", "voice1", Some(Mode::ZeroShot), None);
+    let no_prompt = text_job("你好。", "voice0", Some(Mode::ZeroShot), None);
     env.publish(&good).await;
     env.publish(&[nothing, no_prompt]).await;
 
@@ -57,7 +58,7 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     letters.sort();
     assert_eq!(letters[0].0, "nothing_to_say", "{letters:?}");
     assert_eq!(letters[1].0, "synthesis_failed", "{letters:?}");
-    assert!(letters[1].1.contains("zero_shot") && letters[1].1.contains("voice1"), "says what is wrong and what to do: {}", letters[1].1);
+    assert!(letters[1].1.contains("zero_shot") && letters[1].1.contains("voice0"), "says what is wrong and what to do: {}", letters[1].1);
 
     // Each done job: a 24 kHz WAV of whole speech tokens (2 frames × 480 samples), its segments counted.
     let frontend = Frontend::load(patient.path(), SegmentLimits::from_config(&env.cfg)).unwrap();

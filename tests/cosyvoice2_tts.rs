@@ -63,11 +63,12 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
     let nothing = TextInput::prepare(&frontend, uuid::Uuid::from_u128(3), "。。。！！", None, None, &rates(), false);
     assert!(matches!(nothing, Err(FrontendError::Empty)), "{nothing:?}");
     let items = vec![
+        // voice1 has a whole prompt (text and speech tokens): zero-shot by default.
         job(&frontend, 1, "你好，世界！今天是2024年1月15日。", 1, None, None),
         job(&frontend, 2, "It costs $0.99. Call me at 10:30 am!", 0, Some(Mode::Instruct), Some("Speak slowly")),
         // A job of speech tokens (as cosyvoice2-token2wav takes) rides along without the LLM.
         SynthItem::tokens((0..40).map(|t| t % 64).collect(), 0),
-        job(&frontend, 4, "你好。", 1, Some(Mode::ZeroShot), None),
+        job(&frontend, 4, "你好。", 0, Some(Mode::ZeroShot), None),
         job(&frontend, 5, &chapter, 1, Some(Mode::CrossLingual), None),
     ];
     let segments = items[4].text.as_ref().unwrap().segments.len();
@@ -81,7 +82,7 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
         assert!(audio.iter().all(|s| s.is_finite()));
     }
     assert_eq!(out[2].as_ref().unwrap().len(), 40 * 960, "the speech-token job: 40 tokens' audio");
-    // voice1 has a flow prompt but no prompt text: zero-shot is refused with what to do instead.
+    // voice0 has no prompt: zero-shot is refused with what to do instead.
     assert!(matches!(out[3], Err(TextJobError::Prompt(PromptError::NoPrompt(_)))), "{:?}", out[3].as_ref().err());
     // The chapter's audio is at least one token per segment longer than any one segment could be alone.
     assert!(out[4].as_ref().unwrap().len() >= segments * 960);

@@ -184,6 +184,10 @@ def main():
                 "flow_prompt_speech_token_len": torch.tensor([prompt_len]),
                 "prompt_speech_feat": torch.randn(1, 2 * prompt_len, 80, generator=gen),
                 "prompt_speech_feat_len": torch.tensor([2 * prompt_len]),
+                # The prompt's text as token ids (as CosyVoice2 stores it), so that the voice can
+                # serve zero-shot jobs; its own generator leaves the other draws where they were.
+                "prompt_text": torch.randint(3, 200, (1, 8), generator=torch.Generator().manual_seed(v + 77)),
+                "prompt_text_len": torch.tensor([8]),
             }
     torch.save(voices, os.path.join(official, "spk2info.pt"))
     with open(os.path.join(official, "cosyvoice2.yaml"), "w") as f:
