@@ -94,6 +94,24 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     let stage_hours: f64 = by_stage.rows.iter().map(|r| r.gpu_hours).sum();
     assert!((stage_hours - total.gpu_hours).abs() < 1e-9, "the stages' GPU time is the jobs' GPU time: {stage_hours} vs {}", total.gpu_hours);
     assert!(total.usd_per_million_chars.is_some());
+    // What users buy by: the jobs' costs add up to their batches' costs, and the chapter pays its
+    // batch's price per audio-second like every other job (the sum of its segments' shares).
+    let (jobs_cost, batches_cost): (f64, f64) = sqlx::query_as(
+        "SELECT (SELECT sum(cost_usd) FROM job_costs WHERE campaign = 'cv2'),
+                (SELECT sum(cost_usd) FROM batches WHERE batch_id IN (SELECT batch_id FROM jobs WHERE campaign = 'cv2' AND status = 'done'))",
+    )
+    .fetch_one(env.db.pool())
+    .await
+    .unwrap();
+    assert!(batches_cost > 0.0 && (jobs_cost - batches_cost).abs() < 1e-9 * batches_cost.max(1.0), "{jobs_cost} vs {batches_cost}");
+    let (chapter_rate, batch_rate): (f64, f64) = sqlx::query_as(
+        "SELECT jc.cost_usd / jc.audio_seconds, b.cost_usd / b.audio_seconds FROM job_costs jc JOIN batches b USING (batch_id) WHERE jc.job_id = $1",
+    )
+    .bind(good[3].job_id)
+    .fetch_one(env.db.pool())
+    .await
+    .unwrap();
+    assert!((chapter_rate - batch_rate).abs() < 1e-9 * batch_rate, "{chapter_rate} vs {batch_rate}");
 
     // An LLM that runs into max_len (here 0.2× the text's tokens) fails that job, saying so.
     let impatient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 0.2")]);
