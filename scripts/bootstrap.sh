@@ -54,6 +54,15 @@ if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(0 if importlib.ut
   log "installing wetext 0.1.8 (text normalisation grammars)"
   .venv/bin/pip install -q --disable-pip-version-check --no-deps wetext==0.1.8
 fi
+# torchaudio (the reference's resampler and Kaldi fbank) for the voice features' parity fixtures.
+if ! .venv/bin/python -c "import torchaudio" 2>/dev/null; then
+  log "installing torchaudio 2.11.0 (voice parity reference)"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps torchaudio==2.11.0
+fi
+if [ ! -f models/voice-parity/voice_parity.safetensors ] || [ tools/make_voice_fixtures.py -nt models/voice-parity/voice_parity.safetensors ]; then
+  log "building the voice parity fixtures"
+  .venv/bin/python tools/make_voice_fixtures.py --out models/voice-parity > /dev/null
+fi
 # CosyVoice2's LLM reference (Qwen2LM) needs the transformers CosyVoice pins, 4.51.3: 5.x changes
 # the model's output upstream, and 4.57 already decodes differently with the one-position attention
 # mask the reference passes at each step. It wants a huggingface_hub < 1, which the venv's diffusers

@@ -43,4 +43,5 @@ pub mod queue;
 pub mod report;
 pub mod sizing;
 pub mod storage;
+pub mod voice;
 pub mod worker;

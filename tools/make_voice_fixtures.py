@@ -1,0 +1,48 @@
+"""Parity fixtures for voxbatch's prompt-recording pipeline (src/voice/, issue 15): signals and what
+the reference's own tools make of them — `torchaudio.transforms.Resample` (CosyVoice's `load_wav`
+resamples with it) at the rates prompts arrive in. Written to OUT/voice_parity.safetensors for
+tests/voice.rs; deterministic for a seed.
+
+  python tools/make_voice_fixtures.py --out models/voice-parity
+"""
+import argparse
+import math
+import os
+
+import torch
+import torchaudio
+from safetensors.torch import save_file
+
+# (from, to): common recording rates to the 16 kHz of the speech tokenizer and speaker
+# embedding and the 24 kHz of the prompt mel.
+RESAMPLES = [(24000, 16000), (44100, 16000), (48000, 16000), (22050, 24000), (16000, 24000), (48000, 24000)]
+
+
+def signal(rate, seconds, gen):
+    """Noise plus a sweep: energy across the band, so the filter's every tap matters."""
+    n = int(rate * seconds)
+    t = torch.arange(n, dtype=torch.float64) / rate
+    sweep = 0.3 * torch.sin(2 * math.pi * (100 * t + 0.5 * (rate / 2.2 - 100) / seconds * t * t))
+    noise = 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+    return (sweep + noise).float()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=5)
+    a = ap.parse_args()
+    gen = torch.Generator().manual_seed(a.seed)
+    tensors = {}
+    for src, dst in RESAMPLES:
+        x = signal(src, 1.37, gen)
+        y = torchaudio.transforms.Resample(orig_freq=src, new_freq=dst)(x[None])[0]
+        tensors[f"resample.{src}.{dst}.in"] = x.contiguous()
+        tensors[f"resample.{src}.{dst}.out"] = y.contiguous()
+    os.makedirs(a.out, exist_ok=True)
+    save_file(tensors, os.path.join(a.out, "voice_parity.safetensors"))
+    print(f"wrote {a.out}/voice_parity.safetensors: {len(RESAMPLES)} resamplings (torchaudio {torchaudio.__version__})")
+
+
+if __name__ == "__main__":
+    main()
