@@ -1,6 +1,7 @@
 """Parity fixtures for voxbatch's prompt-recording pipeline (src/voice/, issue 15): signals and what
 the reference's own tools make of them — `torchaudio.transforms.Resample` (CosyVoice's `load_wav`
-resamples with it) at the rates prompts arrive in. Written to OUT/voice_parity.safetensors for
+resamples with it) at the rates prompts arrive in, and the speaker embedding's input (Kaldi fbank,
+80 bins, mean removed, `frontend._extract_spk_embedding`). Written to OUT/voice_parity.safetensors for
 tests/voice.rs; deterministic for a seed.
 
   python tools/make_voice_fixtures.py --out models/voice-parity
@@ -39,6 +40,17 @@ def main():
         y = torchaudio.transforms.Resample(orig_freq=src, new_freq=dst)(x[None])[0]
         tensors[f"resample.{src}.{dst}.in"] = x.contiguous()
         tensors[f"resample.{src}.{dst}.out"] = y.contiguous()
+    # The speaker embedding's input (frontend._extract_spk_embedding): Kaldi fbank, mean removed.
+    import torchaudio.compliance.kaldi as kaldi
+    speech = signal(16000, 2.13, gen)[None]
+    feat = kaldi.fbank(speech, num_mel_bins=80, dither=0, sample_frequency=16000)
+    tensors["fbank.in"] = speech[0].contiguous()
+    tensors["fbank.out"] = (feat - feat.mean(dim=0, keepdim=True)).contiguous()
+    tensors["fbank.raw"] = feat.contiguous()
+    # The same in float64: the reference's float32 rounding alone moves it by ≈ 3e-4.
+    feat64 = kaldi.fbank(speech.double(), num_mel_bins=80, dither=0, sample_frequency=16000)
+    tensors["fbank.raw64"] = feat64.contiguous()
+    tensors["fbank.out64"] = (feat64 - feat64.mean(dim=0, keepdim=True)).contiguous()
     os.makedirs(a.out, exist_ok=True)
     save_file(tensors, os.path.join(a.out, "voice_parity.safetensors"))
     print(f"wrote {a.out}/voice_parity.safetensors: {len(RESAMPLES)} resamplings (torchaudio {torchaudio.__version__})")

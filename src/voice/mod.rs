@@ -7,4 +7,5 @@
 //!
 //! Neighbours: `model::cosyvoice2` (the `Voice` a recording becomes); `commands` (`voice add`).
 
+pub mod features;
 pub mod recording;
