@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use voxbatch::voice::features::{kaldi_fbank, speaker_fbank};
+use voxbatch::voice::features::{kaldi_fbank, prompt_mel, speaker_fbank};
 use voxbatch::voice::recording::Recording;
 
 struct Fixtures(Vec<(String, tch::Tensor)>);
@@ -68,4 +68,16 @@ fn resampling_matches_the_reference_resampler_at_every_common_rate() {
         checked += 1;
     }
     assert_eq!(checked, 6);
+}
+
+#[test]
+fn the_prompt_mel_matches_the_reference_mel_spectrogram() {
+    let fx = Fixtures::load();
+    let input = fx.get("mel.in");
+    let mel = prompt_mel(&input);
+    assert_eq!(vec![mel.len() as i64, 80], fx.shape("mel.out"));
+    let mel: Vec<f32> = mel.into_iter().flatten().collect();
+    let w = worst(&mel, &fx.get("mel.out"));
+    assert!(w <= 1e-4, "prompt mel: worst difference {w}");
+    assert!(prompt_mel(&input[..700]).is_empty(), "too short for one frame: no rows");
 }

@@ -28,6 +28,26 @@ def signal(rate, seconds, gen):
     return (sweep + noise).float()
 
 
+def reference_mel_spectrogram():
+    import importlib.util
+    import sys
+    import types
+    root = importlib.util.find_spec("matcha").submodule_search_locations[0]
+    filters = types.ModuleType("librosa.filters")
+
+    def mel(sr, n_fft, n_mels, fmin, fmax):
+        fb = torchaudio.functional.melscale_fbanks(n_fft // 2 + 1, float(fmin), float(fmax), n_mels, sr, norm="slaney", mel_scale="slaney")
+        return fb.T.numpy()
+
+    filters.mel = mel
+    sys.modules.setdefault("librosa", types.ModuleType("librosa"))
+    sys.modules["librosa.filters"] = filters
+    spec = importlib.util.spec_from_file_location("matcha_audio", os.path.join(root, "utils", "audio.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.mel_spectrogram
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -51,6 +71,15 @@ def main():
     feat64 = kaldi.fbank(speech.double(), num_mel_bins=80, dither=0, sample_frequency=16000)
     tensors["fbank.raw64"] = feat64.contiguous()
     tensors["fbank.out64"] = (feat64 - feat64.mean(dim=0, keepdim=True)).contiguous()
+    # The flow's prompt mel (frontend._extract_speech_feat): the reference package's own
+    # matcha.utils.audio.mel_spectrogram, loaded from its file (the package's __init__ wants hydra).
+    # librosa is not installed: its Slaney filter bank comes from torchaudio's documented
+    # equivalent (melscale_fbanks, norm and scale "slaney").
+    mel_spectrogram = reference_mel_spectrogram()
+    speech24 = signal(24000, 1.91, gen)[None]
+    args = dict(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0, fmax=8000, center=False)
+    tensors["mel.in"] = speech24[0].contiguous()
+    tensors["mel.out"] = mel_spectrogram(speech24, **args).squeeze(0).transpose(0, 1).contiguous()
     os.makedirs(a.out, exist_ok=True)
     save_file(tensors, os.path.join(a.out, "voice_parity.safetensors"))
     print(f"wrote {a.out}/voice_parity.safetensors: {len(RESAMPLES)} resamplings (torchaudio {torchaudio.__version__})")
