@@ -54,10 +54,11 @@ if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(0 if importlib.ut
   log "installing wetext 0.1.8 (text normalisation grammars)"
   .venv/bin/pip install -q --disable-pip-version-check --no-deps wetext==0.1.8
 fi
-# torchaudio (the reference's resampler and Kaldi fbank) for the voice features' parity fixtures.
-if ! .venv/bin/python -c "import torchaudio" 2>/dev/null; then
-  log "installing torchaudio 2.11.0 (voice parity reference)"
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps torchaudio==2.11.0
+# torchaudio (the reference's resampler and Kaldi fbank) and s3tokenizer (Whisper's log-mel as the
+# speech tokenizer takes it) for the voice features' parity fixtures.
+if ! .venv/bin/python -c "import importlib.util as u, sys, torchaudio; sys.exit(0 if u.find_spec('s3tokenizer') else 1)" 2>/dev/null; then
+  log "installing torchaudio 2.11.0 and s3tokenizer 0.3.0 (voice parity references)"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps torchaudio==2.11.0 s3tokenizer==0.3.0
 fi
 if [ ! -f models/voice-parity/voice_parity.safetensors ] || [ tools/make_voice_fixtures.py -nt models/voice-parity/voice_parity.safetensors ]; then
   log "building the voice parity fixtures"

@@ -1,11 +1,13 @@
 //! Prompt recordings (issue 15) against the reference's own tools (fixtures by
 //! `tools/make_voice_fixtures.py`, made by bootstrap), to the issue's 1e-4: the resampler
-//! (`torchaudio.transforms.Resample`) at the rates recordings arrive in, and the speaker
-//! embedding's input (`torchaudio.compliance.kaldi.fbank`, mean removed).
+//! (`torchaudio.transforms.Resample`) at the rates recordings arrive in, the speaker embedding's
+//! input (`torchaudio.compliance.kaldi.fbank`, mean removed), the speech tokenizer's input
+//! (Whisper's 128-bin log-mel, s3tokenizer's `log_mel_spectrogram`) and the flow's prompt mel (the
+//! reference package's `mel_spectrogram`).
 
 use std::path::PathBuf;
 
-use voxbatch::voice::features::{kaldi_fbank, prompt_mel, speaker_fbank};
+use voxbatch::voice::features::{kaldi_fbank, prompt_mel, speaker_fbank, whisper_log_mel};
 use voxbatch::voice::recording::Recording;
 
 struct Fixtures(Vec<(String, tch::Tensor)>);
@@ -80,4 +82,15 @@ fn the_prompt_mel_matches_the_reference_mel_spectrogram() {
     let w = worst(&mel, &fx.get("mel.out"));
     assert!(w <= 1e-4, "prompt mel: worst difference {w}");
     assert!(prompt_mel(&input[..700]).is_empty(), "too short for one frame: no rows");
+}
+
+#[test]
+fn the_speech_tokenizer_log_mel_matches_whisper_log_mel_spectrogram() {
+    let fx = Fixtures::load();
+    let input = fx.get("whisper.in");
+    let mel = whisper_log_mel(&input);
+    assert_eq!(vec![mel.len() as i64, 128], fx.shape("whisper.out"));
+    let mel: Vec<f32> = mel.into_iter().flatten().collect();
+    let w = worst(&mel, &fx.get("whisper.out"));
+    assert!(w <= 1e-4, "whisper log-mel: worst difference {w}");
 }

@@ -1,7 +1,9 @@
 """Parity fixtures for voxbatch's prompt-recording pipeline (src/voice/, issue 15): signals and what
 the reference's own tools make of them — `torchaudio.transforms.Resample` (CosyVoice's `load_wav`
 resamples with it) at the rates prompts arrive in, and the speaker embedding's input (Kaldi fbank,
-80 bins, mean removed, `frontend._extract_spk_embedding`). Written to OUT/voice_parity.safetensors for
+80 bins, mean removed, `frontend._extract_spk_embedding`), the speech tokenizer's input (Whisper's
+128-bin log-mel, s3tokenizer's copy) and the flow's prompt mel (the reference package's matcha
+`mel_spectrogram`). Needs torchaudio and s3tokenizer (both `--no-deps`; bootstrap installs them). Written to OUT/voice_parity.safetensors for
 tests/voice.rs; deterministic for a seed.
 
   python tools/make_voice_fixtures.py --out models/voice-parity
@@ -26,6 +28,21 @@ def signal(rate, seconds, gen):
     sweep = 0.3 * torch.sin(2 * math.pi * (100 * t + 0.5 * (rate / 2.2 - 100) / seconds * t * t))
     noise = 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
     return (sweep + noise).float()
+
+
+def reference_log_mel_spectrogram():
+    """s3tokenizer's utils.log_mel_spectrogram, loaded from its file; `onnx` (imported there for
+    the models, unused by this function) is stubbed when absent."""
+    import importlib.util
+    import sys
+    import types
+    if importlib.util.find_spec("onnx") is None:
+        sys.modules.setdefault("onnx", types.ModuleType("onnx"))
+    root = importlib.util.find_spec("s3tokenizer").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location("s3tokenizer_utils", os.path.join(root, "utils.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.log_mel_spectrogram
 
 
 def reference_mel_spectrogram():
@@ -80,6 +97,12 @@ def main():
     args = dict(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0, fmax=8000, center=False)
     tensors["mel.in"] = speech24[0].contiguous()
     tensors["mel.out"] = mel_spectrogram(speech24, **args).squeeze(0).transpose(0, 1).contiguous()
+    # The speech tokenizer's input (frontend._extract_speech_token): whisper.log_mel_spectrogram,
+    # 128 bins — s3tokenizer's copy, with its librosa-made filter bank (mel_filters.npz).
+    log_mel_spectrogram = reference_log_mel_spectrogram()
+    speech16 = signal(16000, 2.57, gen)
+    tensors["whisper.in"] = speech16.contiguous()
+    tensors["whisper.out"] = log_mel_spectrogram(speech16, n_mels=128).transpose(0, 1).contiguous()
     os.makedirs(a.out, exist_ok=True)
     save_file(tensors, os.path.join(a.out, "voice_parity.safetensors"))
     print(f"wrote {a.out}/voice_parity.safetensors: {len(RESAMPLES)} resamplings (torchaudio {torchaudio.__version__})")

@@ -4,6 +4,7 @@
 //!   time removed — ported operation by operation (25 ms Povey windows every 10 ms, DC offset
 //!   removed, pre-emphasis 0.97, 512-point power spectrum, Kaldi's mel banks from 20 Hz to Nyquist,
 //!   log with float32's epsilon as the floor);
+//! - the speech tokenizer's input: Whisper's 128-bin log-mel at 16 kHz (`whisper_log_mel`);
 //! - the flow's prompt mel at 24 kHz (matcha's `mel_spectrogram`: n_fft 1920, hop 480, Hann window,
 //!   reflect padding of 720 a side, magnitude, 80 Slaney mel bands to 8 kHz, log clamped at 1e-5).
 //!
@@ -155,39 +156,75 @@ fn slaney_banks(sample_rate: f64, n_fft: usize, n_mels: usize, fmin: f64, fmax: 
 /// The flow's prompt mel of 24 kHz samples, as the reference's `_extract_speech_feat`: one row of
 /// 80 log-mel values per 20 ms frame. Empty when too short for one frame.
 pub fn prompt_mel(samples_24k: &[f32]) -> Vec<Vec<f32>> {
-    let pad = (MEL_FFT - MEL_HOP) / 2;
-    let n = samples_24k.len();
-    if n <= pad {
-        return Vec::new(); // reflect padding needs more samples than it pads
-    }
-    // Reflect padding (the edge sample not repeated), as torch's "reflect".
-    let x: Vec<f64> = (0..n + 2 * pad)
-        .map(|i| {
-            let j = i as isize - pad as isize;
-            let j = if j < 0 { -j } else if j >= n as isize { 2 * (n as isize - 1) - j } else { j };
-            f64::from(samples_24k[j as usize])
+    let Some(x) = reflect_pad(samples_24k, (MEL_FFT - MEL_HOP) / 2) else { return Vec::new() };
+    let banks = slaney_banks(24_000.0, MEL_FFT, 80, 0.0, 8_000.0);
+    stft_power(&x, MEL_FFT, MEL_HOP)
+        .into_iter()
+        .map(|power| {
+            let magnitude: Vec<f64> = power.iter().map(|p| (p + 1e-9).sqrt()).collect();
+            banks.iter().map(|bank| bank.iter().zip(&magnitude).map(|(w, m)| w * m).sum::<f64>().max(1e-5).ln() as f32).collect()
         })
+        .collect()
+}
+
+/// The speech tokenizer's input, as the reference's `whisper.log_mel_spectrogram(speech, n_mels=128)`
+/// (s3tokenizer's copy): of 16 kHz samples, a 400-point STFT every 160 samples (centred: reflect
+/// padding of 200 a side; the last frame dropped), power, 128 Slaney mel bands, log10 clamped at
+/// 1e-10, floored 8 below its maximum, then (x + 4) / 4. One row of 128 per 10 ms.
+pub fn whisper_log_mel(samples_16k: &[f32]) -> Vec<Vec<f32>> {
+    const N_FFT: usize = 400;
+    const HOP: usize = 160;
+    let Some(x) = reflect_pad(samples_16k, N_FFT / 2) else { return Vec::new() };
+    let banks = slaney_banks(16_000.0, N_FFT, 128, 0.0, 8_000.0);
+    let mut frames = stft_power(&x, N_FFT, HOP);
+    frames.pop();
+    let logs: Vec<Vec<f64>> = frames
+        .iter()
+        .map(|power| banks.iter().map(|bank| bank.iter().zip(power).map(|(w, p)| w * p).sum::<f64>().max(1e-10).log10()).collect())
         .collect();
-    if x.len() < MEL_FFT {
+    let max = logs.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+    logs.into_iter().map(|row| row.into_iter().map(|v| ((v.max(max - 8.0) + 4.0) / 4.0) as f32).collect()).collect()
+}
+
+/// `samples` reflect-padded by `pad` a side, as torch's "reflect" (the edge sample not repeated);
+/// `None` when there are too few samples to reflect.
+fn reflect_pad(samples: &[f32], pad: usize) -> Option<Vec<f64>> {
+    let n = samples.len();
+    if n <= pad {
+        return None;
+    }
+    Some(
+        (0..n + 2 * pad)
+            .map(|i| {
+                let j = i as isize - pad as isize;
+                let j = if j < 0 { -j } else if j >= n as isize { 2 * (n as isize - 1) - j } else { j };
+                f64::from(samples[j as usize])
+            })
+            .collect(),
+    )
+}
+
+/// Power spectra (`n_fft / 2 + 1` bins) of `x` under a periodic Hann window (torch.hann_window),
+/// a frame every `hop` samples, frames that fit whole.
+fn stft_power(x: &[f64], n_fft: usize, hop: usize) -> Vec<Vec<f64>> {
+    if x.len() < n_fft {
         return Vec::new();
     }
-    let frames = 1 + (x.len() - MEL_FFT) / MEL_HOP;
-    // torch.hann_window(1920): periodic.
-    let window: Vec<f64> = (0..MEL_FFT).map(|i| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / MEL_FFT as f64).cos()).collect();
-    let banks = slaney_banks(24_000.0, MEL_FFT, 80, 0.0, 8_000.0);
-    let fft = RealFftPlanner::<f64>::new().plan_fft_forward(MEL_FFT);
+    let frames = 1 + (x.len() - n_fft) / hop;
+    let window: Vec<f64> = (0..n_fft).map(|i| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * i as f64 / n_fft as f64).cos()).collect();
+    let fft = RealFftPlanner::<f64>::new().plan_fft_forward(n_fft);
     let mut input = fft.make_input_vec();
     let mut spectrum = fft.make_output_vec();
     let mut out = Vec::with_capacity(frames);
     for f in 0..frames {
         for (i, v) in input.iter_mut().enumerate() {
-            *v = x[f * MEL_HOP + i] * window[i];
+            *v = x[f * hop + i] * window[i];
         }
+        // Buffers from the plan itself: the length check cannot fail.
         if fft.process(&mut input, &mut spectrum).is_err() {
             return Vec::new();
         }
-        let magnitude: Vec<f64> = spectrum.iter().map(|c| (c.norm_sqr() + 1e-9).sqrt()).collect();
-        out.push(banks.iter().map(|bank| bank.iter().zip(&magnitude).map(|(w, m)| w * m).sum::<f64>().max(1e-5).ln() as f32).collect());
+        out.push(spectrum.iter().map(|c| c.norm_sqr()).collect());
     }
     out
 }
