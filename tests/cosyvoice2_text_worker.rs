@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{dead_letters, model_variant, TestEnv};
+use common::{dead_letters, tiny_cosyvoice2_with_max_ratio, TestEnv};
 use voxbatch::audio::parse_wav_header;
 use voxbatch::frontend::segment::SegmentLimits;
 use voxbatch::frontend::Frontend;
@@ -27,7 +27,7 @@ fn text_job(text: &str, voice: &str, mode: Option<Mode>, instruction: Option<&st
 async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_fail_alone() {
     // Random weights end speech at random: a longer max_len (200× the text instead of 20×) keeps
     // every segment from running into it, which the last part of this test does on purpose.
-    let patient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 200.0")]);
+    let patient = tiny_cosyvoice2_with_max_ratio("200.0");
     let mut env = TestEnv::new_with("cv2text", |cfg| {
         // Short segments, so that the chapter makes many.
         (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
@@ -114,7 +114,7 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     assert!((chapter_rate - batch_rate).abs() < 1e-9 * batch_rate, "{chapter_rate} vs {batch_rate}");
 
     // An LLM that runs into max_len (here 0.2× the text's tokens) fails that job, saying so.
-    let impatient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 0.2")]);
+    let impatient = tiny_cosyvoice2_with_max_ratio("0.2");
     env.cfg.model.dir = impatient.path().to_path_buf();
     let long_winded = text_job("今天天气很好，我们去公园散步，然后一起吃午饭。", "voice0", Some(Mode::CrossLingual), None);
     env.publish(std::slice::from_ref(&long_winded)).await;
@@ -130,7 +130,7 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
 
 #[tokio::test]
 async fn a_worker_killed_mid_chapter_loses_nothing_and_the_chapter_is_synthesized_again_whole() {
-    let patient = model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", "max_token_text_ratio = 200.0")]);
+    let patient = tiny_cosyvoice2_with_max_ratio("200.0");
     let mut env = TestEnv::new("cv2kill").await;
     env.cfg.model.dir = patient.path().to_path_buf();
     let chapter = text_job(&"今天天气很好，我们去公园散步。The price was $1,299.50, paid on 2024-01-15. ".repeat(25), "voice1", Some(Mode::CrossLingual), None);

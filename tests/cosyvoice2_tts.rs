@@ -4,7 +4,7 @@
 //! speak: these tests check the chain's contract (lengths, modes, each job's failure alone), not
 //! what it says.
 
-use std::path::PathBuf;
+mod common;
 
 use std::sync::Arc;
 
@@ -15,29 +15,6 @@ use voxbatch::job::Mode;
 use voxbatch::model::cosyvoice2::llm::prompt::PromptError;
 use voxbatch::model::cosyvoice2::tts::{TextJobError, TextPlan, TextToSpeech};
 use voxbatch::model::{Device, Precision, Stage, SynthItem, Synthesizer, TextInput};
-
-fn model() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
-    assert!(dir.join("tokenizer.json").is_file() && dir.join("llm.safetensors").is_file(), "run scripts/bootstrap.sh");
-    dir
-}
-
-/// The tiny model with a longer `max_len` (200× the text's tokens instead of 20×): its random LLM
-/// ends speech at random (a few percent a step), and running into max_len fails a job — which is
-/// not what this test is about. Files linked, model.toml rewritten.
-fn patient_model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(model()).unwrap() {
-        let entry = entry.unwrap();
-        if entry.file_name() != "model.toml" {
-            std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name())).unwrap();
-        }
-    }
-    let toml = std::fs::read_to_string(model().join("model.toml")).unwrap();
-    assert!(toml.contains("max_token_text_ratio = 20.0"));
-    std::fs::write(dir.path().join("model.toml"), toml.replace("max_token_text_ratio = 20.0", "max_token_text_ratio = 200.0")).unwrap();
-    dir
-}
 
 fn rates() -> SpeakingRates {
     SpeakingRates::from_config(&Config::defaults().unwrap().frontend)
@@ -53,7 +30,9 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
     // Short segments (max 20, min 10, merge 5, cap 24 tokens), so that texts make several.
     let mut cfg = Config::defaults().unwrap();
     (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
-    let dir = patient_model();
+    // A longer max_len (200× the text's tokens): running into it fails a job, which is not what
+    // this test is about.
+    let dir = common::tiny_cosyvoice2_with_max_ratio("200.0");
     let frontend = Frontend::load(dir.path(), SegmentLimits::from_config(&cfg)).unwrap();
     // token2wav buckets of at most 3 segments: several run between LLM steps.
     let plan = TextPlan { token2wav_max_batch: 3, ..TextPlan::small(cfg.llm.clone()) };

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+pub use cosyvoice2::tts::TextInput;
 pub use manifest::{Cosyvoice2Dims, LlmDims, Manifest, ModelKind, TokenizerSpec};
 pub use torchscript::TorchScriptModel;
 
@@ -239,6 +240,10 @@ pub trait Synthesizer {
     fn take_stages(&mut self) -> Vec<StageTime> {
         Vec::new()
     }
+    /// Sequences the speech-token LM decodes at once (models with an LLM).
+    fn llm_slots(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// What loading a model needs besides its directory, device and precision.
@@ -271,8 +276,6 @@ pub fn load(dir: &std::path::Path, device: Device, precision: Precision, text: O
     }
 }
 
-pub use cosyvoice2::tts::TextInput;
-
 type Request = (Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>);
 
 /// Handle to the inference thread. Cheap to clone; the thread ends when every handle is dropped.
@@ -282,6 +285,7 @@ pub struct ModelHandle {
     manifest: std::sync::Arc<Manifest>,
     device: Device,
     precision: Precision,
+    llm_slots: Option<usize>,
 }
 
 impl ModelHandle {
@@ -290,7 +294,7 @@ impl ModelHandle {
         let LoadOptions { cpu_threads, text } = options;
         // One request waits while one runs: async senders wait for room without blocking.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(1);
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Manifest, ModelError>>(1);
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(Manifest, Option<usize>), ModelError>>(1);
         let dir = dir.to_path_buf();
         std::thread::Builder::new()
             .name(format!("voxbatch-infer-{device}"))
@@ -300,7 +304,7 @@ impl ModelHandle {
                 }
                 let mut model = match load(&dir, device, precision, text) {
                     Ok(m) => {
-                        let _ = ready_tx.send(Ok(m.manifest().clone()));
+                        let _ = ready_tx.send(Ok((m.manifest().clone(), m.llm_slots())));
                         m
                     }
                     Err(e) => {
@@ -323,8 +327,8 @@ impl ModelHandle {
                 }
             })
             .map_err(|e| ModelError::DeviceUnavailable { device, reason: format!("cannot start inference thread: {e}") })?;
-        let manifest = ready_rx.recv().map_err(|_| ModelError::ThreadGone)??;
-        Ok(ModelHandle { tx, manifest: std::sync::Arc::new(manifest), device, precision })
+        let (manifest, llm_slots) = ready_rx.recv().map_err(|_| ModelError::ThreadGone)??;
+        Ok(ModelHandle { tx, manifest: std::sync::Arc::new(manifest), device, precision, llm_slots })
     }
 
     /// [`ModelHandle::spawn`] from async code.
@@ -343,6 +347,10 @@ impl ModelHandle {
     }
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+    /// The slots the model's LLM was sized with (`sizing::text_plan`), for models with an LLM.
+    pub fn llm_slots(&self) -> Option<usize> {
+        self.llm_slots
     }
 
     /// Runs one batch on the inference thread.

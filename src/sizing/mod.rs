@@ -58,16 +58,23 @@ pub struct Sizing<T> {
 
 /// The batch policy the configuration asks for, and the prefetch it needs (three batches of the
 /// largest size it would admit for short jobs, unless `amqp.prefetch` is set).
-pub fn worker_policy<T: Send + 'static>(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<Sizing<T>, SizingError> {
+/// `llm_slots`: the slots the loaded model's LLM has (kind `cosyvoice2`: its text batches fill them).
+pub fn worker_policy<T: Send + 'static>(
+    cfg: &Config,
+    manifest: &Manifest,
+    device: Device,
+    precision: Precision,
+    llm_slots: Option<usize>,
+) -> Result<Sizing<T>, SizingError> {
     let b = &cfg.batching;
     if manifest.kind == ModelKind::Cosyvoice2 {
         // Memory is the model thread's business (LLM slots allocated once, token2wav buckets
-        // admitted by the memory model): jobs are batched by the work they bring.
-        // A job's length is its estimated speech tokens (both stages' work). A batch holds at most
+        // admitted by the memory model): jobs are batched by the work they bring, a job's length
+        // being its estimated speech tokens (both stages' work). A batch holds at most
         // TEXT_BATCH_FILLS fills of the slots, and at most `worker.max_hold` of work at the
         // estimated throughput: its messages stay far inside RabbitMQ's consumer timeout unless
         // the device is slower than `[frontend] estimate_audio_seconds_per_gpu_second` says.
-        let slots = text_plan(cfg, manifest, device, precision)?.slots;
+        let slots = llm_slots.ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
         let max_jobs = b.max_batch.max(slots * TEXT_BATCH_FILLS);
         let max_tokens = text_batch_tokens(slots, cfg.worker.max_hold, cfg.frontend.estimate_audio_seconds_per_gpu_second);
         info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their estimated speech tokens (LLM slots × {TEXT_BATCH_FILLS}, within worker.max_hold)");
@@ -116,8 +123,8 @@ pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: P
         }
         SizingPolicy::Memory => {
             let (budget, gpu_name) = budget_bytes(cfg, device)?;
-            // The LM's weights load in bf16 on a GPU (half the fp32 file), fp32 on CPU.
-            let kind = if device == Device::Cpu { tch::Kind::Float } else { tch::Kind::BFloat16 };
+            // The LM's weights as it loads them (bf16 on a GPU: half the fp32 file).
+            let kind = crate::model::cosyvoice2::llm::speech_lm::SpeechLm::weights_kind(device.to_tch());
             let file = std::fs::metadata(manifest.dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).map(|m| m.len()).unwrap_or(0);
             let weights = if kind == tch::Kind::Float { file } else { file / 2 };
             let mut llm = llm::plan(&cfg.llm, &dims, kind, weights, budget as u64)?;

@@ -176,8 +176,8 @@ pub async fn run(
         None
     };
     let sizing = {
-        let (cfg, manifest) = (cfg.clone(), manifest.clone());
-        tokio::task::spawn_blocking(move || crate::sizing::worker_policy(&cfg, &manifest, device, precision))
+        let (cfg, manifest, llm_slots) = (cfg.clone(), manifest.clone(), model.llm_slots());
+        tokio::task::spawn_blocking(move || crate::sizing::worker_policy(&cfg, &manifest, device, precision, llm_slots))
             .await
             .map_err(|e| WorkerError::Stage(format!("batch sizing: {e}")))??
     };

@@ -224,6 +224,13 @@ pub async fn dead_letters(env: &TestEnv, n: usize) -> Vec<(String, String)> {
 }
 
 
+/// `models/cosyvoice2-tiny` with `max_len` at `ratio`× the text's tokens (20× in the fixture): its
+/// random LLM ends speech at random, so tests that want every segment to end give it 200×, and one
+/// that wants `max_len` hit gives it a fraction.
+pub fn tiny_cosyvoice2_with_max_ratio(ratio: &str) -> tempfile::TempDir {
+    model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", &format!("max_token_text_ratio = {ratio}"))])
+}
+
 /// A variant of the model directory `rel`: its files linked, its model.toml with each `(from, to)`
 /// replaced (each `from` must be there). For models that differ from a fixture in one setting.
 pub fn model_variant(rel: &str, replace: &[(&str, &str)]) -> tempfile::TempDir {

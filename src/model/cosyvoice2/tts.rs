@@ -332,6 +332,10 @@ impl Synthesizer for TextToSpeech {
         Ok(self.synthesize_text(items)?.into_iter().map(|r| r.map_err(|e| e.to_string())).collect())
     }
 
+    fn llm_slots(&self) -> Option<usize> {
+        Some(self.decoder.slots())
+    }
+
     fn take_stages(&mut self) -> Vec<StageTime> {
         let llm = std::mem::replace(&mut self.llm_work, StageTime { stage: Stage::Llm, seconds: 0.0, items: 0, tokens: 0 });
         let mut stages = if llm.items > 0 { vec![llm] } else { Vec::new() };

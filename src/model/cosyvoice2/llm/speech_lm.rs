@@ -145,8 +145,16 @@ impl SpeechLm {
     /// NaNs) and fp32 on the CPU; log-probabilities and sampling are fp32 either way. Also returns
     /// the sampling settings and length ratios it names.
     pub fn load(dir: &std::path::Path, dims: &crate::model::LlmDims, device: tch::Device) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
-        let kind = if device.is_cuda() { Kind::BFloat16 } else { Kind::Float };
-        SpeechLm::load_as(dir, dims, device, kind)
+        SpeechLm::load_as(dir, dims, device, SpeechLm::weights_kind(device))
+    }
+
+    /// What [`SpeechLm::load`] keeps the weights in on `device`: bf16 on CUDA, fp32 elsewhere.
+    pub fn weights_kind(device: tch::Device) -> Kind {
+        if device.is_cuda() {
+            Kind::BFloat16
+        } else {
+            Kind::Float
+        }
     }
 
     /// [`SpeechLm::load`] with the weights in `kind`.
