@@ -60,7 +60,14 @@ if ! .venv/bin/python -c "import importlib.util as u, sys, torchaudio; sys.exit(
   log "installing torchaudio 2.11.0 and s3tokenizer 0.3.0 (voice parity references)"
   .venv/bin/pip install -q --disable-pip-version-check --no-deps torchaudio==2.11.0 s3tokenizer==0.3.0
 fi
-if [ ! -f models/voice-parity/voice_parity.safetensors ] || [ tools/make_voice_fixtures.py -nt models/voice-parity/voice_parity.safetensors ]; then
+# onnxruntime: `voice add` runs the checkpoint's speech tokenizer and CAM++ with its shared library
+# (the ort crate loads .venv's libonnxruntime.so at run time); onnx writes the fixtures' stand-ins.
+if ! .venv/bin/python -c "import onnx, onnxruntime" 2>/dev/null; then
+  log "installing onnxruntime 1.31.1 and onnx 1.23.2 (voices from recordings)"
+  .venv/bin/pip install -q --disable-pip-version-check onnxruntime==1.31.1 onnx==1.23.2
+fi
+if [ ! -f models/voice-parity/voice_parity.safetensors ] || [ ! -f models/voice-parity/campplus.onnx ] \
+   || [ tools/make_voice_fixtures.py -nt models/voice-parity/voice_parity.safetensors ]; then
   log "building the voice parity fixtures"
   .venv/bin/python tools/make_voice_fixtures.py --out models/voice-parity > /dev/null
 fi
@@ -83,11 +90,15 @@ if [ ! -f models/cosyvoice2-llm-parity/tokenizer_parity.json ] || [ tools/make_l
 fi
 if [ "$LLM_BUILT" = 1 ] || [ ! -f models/cosyvoice2-tiny-parity/parity.safetensors ] || [ ! -f models/cosyvoice2-tiny/llm.safetensors ] \
    || [ tools/make_parity_fixtures.py -nt models/cosyvoice2-tiny-parity/parity.safetensors ] \
-   || [ tools/convert_cosyvoice.py -nt models/cosyvoice2-tiny/token2wav.safetensors ] || [ ! -f models/cosyvoice2-tiny/fsts/zh/tn/tagger.fst ]; then
+   || [ tools/convert_cosyvoice.py -nt models/cosyvoice2-tiny/token2wav.safetensors ] || [ ! -f models/cosyvoice2-tiny/fsts/zh/tn/tagger.fst ] \
+   || [ ! -f models/cosyvoice2-tiny/campplus.onnx ]; then
   log "building the CosyVoice2 parity fixtures (tiny) and converting them"
   .venv/bin/python tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity > /dev/null
   # The LLM fixture's llm.pt and Qwen2 config make the tiny model a whole CosyVoice2 directory.
   cp -r models/cosyvoice2-llm-parity/official/. models/cosyvoice2-tiny-parity/official/
+  # The speech tokenizer's and CAM++'s random stand-ins (64 speech tokens, the tiny model's) make
+  # its voices addable from recordings.
+  cp models/voice-parity/speech_tokenizer_v2.onnx models/voice-parity/campplus.onnx models/cosyvoice2-tiny-parity/official/
   # (The tokenizer's conversion needs transformers 4.x: the LLM site's.)
   PYTHONPATH="$LLM_SITE" .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
 fi

@@ -48,6 +48,11 @@ pub enum Command {
     Work(WorkArgs),
     /// Queue depth, dead-letter depth and jobs by status.
     Status,
+    /// CosyVoice2 voices from recordings, kept in Postgres for every worker of the model.
+    Voice {
+        #[command(subcommand)]
+        command: VoiceCommand,
+    },
     /// Dry run of the text frontend on a job file, before any GPU time is bought: per job the
     /// normalised text, its segments with token counts, the estimated audio length and cost; totals.
     Text {
@@ -164,6 +169,52 @@ pub struct SweetSpotArgs {
     /// Where results go.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VoiceCommand {
+    /// Register a zero-shot voice from a 1-30 s recording (WAV, FLAC, MP3 or Ogg Vorbis) and the
+    /// words spoken in it. Running workers of the model pick it up without a restart.
+    Add {
+        /// The voice's name, as jobs give it (`"voice": "NAME"`): A-Z a-z 0-9 . _ -
+        name: String,
+        /// The prompt recording.
+        #[arg(long, value_name = "FILE")]
+        audio: PathBuf,
+        /// Its transcript.
+        #[arg(long)]
+        text: String,
+        /// The converted CosyVoice2 model directory; default: [model] dir.
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+        /// Overwrite a voice of that name.
+        #[arg(long)]
+        replace: bool,
+        /// table or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
+    /// The model's voices (every model's with --all).
+    List {
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
+    /// One voice: its prompt, transcript and source recording.
+    Show {
+        name: String,
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+    },
+    /// Remove a voice; workers forget it at their next refresh and refuse jobs naming it.
+    Rm {
+        name: String,
+        #[arg(long, value_name = "DIR")]
+        model: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -79,7 +79,7 @@ impl JobFile {
         let mut errors: Vec<(usize, Rejection)> = Vec::new();
         let mut count = 0;
         let sha256 = file.each_line(|n, body| {
-            match parse_job(&body, &file.limits, None, false) {
+            match parse_job(&body, &file.limits, false) {
                 Ok(_) => count += 1,
                 Err(e) => errors.push((n, e)),
             }
@@ -110,7 +110,7 @@ impl JobFile {
                 return false;
             }
             let body = with_derived_id(body, &self.sha256, n);
-            if let Ok(job) = parse_job(&body, &self.limits, None, false) {
+            if let Ok(job) = parse_job(&body, &self.limits, false) {
                 stopped = !each(job);
             }
             !stopped

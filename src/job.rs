@@ -164,13 +164,10 @@ impl RejectionKind {
     }
 }
 
-/// What a job is checked against besides the limits: the voices the loaded model knows.
-/// `None` accepts any voice name (used by `enqueue`, which does not load the model).
-pub type KnownVoices<'a> = Option<&'a [String]>;
-
-/// Parses and validates one message body. Whether `job_id` is required: on the wire yes; `enqueue`
+/// Parses and validates one message body (the voice is a well-formed name here; whether the model
+/// has it is the worker's `VoiceBook`'s to say). Whether `job_id` is required: on the wire yes; `enqueue`
 /// passes `require_id = false` and generates one.
-pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_id: bool) -> Result<Job, Rejection> {
+pub fn parse_job(body: &[u8], limits: &Limits, require_id: bool) -> Result<Job, Rejection> {
     let reject = |job_id, kind| Rejection { job_id, kind };
     if body.len() > limits.max_message_bytes {
         return Err(reject(None, RejectionKind::TooLarge { bytes: body.len(), limit: limits.max_message_bytes }));
@@ -215,12 +212,6 @@ pub fn parse_job(body: &[u8], limits: &Limits, voices: KnownVoices<'_>, require_
     }
 
     let voice = optional_name(&mut obj, "voice", DEFAULT_VOICE).map_err(|k| reject(id, k))?;
-    if let Some(known) = voices {
-        if !known.iter().any(|v| v == &voice) {
-            let known = if known.is_empty() { "no voices yet — its spk2info.pt had none; add one".to_string() } else { known.join(", ") };
-            return Err(reject(id, RejectionKind::UnknownVoice { voice, known }));
-        }
-    }
     let campaign = optional_name(&mut obj, "campaign", DEFAULT_CAMPAIGN).map_err(|k| reject(id, k))?;
 
     let priority = match obj.remove("priority") {
@@ -350,24 +341,25 @@ fn model_tokens(job: &Job, manifest: &crate::model::Manifest) -> Result<Vec<i64>
 fn optional_name(obj: &mut Map<String, Value>, field: &'static str, default: &str) -> Result<String, RejectionKind> {
     match obj.remove(field) {
         None | Some(Value::Null) => Ok(default.to_string()),
-        Some(Value::String(s)) => {
-            let ok = !s.is_empty()
-                && s.len() <= MAX_NAME_LEN
-                && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-                && !s.starts_with('.');
-            if ok {
-                Ok(s)
-            } else {
-                Err(RejectionKind::InvalidField {
-                    field,
-                    reason: format!(
-                        "`{}` must be 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - (not starting with .)",
-                        truncate(&s, 64)
-                    ),
-                })
-            }
-        }
+        Some(Value::String(s)) => match check_name(&s) {
+            Ok(()) => Ok(s),
+            Err(reason) => Err(RejectionKind::InvalidField { field, reason }),
+        },
         Some(_) => Err(RejectionKind::InvalidField { field, reason: "must be a string".into() }),
+    }
+}
+
+/// The rule for voice and campaign names: 1-128 of A-Z a-z 0-9 . _ - (not starting with `.`);
+/// `Err` says so. `voice add` checks a new voice's name with it, so every voice can be asked for.
+pub fn check_name(s: &str) -> Result<(), String> {
+    let ok = !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && !s.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("`{}` must be 1-{MAX_NAME_LEN} of A-Z a-z 0-9 . _ - (not starting with .)", truncate(s, 64)))
     }
 }
 
@@ -442,7 +434,7 @@ mod tests {
     const ID: &str = "6f1c1b5e-2f7a-4b8e-9a43-0c1d2e3f4a5b";
 
     fn parse(body: &str) -> Result<Job, Rejection> {
-        parse_job(body.as_bytes(), &Limits::default(), None, true)
+        parse_job(body.as_bytes(), &Limits::default(), true)
     }
 
     fn kind(body: &str) -> RejectionKind {
@@ -490,15 +482,15 @@ mod tests {
 
     #[test]
     fn invalid_utf8_and_oversized_messages_are_rejected_before_parsing() {
-        let r = parse_job(b"{\"text\":\"\xff\"}", &Limits::default(), None, true).unwrap_err();
+        let r = parse_job(b"{\"text\":\"\xff\"}", &Limits::default(), true).unwrap_err();
         assert_eq!(r.kind, RejectionKind::NotUtf8 { at: 9 });
         let limits = Limits { max_text_chars: 5, max_message_bytes: 40, ..Limits::default() };
         let big = format!(r#"{{"job_id":"{ID}","text":"hello"}}"#);
-        assert!(matches!(parse_job(big.as_bytes(), &limits, None, true).unwrap_err().kind, RejectionKind::TooLarge { .. }));
+        assert!(matches!(parse_job(big.as_bytes(), &limits, true).unwrap_err().kind, RejectionKind::TooLarge { .. }));
         let limits = Limits { max_text_chars: 5, max_message_bytes: 1000, ..Limits::default() };
         let long = format!(r#"{{"job_id":"{ID}","text":"héllo!"}}"#);
         assert_eq!(
-            parse_job(long.as_bytes(), &limits, None, true).unwrap_err().kind,
+            parse_job(long.as_bytes(), &limits, true).unwrap_err().kind,
             RejectionKind::TextTooLong { chars: 6, limit: 5 }
         );
     }
@@ -509,7 +501,7 @@ mod tests {
         assert_eq!((j.mode, j.instruction), (Some(Mode::CrossLingual), None));
         let j = parse(&format!(r#"{{"job_id":"{ID}","text":"x","instruction":"用开心的语气说"}}"#)).unwrap();
         assert_eq!(j.mode, Some(Mode::Instruct), "an instruction alone means instruct");
-        let back = parse_job(&j.to_json(), &Limits::default(), None, true).unwrap();
+        let back = parse_job(&j.to_json(), &Limits::default(), true).unwrap();
         assert_eq!(back, j, "the published body keeps both");
         for (body, says) in [
             (r#""mode":"shout""#, "must be"),
@@ -524,23 +516,11 @@ mod tests {
     }
 
     #[test]
-    fn unknown_voice_is_rejected_when_the_model_is_known() {
-        let voices = vec!["default".to_string(), "narrator".to_string()];
-        let body = format!(r#"{{"job_id":"{ID}","text":"x","voice":"robot"}}"#);
-        let r = parse_job(body.as_bytes(), &Limits::default(), Some(&voices), true).unwrap_err();
-        assert!(matches!(r.kind, RejectionKind::UnknownVoice { .. }));
-        assert!(r.to_string().contains("default, narrator"));
-        // A model without voices says so.
-        let r = parse_job(body.as_bytes(), &Limits::default(), Some(&[]), true).unwrap_err();
-        assert!(r.to_string().contains("no voices yet"), "{r}");
-    }
-
-    #[test]
     fn speech_tokens_are_read_and_bad_ones_rejected() {
         let j = parse(&format!(r#"{{"job_id":"{ID}","speech_tokens":[0,5,6560]}}"#)).unwrap();
         assert_eq!(j.speech_tokens.as_deref(), Some(&[0, 5, 6560][..]));
         assert_eq!(j.text, "", "text is optional beside speech tokens");
-        let back = parse_job(&j.to_json(), &Limits::default(), None, true).unwrap();
+        let back = parse_job(&j.to_json(), &Limits::default(), true).unwrap();
         assert_eq!(back, j);
         for bad in [r#""1 2""#, "[]", "[1,-1]", "[1.5]", r#"[1,"2"]"#, "[4294967296]"] {
             let k = kind(&format!(r#"{{"job_id":"{ID}","speech_tokens":{bad}}}"#));
@@ -549,13 +529,13 @@ mod tests {
         }
         let limits = Limits { max_speech_tokens: 2, ..Limits::default() };
         let body = format!(r#"{{"job_id":"{ID}","speech_tokens":[1,2,3]}}"#);
-        assert!(matches!(parse_job(body.as_bytes(), &limits, None, true).unwrap_err().kind, RejectionKind::InvalidSpeechTokens(_)));
+        assert!(matches!(parse_job(body.as_bytes(), &limits, true).unwrap_err().kind, RejectionKind::InvalidSpeechTokens(_)));
     }
 
     #[test]
     fn enqueue_generates_missing_ids_and_round_trips() {
-        let j = parse_job(br#"{"text":"hi"}"#, &Limits::default(), None, false).unwrap();
-        let back = parse_job(&j.to_json(), &Limits::default(), None, true).unwrap();
+        let j = parse_job(br#"{"text":"hi"}"#, &Limits::default(), false).unwrap();
+        let back = parse_job(&j.to_json(), &Limits::default(), true).unwrap();
         assert_eq!(j, back);
     }
 }

@@ -15,10 +15,12 @@
 //! - [`calibrate`]: measures peak memory and fits the profile.
 //! - [`model`]: model directories, manifests, tokenizer, inference thread; the TorchScript models
 //!   and CosyVoice2's token2wav ([`model::cosyvoice2`]).
+//! - [`frontend`]: CosyVoice2's text frontend: normalisation, segments, tokenizer.
+//! - [`voice`]: voices from recordings (features, ONNX models) and a worker's voice book.
 //! - [`gpu`]: NVML: device memory, per-batch sampler.
 //! - [`audio`]: waveform → WAV bytes + sha256.
 //! - [`storage`]: S3 / file store for audio, the object key layout.
-//! - [`db`]: Postgres schema, claims, batch commits, rejections.
+//! - [`db`]: Postgres schema, claims, batch commits, rejections, voices.
 //! - [`cost`]: prices and per-batch cost.
 //! - [`worker`]: the pipeline, a file per stage: intake → infer → commit, delivery, retry.
 //! - [`report`]: throughput and cost reports; [`plot`]: their charts.

@@ -16,7 +16,7 @@ use voxbatch::report::{self, Dimension, Format};
 use voxbatch::worker::{WorkerOptions, WorkerSummary};
 
 mod cli;
-use cli::{BenchArgs, BenchCommand, Cli, Command, WorkArgs};
+use cli::{BenchArgs, BenchCommand, Cli, Command, VoiceCommand, WorkArgs};
 
 fn init_logging(format: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
@@ -88,6 +88,7 @@ async fn run() -> Result<()> {
         Command::Enqueue { file, campaign, voice, skip } => enqueue(&cfg, &file, &LineDefaults { campaign, voice }, skip).await?,
         Command::Work(args) => work(&mut cfg, args).await?,
         Command::Status => print_status(&commands::status(&cfg).await.context("status")?),
+        Command::Voice { command } => voice(&cfg, command).await?,
         Command::Text { file, model, gpu, campaign, format } => {
             let dir = model.unwrap_or_else(|| cfg.model.dir.clone());
             let defaults = LineDefaults { campaign, voice: None };
@@ -403,6 +404,48 @@ async fn demo(cfg: &Config, corpus: &Path, campaign: &str) -> Result<()> {
         println!("(cosyvoice2-tiny has random weights: its audio is noise of the right length, not speech; convert your CosyVoice2 checkpoint for speech)");
     } else if cfg.model.dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with("reference-")) {
         println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
+    }
+    Ok(())
+}
+
+async fn voice(cfg: &Config, command: VoiceCommand) -> Result<()> {
+    let dir = |model: Option<std::path::PathBuf>| model.unwrap_or_else(|| cfg.model.dir.clone());
+    match command {
+        VoiceCommand::Add { name, audio, text, model, replace, format } => {
+            let add = commands::VoiceAdd { name, audio, text, model_dir: dir(model), replace };
+            let added = commands::voice_add(cfg, &add).await.context("voice add")?;
+            match format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&added)?),
+                _ => println!(
+                    "{} voice {} for model {}: {:.1} s of prompt ({} speech tokens, {} transcript tokens) from {:.1} s of recording (sha256 {})",
+                    if added.replaced { "replaced" } else { "added" },
+                    added.name,
+                    added.model,
+                    added.prompt_seconds,
+                    added.prompt_speech_tokens,
+                    added.prompt_text_tokens,
+                    added.recording_seconds,
+                    &added.sha256[..12]
+                ),
+            }
+        }
+        VoiceCommand::List { model, all, format } => {
+            let model_dir = (!all).then(|| dir(model));
+            let voices = commands::voice_list(cfg, model_dir.as_deref()).await.context("voice list")?;
+            match format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&voices)?),
+                _ => print!("{}", commands::voice_table(&voices)),
+            }
+        }
+        VoiceCommand::Show { name, model } => {
+            let v = commands::voice_show(cfg, &dir(model), &name).await.context("voice show")?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        VoiceCommand::Rm { name, model } => {
+            let model_dir = dir(model);
+            commands::voice_rm(cfg, &model_dir, &name).await.context("voice rm")?;
+            println!("removed voice {name}; running workers forget it within [voices] refresh");
+        }
     }
     Ok(())
 }

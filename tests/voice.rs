@@ -3,12 +3,16 @@
 //! (`torchaudio.transforms.Resample`) at the rates recordings arrive in, the speaker embedding's
 //! input (`torchaudio.compliance.kaldi.fbank`, mean removed), the speech tokenizer's input
 //! (Whisper's 128-bin log-mel, s3tokenizer's `log_mel_spectrogram`) and the flow's prompt mel (the
-//! reference package's `mel_spectrogram`).
+//! reference package's `mel_spectrogram`); and a whole prompt — tokens, x-vector and mel of a
+//! 22.05 kHz recording through the checkpoint's ONNX models (random stand-ins with the official
+//! inputs and outputs) — against the reference frontend run with Python's onnxruntime.
 
 use std::path::PathBuf;
 
 use voxbatch::voice::features::{kaldi_fbank, prompt_mel, speaker_fbank, whisper_log_mel};
+use voxbatch::voice::onnx::PromptModels;
 use voxbatch::voice::recording::Recording;
+use voxbatch::voice::VoicePrompt;
 
 struct Fixtures(Vec<(String, tch::Tensor)>);
 
@@ -93,4 +97,25 @@ fn the_speech_tokenizer_log_mel_matches_whisper_log_mel_spectrogram() {
     let mel: Vec<f32> = mel.into_iter().flatten().collect();
     let w = worst(&mel, &fx.get("whisper.out"));
     assert!(w <= 1e-4, "whisper log-mel: worst difference {w}");
+}
+
+#[test]
+fn a_prompt_from_a_recording_matches_the_reference_frontend_through_onnxruntime() {
+    let fx = Fixtures::load();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/voice-parity");
+    let mut models = PromptModels::load(&dir, None).expect("the stand-in ONNX models and the venv's onnxruntime (run scripts/bootstrap.sh)");
+    let recording = Recording { samples: fx.get("prompt.in"), sample_rate: 22050 };
+    let voice = VoicePrompt::from_recording("v", &recording, "transcript", vec![5, 6], &mut models).unwrap();
+    let tokens: Vec<i64> = fx.get("prompt.tokens").iter().map(|&t| t as i64).collect();
+    assert!(tokens.len() > 20, "a prompt of {} tokens", tokens.len());
+    assert_eq!(voice.speech_tokens, tokens, "the speech tokens, trimmed to the mel's frames / 2");
+    assert_eq!(voice.flow_tokens(), &tokens[..]);
+    let embedding = worst(&voice.embedding, &fx.get("prompt.embedding"));
+    assert!(embedding < 1e-4, "x-vector off by {embedding}");
+    let mel = fx.get("prompt.mel");
+    assert_eq!(voice.prompt_mel.len(), mel.len(), "two mel frames per token");
+    let off = worst(&voice.prompt_mel, &mel);
+    assert!(off < 1e-4, "prompt mel off by {off}");
+    assert_eq!((voice.prompt_text.as_deref(), &voice.prompt_text_tokens[..]), (Some("transcript"), &[5i64, 6][..]));
+    voice.check().unwrap();
 }

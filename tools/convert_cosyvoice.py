@@ -18,7 +18,10 @@ Output directory:
   tokenizer.json          CosyVoice-BlankEN's Qwen2 tokenizer with CosyVoice2's special tokens, when the
                           checkpoint has one (needs transformers 4.x);
   fsts/                   with the tokenizer: WeTextProcessing's zh/en TN grammars from the `wetext`
-                          package (the text frontend's normalisation).
+                          package (the text frontend's normalisation);
+  speech_tokenizer_v2.onnx, campplus.onnx
+                          copied as they are, when the checkpoint has them: `voxbatch voice add` runs
+                          them (onnxruntime) to make voices from recordings.
 
 Needs torch and safetensors (and transformers for the tokenizer).
 
@@ -125,6 +128,22 @@ def convert_tokenizer(src, out_dir):
 # WeTextProcessing's compiled grammars the frontend runs (src/frontend/normalize.rs), from the
 # `wetext` package (pip install --no-deps wetext==0.1.8): Chinese and English text normalisation.
 GRAMMARS = ("zh/tn/tagger.fst", "zh/tn/verbalizer.fst", "en/tn/tagger.fst", "en/tn/verbalizer.fst")
+
+
+PROMPT_MODELS = ["speech_tokenizer_v2.onnx", "campplus.onnx"]
+
+
+def copy_prompt_models(src, out_dir):
+    """The speech tokenizer and speaker model (ONNX) `voice add` runs, copied unchanged; a note
+    when the checkpoint lacks them (voices then come only from spk2info.pt)."""
+    import shutil
+    found = [f for f in PROMPT_MODELS if os.path.isfile(os.path.join(src, f))]
+    for f in found:
+        shutil.copyfile(os.path.join(src, f), os.path.join(out_dir, f))
+    if len(found) < len(PROMPT_MODELS):
+        missing = ", ".join(f for f in PROMPT_MODELS if f not in found)
+        print(f"{src} has no {missing}: `voxbatch voice add` will refuse this model (its spk2info.pt voices still work)", file=sys.stderr)
+    return found
 
 
 def copy_grammars(out_dir):
@@ -267,6 +286,7 @@ def main():
     llm_dims = convert_llm(src, args.out_dir)
     tokenizer = convert_tokenizer(src, args.out_dir)
     grammars = copy_grammars(args.out_dir) if tokenizer else None
+    prompt_models = copy_prompt_models(src, args.out_dir)
     save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
     save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
     name = args.name or os.path.basename(os.path.abspath(args.out_dir))
@@ -306,7 +326,8 @@ outputs = ["audio:float32[B,S]"]
                     "# sampling as cosyvoice2.yaml (ras_sampling) and the reference's length ratios.\n[cosyvoice2.llm]\n")
             for k, v in llm_dims.items():
                 f.write(f"{k} = {json.dumps(v)}\n")
-    print(json.dumps({"out": args.out_dir, "kind": kind, "tensors": len(tensors), "voices": names, "tokenizer": tokenizer, "grammars": grammars, **dims}))
+    print(json.dumps({"out": args.out_dir, "kind": kind, "tensors": len(tensors), "voices": names, "tokenizer": tokenizer, "grammars": grammars,
+                      "prompt_models": prompt_models, **dims}))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,15 @@ resamples with it) at the rates prompts arrive in, and the speaker embedding's i
 `mel_spectrogram`). Needs torchaudio and s3tokenizer (both `--no-deps`; bootstrap installs them). Written to OUT/voice_parity.safetensors for
 tests/voice.rs; deterministic for a seed.
 
+Also writes small random stand-ins for the checkpoint's two ONNX models with the official files'
+names, inputs and outputs — OUT/speech_tokenizer_v2.onnx (feats float[1,128,T], feats_length
+int32[1] -> int32[1,ceil(T/4)] tokens below --vocab, 25 Hz as v2's two stride-2 convolutions make
+them) and OUT/campplus.onnx (float[1,T,80] fbank -> float[1,192]) — and what the reference frontend
+(`frontend_zero_shot`'s prompt half, run with onnxruntime as the reference runs them) makes of a
+22.05 kHz recording: speech tokens, x-vector and prompt mel, trimmed to two frames per token.
+Random weights: the tokens and x-vector mean nothing; they check the plumbing. Needs onnx and
+onnxruntime (bootstrap installs both).
+
   python tools/make_voice_fixtures.py --out models/voice-parity
 """
 import argparse
@@ -65,10 +74,89 @@ def reference_mel_spectrogram():
     return module.mel_spectrogram
 
 
+def write_prompt_models(out, vocab, seed):
+    """Random stand-ins for speech_tokenizer_v2.onnx and campplus.onnx (official I/O)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array((rng.standard_normal((16, 128, 3)) * 0.1).astype(np.float32), "conv1.weight")
+    w2 = numpy_helper.from_array((rng.standard_normal((vocab, 16, 3)) * 0.3).astype(np.float32), "conv2.weight")
+    zero = numpy_helper.from_array(np.zeros((1,), dtype=np.int64), "zero")
+    nodes = [
+        helper.make_node("Conv", ["feats", "conv1.weight"], ["h1"], strides=[2], pads=[1, 1], kernel_shape=[3]),
+        helper.make_node("Tanh", ["h1"], ["a1"]),
+        helper.make_node("Conv", ["a1", "conv2.weight"], ["logits"], strides=[2], pads=[1, 1], kernel_shape=[3]),
+        helper.make_node("ArgMax", ["logits"], ["ids"], axis=1, keepdims=0),
+        # The length input is read (as the real model reads it) without changing the result.
+        helper.make_node("Cast", ["feats_length"], ["len64"], to=TensorProto.INT64),
+        helper.make_node("Mul", ["len64", "zero"], ["nothing"]),
+        helper.make_node("Add", ["ids", "nothing"], ["ids_plus"]),
+        helper.make_node("Cast", ["ids_plus"], ["indices"], to=TensorProto.INT32),
+    ]
+    graph = helper.make_graph(
+        nodes, "speech_tokenizer_v2_stand_in",
+        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+        [helper.make_tensor_value_info("indices", TensorProto.INT32, [1, "L"])],
+        [w1, w2, zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(out, "speech_tokenizer_v2.onnx"))
+
+    w = numpy_helper.from_array((rng.standard_normal((80, 192)) * 0.2).astype(np.float32), "proj.weight")
+    b = numpy_helper.from_array((rng.standard_normal((192,)) * 0.1).astype(np.float32), "proj.bias")
+    nodes = [
+        helper.make_node("ReduceMean", ["input"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "proj.weight"], ["projected"]),
+        helper.make_node("Add", ["projected", "proj.bias"], ["output"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "campplus_stand_in",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 192])],
+        [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(out, "campplus.onnx"))
+
+
+def reference_prompt(out, speech, rate, log_mel_spectrogram, mel_spectrogram):
+    """frontend_zero_shot's prompt half on `speech` (mono, `rate` Hz): load_wav's resampling,
+    _extract_speech_token, _extract_spk_embedding, _extract_speech_feat and the 2-frames-per-token
+    trim, with onnxruntime as the reference configures it."""
+    import numpy as np
+    import onnxruntime
+    import torchaudio.compliance.kaldi as kaldi
+    option = onnxruntime.SessionOptions()
+    option.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    option.intra_op_num_threads = 1
+    tokenizer = onnxruntime.InferenceSession(os.path.join(out, "speech_tokenizer_v2.onnx"), sess_options=option, providers=["CPUExecutionProvider"])
+    campplus = onnxruntime.InferenceSession(os.path.join(out, "campplus.onnx"), sess_options=option, providers=["CPUExecutionProvider"])
+    speech16 = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(speech[None])
+    speech24 = torchaudio.transforms.Resample(orig_freq=rate, new_freq=24000)(speech[None])
+    feat = log_mel_spectrogram(speech16, n_mels=128)
+    tokens = tokenizer.run(None, {tokenizer.get_inputs()[0].name: feat.detach().cpu().numpy(),
+                                  tokenizer.get_inputs()[1].name: np.array([feat.shape[2]], dtype=np.int32)})[0].flatten().tolist()
+    fbank = kaldi.fbank(speech16, num_mel_bins=80, dither=0, sample_frequency=16000)
+    fbank = fbank - fbank.mean(dim=0, keepdim=True)
+    embedding = campplus.run(None, {campplus.get_inputs()[0].name: fbank.unsqueeze(dim=0).cpu().numpy()})[0].flatten().tolist()
+    args = dict(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0, fmax=8000, center=False)
+    speech_feat = mel_spectrogram(speech24, **args).squeeze(dim=0).transpose(0, 1)
+    token_len = min(int(speech_feat.shape[0] / 2), len(tokens))
+    return {
+        "prompt.in": speech.contiguous(),
+        "prompt.tokens": torch.tensor(tokens[:token_len], dtype=torch.int64),
+        "prompt.embedding": torch.tensor(embedding, dtype=torch.float32),
+        "prompt.mel": speech_feat[: 2 * token_len].contiguous(),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=64, help="speech tokens of the stand-in tokenizer (the tiny model's 64)")
     a = ap.parse_args()
     gen = torch.Generator().manual_seed(a.seed)
     tensors = {}
@@ -104,6 +192,8 @@ def main():
     tensors["whisper.in"] = speech16.contiguous()
     tensors["whisper.out"] = log_mel_spectrogram(speech16, n_mels=128).transpose(0, 1).contiguous()
     os.makedirs(a.out, exist_ok=True)
+    write_prompt_models(a.out, a.vocab, a.seed)
+    tensors.update(reference_prompt(a.out, signal(22050, 2.61, gen), 22050, log_mel_spectrogram, mel_spectrogram))
     save_file(tensors, os.path.join(a.out, "voice_parity.safetensors"))
     print(f"wrote {a.out}/voice_parity.safetensors: {len(RESAMPLES)} resamplings (torchaudio {torchaudio.__version__})")
 

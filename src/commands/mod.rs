@@ -12,6 +12,7 @@ mod migrate;
 mod report;
 mod status;
 mod text;
+mod voice;
 mod work;
 
 pub use audit::{audit, Audit};
@@ -23,6 +24,7 @@ pub use migrate::migrate;
 pub use report::{report, write_plot};
 pub use status::{status, Status};
 pub use text::{text_dry_run, text_table, TextReport};
+pub use voice::{voice_add, voice_list, voice_rm, voice_show, voice_table, AddedVoice, VoiceAdd};
 pub use work::{parse_devices, work, ParseDevicesError};
 
 use crate::config::Config;
@@ -57,6 +59,10 @@ pub enum CommandError {
     Profile(#[from] crate::sizing::ProfileError),
     #[error(transparent)]
     Plot(#[from] crate::plot::PlotError),
+    #[error(transparent)]
+    Voice(#[from] crate::voice::prompt::PromptError),
+    #[error("the text frontend")]
+    Frontend(#[from] crate::frontend::FrontendError),
     #[error("cannot {what}")]
     Io { what: &'static str, source: std::io::Error },
     #[error("{0}")]

@@ -21,6 +21,7 @@ mod memory;
 mod model;
 mod secret;
 mod storage;
+mod voices;
 mod worker;
 
 use std::collections::BTreeMap;
@@ -38,6 +39,7 @@ pub use memory::{MemoryConfig, RawMemory, SizingPolicy};
 pub use model::{ModelConfig, RawModel};
 pub use secret::{redact_url, Secret, SecretUrl};
 pub use storage::{RawStorage, StorageConfig, StorageTarget};
+pub use voices::{RawVoices, VoicesConfig};
 pub use worker::{RawWorker, WorkerConfig};
 
 /// The defaults, built into the binary so that it runs with no file around.
@@ -73,6 +75,7 @@ pub struct RawConfig {
     pub memory: RawMemory,
     pub llm: RawLlm,
     pub frontend: RawFrontend,
+    pub voices: RawVoices,
     pub cost: RawCost,
 }
 
@@ -89,6 +92,7 @@ pub struct Config {
     pub memory: MemoryConfig,
     pub llm: LlmConfig,
     pub frontend: FrontendConfig,
+    pub voices: VoicesConfig,
     pub cost: CostConfig,
 }
 
@@ -106,6 +110,7 @@ impl RawConfig {
             memory: self.memory.validate()?,
             llm: self.llm.validate()?,
             frontend: self.frontend.validate()?,
+            voices: self.voices.validate()?,
             cost: self.cost.validate()?,
         })
     }

@@ -6,7 +6,8 @@
 //!
 //! Neighbours: `worker::infer` claims (`claim.rs`) before inference and `worker::commit` calls
 //! `Db::complete_batch` (`batches.rs`) after the
-//! upload, and acks only after that commit; `report` reads the same tables.
+//! upload, and acks only after that commit; `report` reads the same tables; `voices.rs` holds the
+//! fleet's CosyVoice2 voices (`voice` commands write them, workers' voice books read them).
 
 use std::time::Duration;
 
@@ -22,8 +23,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 mod batches;
 mod claim;
+mod voices;
 pub use batches::{BatchEvent, BatchRecord, JobResult, StageRecord};
 pub use claim::{Claim, ClaimLease};
+pub use voices::{VoiceOrigin, VoiceSource, VoiceSummary};
 
 /// Errors of the database stage. Worker code treats them as transient (retry with backoff).
 #[derive(Debug, thiserror::Error)]

@@ -75,6 +75,20 @@ impl Frontend {
         &self.tokenizer
     }
 
+    /// A voice prompt's transcript as the LLM is given it: normalised as one piece (the
+    /// reference's `text_normalize(prompt_text, split=False)`) and tokenized. Blocking.
+    pub fn prompt_tokens(&self, text: &str) -> Result<(String, Vec<i64>), FrontendError> {
+        let (normalized, _) = self.normalizer.normalize(text)?;
+        if only_punctuation(&normalized) {
+            return Err(FrontendError::Empty);
+        }
+        let tokens = self.tokenizer.encode(&normalized)?;
+        if tokens.is_empty() {
+            return Err(FrontendError::Empty);
+        }
+        Ok((normalized, tokens))
+    }
+
     /// `text` normalised, segmented and tokenized. Blocking (grammars): off the async runtime.
     pub fn prepare(&self, text: &str) -> Result<Prepared, FrontendError> {
         let (normalized, lang) = self.normalizer.normalize(text)?;

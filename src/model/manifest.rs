@@ -25,6 +25,23 @@ pub enum ModelKind {
     Cosyvoice2,
 }
 
+impl ModelKind {
+    /// The kind as `model.toml` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelKind::TorchScript => "torchscript",
+            ModelKind::Cosyvoice2Token2Wav => "cosyvoice2-token2wav",
+            ModelKind::Cosyvoice2 => "cosyvoice2",
+        }
+    }
+
+    /// Whether the kind's voices are CosyVoice2 voices (Postgres's `voices`, `voice add`), as
+    /// opposed to speaker indices fixed by the directory.
+    pub fn has_prompt_voices(self) -> bool {
+        matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2)
+    }
+}
+
 /// How text becomes token ids.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "kind", deny_unknown_fields)]

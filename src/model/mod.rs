@@ -145,8 +145,10 @@ impl ModelError {
     }
 }
 
-/// One item of a batch: token ids and the index of its voice in [`Manifest::voices`]; for a text
-/// job of a `cosyvoice2` model its prepared text (segments) instead of tokens.
+/// One item of a batch: token ids and the index of its voice — in [`Manifest::voices`] for a
+/// TorchScript model; for CosyVoice2, in the model thread's voice table, which a worker's
+/// `voice::VoiceBook` fills from Postgres (the directory's own voices until then) — and, for a
+/// text job of a `cosyvoice2` model, its prepared text (segments) instead of tokens.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SynthItem {
     pub tokens: Vec<i64>,
@@ -244,6 +246,12 @@ pub trait Synthesizer {
     fn llm_slots(&self) -> Option<usize> {
         None
     }
+    /// Puts a voice at `index` (replacing, or appending at the end): models whose voices come
+    /// from Postgres (CosyVoice2). Others keep the voices their directory fixes.
+    fn set_voice(&mut self, index: usize, prompt: &crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
+        let _ = (index, prompt);
+        Err(ModelError::BadInput(format!("a {} model's voices are fixed by its directory", self.manifest().kind.as_str())))
+    }
 }
 
 /// What loading a model needs besides its directory, device and precision.
@@ -276,7 +284,12 @@ pub fn load(dir: &std::path::Path, device: Device, precision: Precision, text: O
     }
 }
 
-type Request = (Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>);
+/// What the inference thread is asked, in order: a voice set before a batch that uses it is
+/// there when that batch runs.
+enum Request {
+    Batch(Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>),
+    SetVoice(usize, Box<crate::voice::prompt::VoicePrompt>, oneshot::Sender<Result<(), ModelError>>),
+}
 
 /// Handle to the inference thread. Cheap to clone; the thread ends when every handle is dropped.
 #[derive(Clone)]
@@ -313,7 +326,14 @@ impl ModelHandle {
                     }
                 };
                 let probe = memory::MemoryProbe::new(device);
-                while let Some((items, reply)) = rx.blocking_recv() {
+                while let Some(request) = rx.blocking_recv() {
+                    let (items, reply) = match request {
+                        Request::Batch(items, reply) => (items, reply),
+                        Request::SetVoice(index, prompt, reply) => {
+                            let _ = reply.send(model.set_voice(index, &prompt));
+                            continue;
+                        }
+                    };
                     probe.reset();
                     let started = Instant::now();
                     let result = model.synthesize_items(&items);
@@ -356,7 +376,15 @@ impl ModelHandle {
     /// Runs one batch on the inference thread.
     pub async fn synthesize(&self, items: Vec<SynthItem>) -> Result<SynthOutput, ModelError> {
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.tx.send((items, reply_tx)).await.map_err(|_| ModelError::ThreadGone)?;
+        self.tx.send(Request::Batch(items, reply_tx)).await.map_err(|_| ModelError::ThreadGone)?;
+        reply_rx.await.map_err(|_| ModelError::ThreadGone)?
+    }
+
+    /// Sets voice `index` on the inference thread ([`Synthesizer::set_voice`]); batches sent
+    /// after this returns see it.
+    pub async fn set_voice(&self, index: usize, prompt: crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        self.tx.send(Request::SetVoice(index, Box::new(prompt), reply_tx)).await.map_err(|_| ModelError::ThreadGone)?;
         reply_rx.await.map_err(|_| ModelError::ThreadGone)?
     }
 }

@@ -1,6 +1,8 @@
 //! Intake: consume deliveries, validate them into jobs, and form batches.
 //!
-//! Connects (reconnecting with back-off), feeds each valid job to the batch policy and hands a
+//! Connects (reconnecting with back-off), checks each job's voice against the worker's
+//! `VoiceBook` (a voice it does not know sends it to Postgres once before the job is refused, so a
+//! voice added a moment ago is found), feeds each valid job to the batch policy and hands a
 //! batch to the inference stage only when that stage has room, so each batch is chosen from
 //! everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
 //! a `cosyvoice2` model goes through the text frontend first, on the blocking pool (text that
@@ -34,6 +36,7 @@ use crate::config::{AmqpConfig, Limits};
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::{model_input, parse_job, Job, ModelInput, Rejection, RejectionKind};
 use crate::model::{Manifest, TextInput};
+use crate::voice::{BookEntry, Lookup, VoiceBook};
 use crate::queue::{self, QueueError};
 
 /// A valid job and its delivery.
@@ -41,7 +44,7 @@ pub struct Received {
     pub job: Job,
     /// What the model takes: tokenized text or the job's speech tokens.
     pub tokens: Vec<i64>,
-    /// Index of the job's voice in the manifest.
+    /// The job's voice: its index on the model thread (`VoiceBook`).
     pub voice: i64,
     /// A text job of a `cosyvoice2` model: its segments, as the frontend prepared them.
     pub text: Option<Arc<TextInput>>,
@@ -61,14 +64,10 @@ pub struct Intake {
     pub amqp: AmqpConfig,
     pub limits: Limits,
     pub manifest: Arc<Manifest>,
-    /// Kind `cosyvoice2`: the text frontend, and how many jobs it prepares at once (blocking
-    /// threads; its grammars are one lock per language).
-    pub frontend: Option<Arc<Frontend>>,
-    pub frontend_slots: Arc<tokio::sync::Semaphore>,
-    /// `[frontend]` speaking rates (a text job's estimated speech tokens are its length), and
-    /// `[llm] force_lengths` (benchmarks with random weights).
-    pub rates: SpeakingRates,
-    pub force_lengths: bool,
+    /// The voices jobs may name (CosyVoice2: Postgres's, learned while running).
+    pub voices: Arc<VoiceBook>,
+    /// Kind `cosyvoice2`: how text jobs are prepared.
+    pub text: Option<TextPrep>,
     pub worker_id: String,
     pub prefetch: u16,
     /// Exit once the queue is empty and nothing is held.
@@ -81,6 +80,22 @@ pub struct Intake {
     pub fatal: Arc<Fatal>,
     pub outbox: Arc<Outbox>,
     pub settler: Arc<Settler>,
+}
+
+/// How a text job is prepared: the text frontend on the blocking pool, a few jobs at a time.
+#[derive(Clone)]
+pub struct TextPrep {
+    pub frontend: Arc<Frontend>,
+    /// Jobs prepared at once (blocking threads; the grammars are one lock per language).
+    pub slots: Arc<tokio::sync::Semaphore>,
+    /// `[frontend]` speaking rates (a text job's estimated speech tokens are its length), and
+    /// `[llm] force_lengths` (benchmarks with random weights).
+    pub rates: SpeakingRates,
+    pub force_lengths: bool,
+    pub settler: Arc<Settler>,
+    pub stop: CancellationToken,
+    /// Where prepared jobs go (the intake's `returns`).
+    pub returns: mpsc::UnboundedSender<Received>,
 }
 
 /// The stage's channels.
@@ -218,11 +233,10 @@ impl Intake {
 
     /// Validates a delivery: a job goes to the policy, poison to the dead-letter queue.
     fn receive(&self, delivery: Delivery, policy: &mut dyn BatchPolicy<Received>, seq: &mut u64, prepared: &mpsc::UnboundedSender<Received>) {
-        let parsed = parse_job(delivery.body(), &self.limits, Some(&self.manifest.voices), true).and_then(|job| {
-            match model_input(&job, &self.manifest) {
-                Ok(input) => Ok((job, input)),
-                Err(kind) => Err(Rejection { job_id: Some(job.job_id), kind }),
-            }
+        let received = Instant::now();
+        let parsed = parse_job(delivery.body(), &self.limits, true).and_then(|job| match model_input(&job, &self.manifest) {
+            Ok(input) => Ok((job, input)),
+            Err(kind) => Err(Rejection { job_id: Some(job.job_id), kind }),
         });
         match parsed {
             // The broker's last allowed delivery: the earlier ones crashed workers.
@@ -230,17 +244,35 @@ impl Intake {
                 let settler = self.settler.clone();
                 tokio::spawn(async move { settler.give_up(job.job_id, delivery).await });
             }
-            Ok((job, ModelInput::Tokens(tokens))) => {
-                let voice = self.manifest.voice_index(&job.voice).unwrap_or(0);
-                let length = tokens.len() + self.manifest.prompt_tokens(voice);
-                self.push(policy, Received { job, tokens, voice, text: None, length, delivery }, seq);
-            }
-            Ok((job, ModelInput::Text)) => match &self.frontend {
-                Some(frontend) => self.prepare(frontend.clone(), job, delivery, prepared.clone()),
-                None => {
-                    let settler = self.settler.clone();
-                    let reason = "this worker has no text frontend for its model".to_string();
-                    tokio::spawn(async move { settler.fail(job.job_id, &reason, delivery).await });
+            Ok((job, input)) => match self.voices.lookup(&job.voice) {
+                Lookup::Found(voice) => {
+                    if let Some(r) = admit(job, input, voice, delivery, self.text.as_ref(), &self.settler) {
+                        self.push(policy, r, seq);
+                    }
+                }
+                // A voice added since the last look: ask Postgres before refusing the job.
+                Lookup::Unknown if self.voices.is_shared() => {
+                    let (voices, text, settler, prepared) = (self.voices.clone(), self.text.clone(), self.settler.clone(), prepared.clone());
+                    tokio::spawn(async move {
+                        if settler.retry.run("voices", || voices.refresh_after(received)).await.is_err() {
+                            settler.outbox.give_back(vec![delivery]).await;
+                            return;
+                        }
+                        match voices.lookup(&job.voice) {
+                            Lookup::Found(voice) => {
+                                if let Some(r) = admit(job, input, voice, delivery, text.as_ref(), &settler) {
+                                    if let Err(mpsc::error::SendError(r)) = prepared.send(r) {
+                                        settler.outbox.give_back(vec![r.delivery]).await;
+                                    }
+                                }
+                            }
+                            other => settler.reject(voice_rejection(job, other, &voices), delivery).await,
+                        }
+                    });
+                }
+                other => {
+                    let (settler, rejection) = (self.settler.clone(), voice_rejection(job, other, &self.voices));
+                    tokio::spawn(async move { settler.reject(rejection, delivery).await });
                 }
             },
             Err(rejection) => {
@@ -248,41 +280,6 @@ impl Intake {
                 tokio::spawn(async move { settler.reject(rejection, delivery).await });
             }
         }
-    }
-
-    /// Runs the text frontend over a job on the blocking pool; the prepared job comes back
-    /// through `prepared` (or, when the worker is stopping, goes back to the queue). Text that
-    /// says nothing (or that the tokenizer refuses) is rejected with the reason; a failure of the
-    /// model's grammar files fails the job, saying so.
-    fn prepare(&self, frontend: Arc<Frontend>, job: Job, delivery: Delivery, prepared: mpsc::UnboundedSender<Received>) {
-        let (settler, stop, manifest, slots) = (self.settler.clone(), self.stop.clone(), self.manifest.clone(), self.frontend_slots.clone());
-        let (rates, forced) = (self.rates, self.force_lengths);
-        tokio::spawn(async move {
-            let _slot = slots.acquire_owned().await;
-            let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
-            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
-            match result {
-                Ok(Ok(input)) => {
-                    let voice = manifest.voice_index(&job.voice).unwrap_or(0);
-                    let length = input.estimated_speech_tokens();
-                    let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, delivery };
-                    if stop.is_cancelled() {
-                        settler.outbox.give_back(vec![r.delivery]).await;
-                    } else if let Err(mpsc::error::SendError(r)) = prepared.send(r) {
-                        settler.outbox.give_back(vec![r.delivery]).await;
-                    }
-                }
-                Ok(Err(e)) if e.is_input() => {
-                    let kind = match e {
-                        FrontendError::Empty => RejectionKind::NothingToSay("it is empty or only punctuation and symbols".into()),
-                        other => RejectionKind::InvalidField { field: "text", reason: other.to_string() },
-                    };
-                    settler.reject(Rejection { job_id: Some(id), kind }, delivery).await;
-                }
-                Ok(Err(e)) => settler.fail(id, &format!("text frontend: {}", super::error_chain(&e)), delivery).await,
-                Err(e) => settler.fail(id, &format!("text frontend stopped: {e}"), delivery).await,
-            }
-        });
     }
 
     fn push(&self, policy: &mut dyn BatchPolicy<Received>, r: Received, seq: &mut u64) {
@@ -361,6 +358,82 @@ impl Intake {
             .await
             .map_err(amqp("basic.consume"))?;
         Ok((conn, channel, outbox, consumer))
+    }
+}
+
+/// A job whose voice is known: a speech-token job is ready for the policy (`Some`); a text job
+/// goes to the frontend and comes back through `returns` (`None`).
+fn admit(job: Job, input: ModelInput, voice: BookEntry, delivery: Delivery, text: Option<&TextPrep>, settler: &Arc<Settler>) -> Option<Received> {
+    match input {
+        ModelInput::Tokens(tokens) => {
+            let length = tokens.len() + voice.prompt_tokens;
+            Some(Received { job, tokens, voice: voice.index, text: None, length, delivery })
+        }
+        ModelInput::Text => {
+            match text {
+                Some(text) => text.spawn(job, voice.index, delivery),
+                None => {
+                    let settler = settler.clone();
+                    let reason = "this worker has no text frontend for its model".to_string();
+                    tokio::spawn(async move { settler.fail(job.job_id, &reason, delivery).await });
+                }
+            }
+            None
+        }
+    }
+}
+
+/// Why a job's voice is refused: unknown (with the voices there are) or stored but unusable.
+fn voice_rejection(job: Job, lookup: Lookup, voices: &VoiceBook) -> Rejection {
+    let kind = match lookup {
+        Lookup::Unusable(why) => RejectionKind::InvalidField { field: "voice", reason: why },
+        _ => {
+            let known = voices.names();
+            let known = if known.is_empty() {
+                "none yet: add one with `voxbatch voice add NAME --audio FILE --text TRANSCRIPT`".to_string()
+            } else {
+                known.join(", ")
+            };
+            RejectionKind::UnknownVoice { voice: job.voice, known }
+        }
+    };
+    Rejection { job_id: Some(job.job_id), kind }
+}
+
+impl TextPrep {
+    /// Runs the text frontend over a job on the blocking pool; the prepared job comes back
+    /// through the intake's `returns` (or, when the worker is stopping, goes back to the queue).
+    /// Text that says nothing (or that the tokenizer refuses) is rejected with the reason; a
+    /// failure of the model's grammar files fails the job, saying so.
+    fn spawn(&self, job: Job, voice: i64, delivery: Delivery) {
+        let prep = self.clone();
+        tokio::spawn(async move {
+            let _slot = prep.slots.clone().acquire_owned().await;
+            let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
+            let (frontend, rates, forced) = (prep.frontend.clone(), prep.rates, prep.force_lengths);
+            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
+            let settler = &prep.settler;
+            match result {
+                Ok(Ok(input)) => {
+                    let length = input.estimated_speech_tokens();
+                    let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, delivery };
+                    if prep.stop.is_cancelled() {
+                        settler.outbox.give_back(vec![r.delivery]).await;
+                    } else if let Err(mpsc::error::SendError(r)) = prep.returns.send(r) {
+                        settler.outbox.give_back(vec![r.delivery]).await;
+                    }
+                }
+                Ok(Err(e)) if e.is_input() => {
+                    let kind = match e {
+                        FrontendError::Empty => RejectionKind::NothingToSay("it is empty or only punctuation and symbols".into()),
+                        other => RejectionKind::InvalidField { field: "text", reason: other.to_string() },
+                    };
+                    settler.reject(Rejection { job_id: Some(id), kind }, delivery).await;
+                }
+                Ok(Err(e)) => settler.fail(id, &format!("text frontend: {}", super::error_chain(&e)), delivery).await,
+                Err(e) => settler.fail(id, &format!("text frontend stopped: {e}"), delivery).await,
+            }
+        });
     }
 }
 

@@ -43,6 +43,7 @@ use crate::config::Config;
 use crate::db::{ClaimLease, Db, WorkerRow};
 use crate::gpu::sampler::GpuSampler;
 use crate::model::ModelHandle;
+use crate::voice::VoiceBook;
 use crate::queue::QueueError;
 use crate::sizing::SizingError;
 use crate::storage::Storage;
@@ -61,6 +62,8 @@ pub enum WorkerError {
     Sizing(#[from] SizingError),
     #[error("cannot load the text frontend")]
     Frontend(#[from] crate::frontend::FrontendError),
+    #[error("cannot load the model's voices")]
+    Voices(#[from] crate::voice::BookError),
     #[error("stopped on a permanent error: {error}")]
     Permanent { error: String, hint: Option<&'static str> },
 }
@@ -181,6 +184,13 @@ pub async fn run(
             .await
             .map_err(|e| WorkerError::Stage(format!("batch sizing: {e}")))??
     };
+    // The voices jobs may name: a CosyVoice2 model's come from Postgres (its directory's own are
+    // imported first) and reach the model thread before any batch names them.
+    let voices = Arc::new(if manifest.kind.has_prompt_voices() {
+        VoiceBook::shared(db.clone(), model.clone()).await?
+    } else {
+        VoiceBook::fixed(&manifest)
+    });
     db.register_worker(&WorkerRow {
         worker_id: &worker_id,
         device: &device.to_string(),
@@ -242,14 +252,21 @@ pub async fn run(
         counters: counters.clone(),
         settler: settler.clone(),
     };
+    let text = frontend.map(|frontend| intake::TextPrep {
+        frontend,
+        slots: Arc::new(tokio::sync::Semaphore::new(FRONTEND_THREADS)),
+        rates: crate::frontend::SpeakingRates::from_config(&cfg.frontend),
+        force_lengths: cfg.llm.force_lengths,
+        settler: settler.clone(),
+        stop: stop.clone(),
+        returns: return_tx.clone(),
+    });
     let intake = intake::Intake {
         amqp: cfg.amqp.clone(),
         limits: cfg.limits.clone(),
         manifest,
-        frontend,
-        frontend_slots: Arc::new(tokio::sync::Semaphore::new(FRONTEND_THREADS)),
-        rates: crate::frontend::SpeakingRates::from_config(&cfg.frontend),
-        force_lengths: cfg.llm.force_lengths,
+        voices: voices.clone(),
+        text,
         worker_id: worker_id.clone(),
         prefetch: sizing.prefetch,
         drain: opts.drain,
@@ -264,6 +281,7 @@ pub async fn run(
     let infer_task = tokio::spawn(infer.run(batch_rx, post_tx, outcome_tx, return_tx));
     let commit_task = tokio::spawn(commit.run(post_rx));
     let heartbeat = tokio::spawn(heartbeat_loop(db.clone(), worker_id.clone(), clock.clone(), cfg.worker.heartbeat));
+    let voice_poll = tokio::spawn(voice_poll_loop(voices, cfg.voices.refresh));
 
     let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx, prepared };
     let intake_result = intake.run(sizing.policy, channels, shutdown).await;
@@ -272,6 +290,7 @@ pub async fn run(
     let infer_result = infer_task.await;
     let commit_result = commit_task.await;
     heartbeat.abort();
+    voice_poll.abort();
     let (busy, alive) = clock.busy_alive_ms();
     if let Err(e) = db.worker_stopped(&worker_id, busy, alive).await {
         warn!(error = %e, "could not record worker stop");
@@ -285,6 +304,21 @@ pub async fn run(
     let summary = counters.summary(worker_id);
     info!(?summary, "worker stopped");
     Ok(summary)
+}
+
+/// Looks for voices added, replaced or removed in Postgres (CosyVoice2 models).
+async fn voice_poll_loop(voices: Arc<VoiceBook>, every: Duration) {
+    if !voices.is_shared() {
+        return;
+    }
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = voices.refresh().await {
+            warn!(error = %error_chain(&e), "could not refresh the voices; keeping the ones known");
+        }
+    }
 }
 
 async fn heartbeat_loop(db: Db, worker_id: String, clock: Arc<WorkerClock>, every: Duration) {

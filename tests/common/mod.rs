@@ -106,7 +106,12 @@ impl TestEnv {
     }
 
     pub fn model(&self) -> ModelHandle {
-        ModelHandle::spawn(&self.cfg.model.dir, Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, text: None }).expect("load the tiny reference model")
+        self.model_at(&self.cfg.model.dir)
+    }
+
+    /// The model in `dir`, loaded as the tests load models (CPU, fp32, one thread).
+    pub fn model_at(&self, dir: &std::path::Path) -> ModelHandle {
+        ModelHandle::spawn(dir, Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, text: None }).expect("load the model")
     }
 
     /// Runs a worker with `cfg` until the queue is drained.

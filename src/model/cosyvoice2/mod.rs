@@ -35,12 +35,14 @@ pub use self::weights::Weights;
 use super::shim::AutocastGuard;
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
+use crate::voice::prompt::VoicePrompt;
 
 pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
 pub const VOICES_FILE: &str = "voices.safetensors";
 
-/// A registered voice: x-vector and optional prompt.
+/// A voice on the device: x-vector and optional prompt (from a [`VoicePrompt`]).
 pub struct Voice {
+    pub name: String,
     pub embedding: Tensor,
     pub prompt_tokens: Vec<i64>,
     /// `[2 · prompt_tokens, 80]`.
@@ -49,6 +51,27 @@ pub struct Voice {
     /// empty otherwise).
     pub llm_prompt_tokens: Vec<i64>,
     pub prompt_text: Vec<i64>,
+}
+
+impl Voice {
+    /// `prompt`'s tensors on `device`, after checking its shapes and that its flow prompt tokens
+    /// are inside `0..vocab`; `Err` says what is wrong.
+    pub fn new(prompt: &VoicePrompt, device: tch::Device, vocab: i64) -> Result<Voice, String> {
+        prompt.check()?;
+        let flow = prompt.flow_tokens();
+        if let Some(bad) = flow.iter().find(|t| !(0..vocab).contains(*t)) {
+            return Err(format!("voice {}: prompt token {bad} outside 0..{vocab}", prompt.name));
+        }
+        let tensor = |v: &[f32], shape: &[i64]| Tensor::from_slice(v).reshape(shape).to_device(device);
+        Ok(Voice {
+            name: prompt.name.clone(),
+            embedding: tensor(&prompt.embedding, &[prompt.embedding.len() as i64]),
+            prompt_tokens: flow.to_vec(),
+            prompt_feat: tensor(&prompt.prompt_mel, &[(2 * flow.len()) as i64, 80]),
+            llm_prompt_tokens: prompt.speech_tokens.clone(),
+            prompt_text: prompt.prompt_text_tokens.clone(),
+        })
+    }
 }
 
 /// One item's output: its mel `[80, frames]` and its waveform.
@@ -106,32 +129,18 @@ impl Token2Wav {
         let hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
         w.finish()?;
 
-        let vw = Weights::load(&dir.join(VOICES_FILE), dev)?;
         let mut voices = Vec::new();
-        for name in &manifest.voices {
-            let embedding = vw.get(&format!("{name}.embedding"), &[192]);
-            let (prompt_tokens, prompt_feat) = match vw.get_ids(&format!("{name}.prompt_token")) {
-                Some(tokens) => {
-                    let feat = vw.get(&format!("{name}.prompt_feat"), &[2 * tokens.len() as i64, 80]);
-                    (tokens, feat)
-                }
-                None => (Vec::new(), Tensor::zeros([0, 80], (Kind::Float, dev))),
-            };
-            if let Some(bad) = prompt_tokens.iter().find(|t| !(0..dims.vocab_size).contains(*t)) {
-                return Err(err(format!("voice {name}: prompt token {bad} outside 0..{}", dims.vocab_size)));
-            }
-            let declared = manifest.prompt_tokens(voices.len() as i64);
-            if declared != prompt_tokens.len() {
+        for (i, prompt) in crate::voice::prompt::checkpoint_voices(dir, &manifest)?.iter().enumerate() {
+            let declared = manifest.prompt_tokens(i as i64);
+            if declared != prompt.flow_tokens().len() {
                 return Err(err(format!(
-                    "voice {name}: model.toml's voice_prompt_tokens says {declared}, voices.safetensors has a prompt of {} tokens",
-                    prompt_tokens.len()
+                    "voice {}: model.toml's voice_prompt_tokens says {declared}, voices.safetensors has a prompt of {} tokens",
+                    prompt.name,
+                    prompt.flow_tokens().len()
                 )));
             }
-            let llm_prompt_tokens = vw.get_ids(&format!("{name}.llm_prompt_token")).unwrap_or_default();
-            let prompt_text = vw.get_ids(&format!("{name}.prompt_text")).unwrap_or_default();
-            voices.push(Voice { embedding, prompt_tokens, prompt_feat, llm_prompt_tokens, prompt_text });
+            voices.push(Voice::new(prompt, dev, dims.vocab_size).map_err(err)?);
         }
-        vw.finish()?;
         Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_fp32: dims.vocoder_fp32, last_timing: None, work: idle_work() })
     }
 
@@ -142,6 +151,21 @@ impl Token2Wav {
 
     pub fn voices(&self) -> &[Voice] {
         &self.voices
+    }
+
+    /// Puts `prompt` at voice index `index` (replacing, or one past the end): how a worker's voice
+    /// book hands the model thread a voice it learned from Postgres.
+    pub fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
+        if index > self.voices.len() {
+            return Err(ModelError::BadInput(format!("voice index {index}: the next free index is {}", self.voices.len())));
+        }
+        let voice = Voice::new(prompt, self.device.to_tch(), self.flow.vocab_size()).map_err(ModelError::BadInput)?;
+        if index == self.voices.len() {
+            self.voices.push(voice);
+        } else {
+            self.voices[index] = voice;
+        }
+        Ok(())
     }
 
     /// Runs a batch with explicit vocoder draws (parity tests) or fresh ones (`None`).
@@ -260,6 +284,10 @@ impl Synthesizer for Token2Wav {
             return Ok(Vec::new());
         }
         Ok(self.run(items, None)?.into_iter().map(|(_, wav)| wav).collect())
+    }
+
+    fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
+        Token2Wav::set_voice(self, index, prompt)
     }
 
     fn take_stages(&mut self) -> Vec<StageTime> {

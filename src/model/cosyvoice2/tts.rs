@@ -27,7 +27,8 @@ use crate::config::LlmConfig;
 use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::Mode;
-use crate::model::{ItemAudio, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
+use crate::model::{ItemAudio, LlmDims, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
+use crate::voice::prompt::VoicePrompt;
 use crate::model::Device;
 
 /// A text job as the frontend prepared it: what the model thread needs.
@@ -135,6 +136,8 @@ pub struct TextToSpeech {
     max_batch: usize,
     /// LLM work since the last `take_stages`.
     llm_work: StageTime,
+    /// The LLM's table sizes, which a voice's prompt must fit.
+    llm_dims: LlmDims,
 }
 
 impl TextToSpeech {
@@ -152,13 +155,8 @@ impl TextToSpeech {
             return Err(err(format!("tokenizer.json knows {known} ids, the LLM's embedding has {} rows: not this model's tokenizer", dims.vocab)));
         }
         let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
-        for (name, voice) in Synthesizer::manifest(&token2wav).voices.iter().zip(token2wav.voices()) {
-            if let Some(bad) = voice.llm_prompt_tokens.iter().find(|t| !(0..dims.speech_tokens).contains(*t)) {
-                return Err(err(format!("voice {name}: LLM prompt token {bad} outside 0..{}", dims.speech_tokens)));
-            }
-            if let Some(bad) = voice.prompt_text.iter().find(|t| !(0..dims.vocab).contains(*t)) {
-                return Err(err(format!("voice {name}: prompt text id {bad} outside 0..{}", dims.vocab)));
-            }
+        for voice in token2wav.voices() {
+            fits_llm(&voice.name, &voice.llm_prompt_tokens, &voice.prompt_text, &dims).map_err(err)?;
         }
         let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
         let positions = crate::sizing::llm::max_positions(&plan.llm, &dims);
@@ -171,6 +169,7 @@ impl TextToSpeech {
             admission: plan.token2wav,
             max_batch: plan.token2wav_max_batch.max(1),
             llm_work: StageTime { stage: Stage::Llm, seconds: 0.0, items: 0, tokens: 0 },
+            llm_dims: dims,
         })
     }
 
@@ -262,8 +261,7 @@ impl TextToSpeech {
     fn requests(&self, text: &TextInput, voice: i64) -> Result<Vec<LmRequest>, TextJobError> {
         let index = usize::try_from(voice).map_err(|_| TextJobError::UnknownVoice(voice))?;
         let v = self.token2wav.voices().get(index).ok_or(TextJobError::UnknownVoice(voice))?;
-        let name = Synthesizer::manifest(&self.token2wav).voices.get(index).cloned().unwrap_or_default();
-        let mut requests = prompt::requests(text.job_id, &text.segments, &name, v, text.mode, text.instruction.as_deref())?;
+        let mut requests = prompt::requests(text.job_id, &text.segments, &v.name, v, text.mode, text.instruction.as_deref())?;
         if text.forced {
             for (r, &n) in requests.iter_mut().zip(&text.speech_estimate) {
                 r.forced_len = Some(n);
@@ -271,6 +269,17 @@ impl TextToSpeech {
         }
         Ok(requests)
     }
+}
+
+/// Whether a voice's LLM prompt (speech tokens, text ids) fits the LLM's tables; `Err` says why not.
+fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims) -> Result<(), String> {
+    if let Some(bad) = speech.iter().find(|t| !(0..dims.speech_tokens).contains(*t)) {
+        return Err(format!("voice {name}: LLM prompt token {bad} outside 0..{}", dims.speech_tokens));
+    }
+    if let Some(bad) = text.iter().find(|t| !(0..dims.vocab).contains(*t)) {
+        return Err(format!("voice {name}: prompt text id {bad} outside 0..{}", dims.vocab));
+    }
+    Ok(())
 }
 
 /// An error between LLM steps: libtorch's (classified with the batch's size) or token2wav's.
@@ -334,6 +343,11 @@ impl Synthesizer for TextToSpeech {
 
     fn llm_slots(&self) -> Option<usize> {
         Some(self.decoder.slots())
+    }
+
+    fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
+        fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, &self.llm_dims).map_err(ModelError::BadInput)?;
+        self.token2wav.set_voice(index, prompt)
     }
 
     fn take_stages(&mut self) -> Vec<StageTime> {

@@ -74,6 +74,7 @@ mod tests {
 
     fn voice(prompt_text: Vec<i64>, llm_prompt_tokens: Vec<i64>) -> Voice {
         Voice {
+            name: "v".into(),
             embedding: Tensor::zeros([192], (Kind::Float, tch::Device::Cpu)),
             prompt_tokens: llm_prompt_tokens.clone(),
             prompt_feat: Tensor::zeros([2 * llm_prompt_tokens.len() as i64, 80], (Kind::Float, tch::Device::Cpu)),

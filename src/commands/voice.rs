@@ -1,0 +1,185 @@
+//! `voxbatch voice add|list|show|rm`: the fleet's CosyVoice2 voices, per model, in Postgres.
+//!
+//! `add` turns a 1-30 s recording and its transcript into a zero-shot voice (`voice::prompt`:
+//! speech tokens and x-vector from the checkpoint's ONNX models, the prompt mel, the transcript's
+//! tokens) and stores it; every worker of that model picks it up without a restart. Every check
+//! runs before anything is stored: the name, the transcript, the model's ONNX files, the audio
+//! (not audio, unreadable, too short or long, silence), a name already taken (`--replace`).
+//!
+//! Neighbours: `voice` (the work), `db::voices` (the table), `worker` (`voice::VoiceBook`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::CommandError;
+use crate::config::Config;
+use crate::db::{Db, VoiceOrigin, VoiceSource, VoiceSummary};
+use crate::frontend::segment::SegmentLimits;
+use crate::frontend::Frontend;
+use crate::model::{Manifest, ModelError, ModelKind};
+use crate::voice::onnx::PromptModels;
+use crate::voice::prompt::PromptError;
+use crate::voice::recording::Recording;
+use crate::voice::VoicePrompt;
+
+/// What `voice add` is asked.
+#[derive(Debug, Clone)]
+pub struct VoiceAdd {
+    pub name: String,
+    pub audio: PathBuf,
+    pub text: String,
+    /// The converted model directory (its ONNX files, tokenizer and grammars).
+    pub model_dir: PathBuf,
+    pub replace: bool,
+}
+
+/// What `voice add` stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct AddedVoice {
+    pub model: String,
+    pub name: String,
+    pub normalized_text: Option<String>,
+    pub prompt_text_tokens: usize,
+    pub prompt_speech_tokens: usize,
+    /// Seconds of prompt the voice keeps (speech tokens at 25 Hz).
+    pub prompt_seconds: f64,
+    pub recording_seconds: f64,
+    pub sha256: String,
+    pub replaced: bool,
+}
+
+/// A CosyVoice2 model's manifest, or a usage error saying why the directory has no such voices.
+fn voice_model(dir: &Path) -> Result<Manifest, CommandError> {
+    let manifest = Manifest::load(dir)?;
+    if !manifest.kind.has_prompt_voices() {
+        return Err(CommandError::Usage(format!(
+            "model {} is of kind {}: its voices are fixed by its directory; voices from recordings are for CosyVoice2 models",
+            manifest.name,
+            manifest.kind.as_str()
+        )));
+    }
+    Ok(manifest)
+}
+
+/// Registers a voice from a recording. Nothing is stored unless every check passes.
+pub async fn voice_add(cfg: &Config, add: &VoiceAdd) -> Result<AddedVoice, CommandError> {
+    crate::job::check_name(&add.name).map_err(|reason| CommandError::Usage(format!("voice name {reason}")))?;
+    if add.text.trim().is_empty() {
+        return Err(CommandError::Usage("the transcript (--text) is empty: give the words spoken in the recording".into()));
+    }
+    let (add2, library) = (add.clone(), cfg.voices.onnxruntime.clone());
+    let segment_limits = SegmentLimits::from_config(cfg);
+    // Files, grammars and ONNX models: blocking, off the async runtime.
+    let (manifest, models, normalized, text_tokens, recording, sha256) = tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
+        let manifest = voice_model(&add2.model_dir)?;
+        let models = PromptModels::load(&add2.model_dir, library.as_deref()).map_err(PromptError::from)?;
+        // The LLM's prompt: the transcript as the text frontend gives it (models with an LLM).
+        let (normalized, text_tokens) = if manifest.kind == ModelKind::Cosyvoice2 {
+            let frontend = Frontend::load(&add2.model_dir, segment_limits)?;
+            match frontend.prompt_tokens(&add2.text) {
+                Ok((n, t)) => (Some(n), t),
+                Err(e) if e.is_input() => return Err(CommandError::Usage(format!("the transcript (--text) cannot be used: {e}"))),
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            (None, Vec::new())
+        };
+        let bytes = std::fs::read(&add2.audio).map_err(|source| CommandError::Io { what: "read the recording", source })?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let extension = add2.audio.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        let recording = Recording::decode(bytes, extension.as_deref()).map_err(PromptError::from)?;
+        recording.check_prompt().map_err(PromptError::from)?;
+        Ok((manifest, models, normalized, text_tokens, recording, sha256))
+    })
+    .await
+    .map_err(|_| ModelError::ThreadGone)??;
+
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    let exists = db.list_voices(Some(&manifest.name)).await?.iter().any(|v| v.name == add.name);
+    if exists && !add.replace {
+        return Err(CommandError::Usage(format!(
+            "voice {} already exists for model {}: `voxbatch voice add … --replace` overwrites it, `voxbatch voice rm {}` removes it",
+            add.name, manifest.name, add.name
+        )));
+    }
+    let (name, text, seconds) = (add.name.clone(), add.text.clone(), recording.seconds());
+    let mut models = models;
+    let voice = tokio::task::spawn_blocking(move || VoicePrompt::from_recording(&name, &recording, &text, text_tokens, &mut models))
+        .await
+        .map_err(|_| ModelError::ThreadGone)??;
+    let origin = VoiceOrigin { source: VoiceSource::Recording, sha256: Some(&sha256), seconds: Some(seconds) };
+    let stored = db.put_voice(&manifest.name, &voice, &origin, add.replace).await?;
+    if !stored {
+        return Err(CommandError::Usage(format!("voice {} was added for model {} meanwhile; --replace overwrites it", add.name, manifest.name)));
+    }
+    Ok(AddedVoice {
+        model: manifest.name,
+        name: voice.name.clone(),
+        normalized_text: normalized,
+        prompt_text_tokens: voice.prompt_text_tokens.len(),
+        prompt_speech_tokens: voice.speech_tokens.len(),
+        prompt_seconds: voice.speech_tokens.len() as f64 / crate::frontend::SpeakingRates::TOKENS_PER_SECOND,
+        recording_seconds: seconds,
+        sha256,
+        replaced: exists,
+    })
+}
+
+/// The model name voices are filed under: `model_dir`'s manifest's.
+async fn model_name(model_dir: &Path) -> Result<String, CommandError> {
+    let dir = model_dir.to_path_buf();
+    let manifest = tokio::task::spawn_blocking(move || voice_model(&dir)).await.map_err(|_| ModelError::ThreadGone)??;
+    Ok(manifest.name)
+}
+
+/// The voices of the model in `model_dir` (every model's with `None`).
+pub async fn voice_list(cfg: &Config, model_dir: Option<&Path>) -> Result<Vec<VoiceSummary>, CommandError> {
+    let model = match model_dir {
+        Some(dir) => Some(model_name(dir).await?),
+        None => None,
+    };
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    Ok(db.list_voices(model.as_deref()).await?)
+}
+
+/// One voice of the model in `model_dir`.
+pub async fn voice_show(cfg: &Config, model_dir: &Path, name: &str) -> Result<VoiceSummary, CommandError> {
+    let model = model_name(model_dir).await?;
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    db.list_voices(Some(&model))
+        .await?
+        .into_iter()
+        .find(|v| v.name == name)
+        .ok_or_else(|| CommandError::Usage(format!("model {model} has no voice {name} (`voxbatch voice list` shows its voices)")))
+}
+
+/// Removes a voice of the model in `model_dir`. Workers forget it at their next refresh; jobs
+/// naming it are then refused as naming an unknown voice.
+pub async fn voice_rm(cfg: &Config, model_dir: &Path, name: &str) -> Result<(), CommandError> {
+    let model = model_name(model_dir).await?;
+    let db = Db::connect(&cfg.database).await?;
+    db.migrate().await?;
+    if db.remove_voice(&model, name).await? {
+        Ok(())
+    } else {
+        Err(CommandError::Usage(format!("model {model} has no voice {name} (`voxbatch voice list` shows its voices)")))
+    }
+}
+
+/// `voice list` as a table.
+pub fn voice_table(voices: &[VoiceSummary]) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+    t.set_header(["model", "voice", "prompt s", "transcript", "source", "added"]);
+    for v in voices {
+        let seconds = if v.prompt_speech_tokens == 0 { "-".to_string() } else { format!("{:.1}", v.prompt_speech_tokens as f64 / 25.0) };
+        let text = v.prompt_text.as_deref().map(|s| crate::job::truncate(s, 40)).unwrap_or_default();
+        t.add_row([v.model.clone(), v.name.clone(), seconds, text, v.source.clone(), v.created_at.format("%Y-%m-%d %H:%M").to_string()]);
+    }
+    format!("{t}\n")
+}
