@@ -247,8 +247,13 @@ pub enum BenchCommand {
         /// cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// The flow's precisions.
         #[arg(long, value_delimiter = ',', default_value = "fp32,fp16,bf16")]
         precisions: Vec<String>,
+        /// The HiFT vocoder's precisions, each with every flow precision (default: the model's
+        /// `vocoder_precision`; tf32 is how the official code runs it).
+        #[arg(long, value_delimiter = ',')]
+        vocoders: Vec<String>,
         #[arg(long, value_delimiter = ',', default_value = "1,8,32,64,128")]
         batches: Vec<usize>,
         /// Length of each utterance, in seconds of audio (25 speech tokens a second).

@@ -319,11 +319,12 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
             println!("{}", voxbatch::bench::sweetspot::markdown(&report));
             print_written(&paths);
         }
-        Some(BenchCommand::Token2wav { model, device, precisions, batches, utterance_seconds, repeats, out }) => {
+        Some(BenchCommand::Token2wav { model, device, precisions, vocoders, batches, utterance_seconds, repeats, out }) => {
             let opts = voxbatch::bench::token2wav::Token2WavBenchOptions {
                 model_dir: model,
                 device: device.parse().context("--device")?,
                 precisions: parse_precisions(&precisions)?,
+                vocoders: parse_precisions(&vocoders)?,
                 batches,
                 utterance_seconds,
                 repeats: repeats.max(1),
@@ -331,7 +332,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
             };
             let (report, paths) = commands::bench_token2wav(opts, &out, |p| {
                 let error = p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
-                eprintln!("  {} batch {}: {:.1} audio-s/s{error}", p.precision, p.batch, p.audio_seconds_per_second)
+                eprintln!("  flow {} HiFT {} batch {}: {:.1} audio-s/s{error}", p.precision, p.vocoder, p.batch, p.audio_seconds_per_second)
             })
             .await
             .context("token2wav bench")?;

@@ -87,6 +87,7 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
         model_dir: common::repo_path("models/cosyvoice2-tiny"),
         device: Device::Cpu,
         precisions: vec![Precision::Bf16],
+        vocoders: vec![Precision::Tf32, Precision::Bf16],
         batches: vec![1, 2],
         utterance_seconds: 0.4,
         repeats: 1,
@@ -94,17 +95,19 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
     };
     let report = run(&opts, |_| {}).unwrap();
     assert_eq!(report.tokens_per_utterance, 10);
-    assert_eq!(report.points.len(), 2, "bf16 at batch 1 and 2 (fp32 only as the quality reference)");
+    assert_eq!(report.points.len(), 4, "bf16 flow with each vocoder at batch 1 and 2 (true fp32 only as the quality reference)");
     for p in &report.points {
         assert!(p.error.is_none(), "{:?}", p.error);
         assert!(p.audio_seconds_per_second > 0.0);
         let parts = p.encoder_seconds + p.flow_seconds + p.vocoder_seconds;
         assert!(parts > 0.0 && parts <= p.seconds * 1.01, "stage times add up to at most the batch's: {parts} vs {}", p.seconds);
     }
-    let q = report.quality.iter().find(|q| q.precision == "bf16").expect("bf16 against fp32");
-    assert!(q.snr_db_mean.is_finite() && q.lsd_db_mean > 0.0, "bf16 differs measurably from fp32");
+    let q = |vocoder: &str| report.quality.iter().find(|q| q.precision == "bf16" && q.vocoder == vocoder).expect("each setting against true fp32");
+    assert!(q("bf16").snr_db_mean.is_finite() && q("bf16").lsd_db_mean > 0.0, "bf16 differs measurably from fp32");
+    // On a CPU the tf32 vocoder is fp32: the bf16 vocoder loses more.
+    assert!(q("tf32").snr_db_mean > q("bf16").snr_db_mean, "{:?}", report.quality);
     let dir = tempfile::tempdir().unwrap();
     let paths = write(&report, dir.path()).unwrap();
     assert!(paths.iter().all(|p| p.is_file()));
-    assert!(table(&report).contains("| bf16 | 2 |"));
+    assert!(table(&report).contains("| bf16 | tf32 | 2 |") && table(&report).contains("| bf16 | bf16 | 2 |"), "{}", table(&report));
 }

@@ -282,15 +282,19 @@ fn missing_and_unexpected_tensors_are_listed_in_one_error() {
 }
 
 #[test]
-fn vocoder_fp32_keeps_the_vocoder_out_of_autocast() {
+fn the_vocoder_runs_at_its_own_precision_outside_the_flows_autocast() {
     let src = model_dir();
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["token2wav.safetensors", "voices.safetensors"] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
     let toml = std::fs::read_to_string(src.join("model.toml")).unwrap();
-    assert!(toml.contains("vocoder_fp32 = false"), "the converter writes the key");
-    std::fs::write(dir.path().join("model.toml"), token2wav_only(&toml.replace("vocoder_fp32 = false", "vocoder_fp32 = true"))).unwrap();
+    assert!(toml.contains("vocoder_precision = \"tf32\""), "the converter writes the upstream setting");
+    let variant = |vocoder: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["token2wav.safetensors", "voices.safetensors"] {
+            std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+        }
+        let body = toml.replace("vocoder_precision = \"tf32\"", &format!("vocoder_precision = \"{vocoder}\""));
+        std::fs::write(dir.path().join("model.toml"), token2wav_only(&body)).unwrap();
+        dir
+    };
     let items = vec![SynthItem::tokens((0..12).collect(), 1)];
     let fx = Fixtures::load();
     let draws = draws(&fx, &[2]);
@@ -298,16 +302,28 @@ fn vocoder_fp32_keeps_the_vocoder_out_of_autocast() {
         let mut m = Token2Wav::load(dir, Manifest::load(dir).unwrap(), test_device(), Precision::Bf16).unwrap();
         m.run(&items, Some(&draws)).unwrap().remove(0)
     };
-    let (mel_amp, wav_amp) = run(&src);
-    let (mel_fp32_voc, wav_fp32_voc) = run(dir.path());
-    assert!(relative_error(&mel_fp32_voc, &mel_amp) <= 1e-6, "the flow runs under bf16 autocast either way");
-    // The same mel through the vocoder in fp32 (no autocast) gives vocoder_fp32's waveform.
-    let frames = mel_amp.size()[1];
-    let fp32_wav = tch::no_grad(|| load_model().hift.forward(&mel_amp.unsqueeze(0), &[frames], &draws)).unwrap().wav.get(0);
+    let (fp32_voc, bf16_voc, default_voc) = (variant("fp32"), variant("bf16"), variant("tf32"));
+    let (mel, wav_fp32_voc) = run(fp32_voc.path());
+    let (mel_bf16_voc, wav_bf16_voc) = run(bf16_voc.path());
+    let (_, wav_default) = run(default_voc.path());
+    assert!(relative_error(&mel_bf16_voc, &mel) <= 1e-6, "the flow runs under bf16 autocast whatever the vocoder's precision");
+    // The same mel through the vocoder in fp32 (no autocast) gives the fp32 vocoder's waveform.
+    let frames = mel.size()[1];
+    let fp32_wav = tch::no_grad(|| load_model().hift.forward(&mel.unsqueeze(0), &[frames], &draws)).unwrap().wav.get(0);
     let kept_fp32 = relative_error(&Tensor::from_slice(&wav_fp32_voc), &fp32_wav);
-    let under_amp = relative_error(&Tensor::from_slice(&wav_amp), &fp32_wav);
-    assert!(kept_fp32 <= 1e-5, "vocoder_fp32 runs the vocoder in fp32: {kept_fp32:e}");
-    assert!(under_amp > 1e-3, "under autocast the vocoder differs: {under_amp:e}");
+    let under_amp = relative_error(&Tensor::from_slice(&wav_bf16_voc), &fp32_wav);
+    assert!(kept_fp32 <= 1e-5, "vocoder_precision fp32 runs the vocoder in fp32: {kept_fp32:e}");
+    assert!(under_amp > 1e-3, "under bf16 autocast the vocoder differs: {under_amp:e}");
+    if test_device() == voxbatch::model::Device::Cpu {
+        // A CPU has no TF32: the default is fp32 there.
+        assert!(relative_error(&Tensor::from_slice(&wav_default), &fp32_wav) <= 1e-5);
+    }
+    // The older key still reads: `vocoder_fp32 = true` is fp32.
+    let old = variant("fp32");
+    let body = std::fs::read_to_string(old.path().join("model.toml")).unwrap().replace("vocoder_precision = \"fp32\"", "vocoder_fp32 = true");
+    std::fs::write(old.path().join("model.toml"), body).unwrap();
+    let legacy = Manifest::load(old.path()).unwrap();
+    assert_eq!(legacy.cosyvoice2.unwrap().vocoder(), Precision::Fp32);
 }
 
 #[test]

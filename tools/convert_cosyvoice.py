@@ -320,7 +320,9 @@ outputs = ["audio:float32[B,S]"]
         for k, v in dims.items():
             f.write(f"{k} = {v}\n")
         f.write("flow_steps = 10\ncfg_rate = 0.7\n")
-        f.write("# true: the vocoder runs in fp32 whatever --precision (its STFT/iSTFT always do)\nvocoder_fp32 = false\n")
+        f.write("# The HiFT vocoder's precision whatever --precision: tf32 is how the official code runs it (outside\n"
+                "# autocast, cuDNN convolutions in TF32; fp32 on a CPU); fp32 (TF32 off), bf16, fp16. STFT/iSTFT are fp32.\n"
+                'vocoder_precision = "tf32"\n')
         if llm_dims:
             f.write("\n# The speech-token LM (llm.safetensors): Qwen2 dimensions from CosyVoice-BlankEN/config.json,\n"
                     "# sampling as cosyvoice2.yaml (ras_sampling) and the reference's length ratios.\n[cosyvoice2.llm]\n")

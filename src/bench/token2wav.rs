@@ -1,7 +1,9 @@
 //! `voxbatch bench token2wav`: CosyVoice2 token2wav (the tch port) measured the way issue 7 asks —
 //! fixed-length utterances, audio-seconds per GPU-second at each batch size and precision, peak
 //! memory, where the time goes (encoder, the flow's Euler steps, the HiFT vocoder), and what each
-//! precision costs in quality (SNR and log-spectral distance of its waveforms against fp32's).
+//! setting costs in quality (SNR and log-spectral distance of its waveforms against true fp32's:
+//! flow and vocoder in fp32, TF32 off). A setting is the flow's precision and the vocoder's
+//! (`--vocoders`, default the model's `vocoder_precision`), side by side.
 //!
 //! Runs on the calling thread (it owns the model); prints a Markdown table, writes
 //! `token2wav.json` + `report.md`. The reference Python code's figure comes from
@@ -23,6 +25,8 @@ pub struct Token2WavBenchOptions {
     pub model_dir: PathBuf,
     pub device: Device,
     pub precisions: Vec<Precision>,
+    /// The vocoder's precisions to compare (empty: the model's `vocoder_precision`).
+    pub vocoders: Vec<Precision>,
     pub batches: Vec<usize>,
     pub utterance_seconds: f64,
     pub repeats: usize,
@@ -31,7 +35,10 @@ pub struct Token2WavBenchOptions {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Point {
+    /// The flow's precision.
     pub precision: String,
+    /// The vocoder's.
+    pub vocoder: String,
     pub batch: usize,
     /// Median wall time of one batch, device-synchronised (seconds).
     pub seconds: f64,
@@ -47,6 +54,7 @@ pub struct Point {
 #[derive(Debug, Clone, Serialize)]
 pub struct Quality {
     pub precision: String,
+    pub vocoder: String,
     pub items: usize,
     /// Mean over items of the SNR against fp32, dB.
     pub snr_db_mean: f64,
@@ -87,14 +95,25 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
     tch::manual_seed(opts.seed as i64);
     let draws = SourceDraws::random(quality_items.len() as i64, tokens as i64 * 2 * SAMPLES_PER_FRAME, tch::Device::Cpu)
         .map_err(ModelError::Inference)?;
-    let mut reference: Option<Vec<Vec<f32>>> = None;
-    let mut precisions = opts.precisions.clone();
-    if !precisions.contains(&Precision::Fp32) {
-        precisions.insert(0, Precision::Fp32); // the quality reference
+    // The quality reference first: true fp32 (flow fp32, vocoder fp32 with TF32 off).
+    let vocoders = if opts.vocoders.is_empty() {
+        vec![manifest.cosyvoice2.map_or(Precision::Tf32, |d| d.vocoder())]
+    } else {
+        opts.vocoders.clone()
+    };
+    let mut settings = vec![(Precision::Fp32, Precision::Fp32)];
+    for &p in &opts.precisions {
+        for &v in &vocoders {
+            if !settings.contains(&(p, v)) {
+                settings.push((p, v));
+            }
+        }
     }
-    precisions.sort_by_key(|p| *p != Precision::Fp32);
-    for &precision in &precisions {
+    let measured = |setting: &(Precision, Precision)| opts.precisions.contains(&setting.0) && vocoders.contains(&setting.1);
+    let mut reference: Option<Vec<Vec<f32>>> = None;
+    for setting @ &(precision, vocoder) in &settings {
         let mut model = Token2Wav::load(&opts.model_dir, manifest.clone(), opts.device, precision)?;
+        model.set_vocoder_precision(vocoder);
         let wavs: Vec<Vec<f32>> = model.run(quality_items, Some(&draws))?.into_iter().map(|(_, w)| w).collect();
         match &reference {
             None => reference = Some(wavs),
@@ -103,6 +122,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
                 let lsd: Vec<f64> = r.iter().zip(&wavs).map(|(a, b)| log_spectral_distance(a, b, 512)).collect();
                 quality.push(Quality {
                     precision: precision.to_string(),
+                    vocoder: vocoder.to_string(),
                     items: wavs.len(),
                     snr_db_mean: snr.iter().sum::<f64>() / snr.len().max(1) as f64,
                     snr_db_min: snr.iter().copied().fold(f64::INFINITY, f64::min),
@@ -110,7 +130,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
                 });
             }
         }
-        if !opts.precisions.contains(&precision) {
+        if !measured(setting) {
             continue;
         }
         let probe = MemoryProbe::new(opts.device);
@@ -145,6 +165,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
             let point = match runs.get(runs.len() / 2) {
                 Some((wall, t)) if error.is_none() => Point {
                     precision: precision.to_string(),
+                    vocoder: vocoder.to_string(),
                     batch,
                     seconds: wall.as_secs_f64(),
                     audio_seconds_per_second: batch as f64 * tokens as f64 / 25.0 / wall.as_secs_f64(),
@@ -156,6 +177,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
                 },
                 _ => Point {
                     precision: precision.to_string(),
+                    vocoder: vocoder.to_string(),
                     batch,
                     seconds: 0.0,
                     audio_seconds_per_second: 0.0,
@@ -187,21 +209,22 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
 pub fn table(r: &Token2WavReport) -> String {
     let mut s = format!(
         "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}\n\n\
-         | precision | batch | s/batch | audio-s/s | encoder % | flow steps % | HiFT % | peak GiB |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+         | flow | HiFT | batch | s/batch | audio-s/s | encoder % | flow steps % | HiFT % | peak GiB |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         r.model, r.gpu, r.device, r.utterance_seconds, r.tokens_per_utterance, r.repeats
     );
     for p in &r.points {
         let peak = p.peak_memory_bytes.map_or("-".to_string(), |b| format!("{:.2}", b as f64 / (1u64 << 30) as f64));
         if let Some(e) = &p.error {
             let e: String = e.chars().take(60).collect();
-            s += &format!("| {} | {} | failed: {e} | | | | | {peak} |\n", p.precision, p.batch);
+            s += &format!("| {} | {} | {} | failed: {e} | | | | | {peak} |\n", p.precision, p.vocoder, p.batch);
             continue;
         }
         let pct = |x: f64| 100.0 * x / p.seconds.max(f64::MIN_POSITIVE);
         s += &format!(
-            "| {} | {} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {peak} |\n",
+            "| {} | {} | {} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {peak} |\n",
             p.precision,
+            p.vocoder,
             p.batch,
             p.seconds,
             p.audio_seconds_per_second,
@@ -211,9 +234,13 @@ pub fn table(r: &Token2WavReport) -> String {
         );
     }
     if !r.quality.is_empty() {
-        s += &format!("\nQuality against fp32 ({} items, same inputs and vocoder draws)\n\n| precision | SNR dB mean | SNR dB min | LSD dB |\n|---|---:|---:|---:|\n", r.quality[0].items);
+        s += &format!(
+            "\nQuality against true fp32 (flow and HiFT in fp32, TF32 off; {} items, same inputs and vocoder draws)\n\n\
+             | flow | HiFT | SNR dB mean | SNR dB min | LSD dB |\n|---|---|---:|---:|---:|\n",
+            r.quality[0].items
+        );
         for q in &r.quality {
-            s += &format!("| {} | {:.1} | {:.1} | {:.3} |\n", q.precision, q.snr_db_mean, q.snr_db_min, q.lsd_db_mean);
+            s += &format!("| {} | {} | {:.1} | {:.1} | {:.3} |\n", q.precision, q.vocoder, q.snr_db_mean, q.snr_db_min, q.lsd_db_mean);
         }
     }
     s

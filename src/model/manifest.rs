@@ -75,13 +75,25 @@ pub struct Cosyvoice2Dims {
     pub flow_steps: usize,
     /// Classifier-free guidance rate (CosyVoice2: 0.7).
     pub cfg_rate: f64,
-    /// Run the HiFT vocoder in fp32 whatever the precision (as the official code does: its flow
-    /// runs under autocast, its vocoder not). Its STFT/iSTFT are fp32 either way.
+    /// The HiFT vocoder's precision, whatever the flow's: `tf32` (the default, as the official
+    /// code runs it: outside autocast, under torch's defaults, where cuDNN convolutions use TF32),
+    /// `fp32` (true fp32, TF32 off), `bf16` or `fp16` (autocast). On a CPU `tf32` is fp32. Its
+    /// STFT/iSTFT are fp32 whatever this says.
+    #[serde(default)]
+    pub vocoder_precision: Option<super::Precision>,
+    /// Before `vocoder_precision`: `true` = `fp32`; `false` (or absent) now means the default, `tf32`.
     #[serde(default)]
     pub vocoder_fp32: bool,
     /// The speech-token LM (`llm.safetensors`), when the model has one.
     #[serde(default)]
     pub llm: Option<LlmDims>,
+}
+
+impl Cosyvoice2Dims {
+    /// The vocoder's precision (`vocoder_precision`, else the older `vocoder_fp32`, else `tf32`).
+    pub fn vocoder(&self) -> super::Precision {
+        self.vocoder_precision.unwrap_or(if self.vocoder_fp32 { super::Precision::Fp32 } else { super::Precision::Tf32 })
+    }
 }
 
 /// `[cosyvoice2.llm]`: the speech-token LM's Qwen2 dimensions, sampling and length ratios

@@ -84,6 +84,34 @@ impl Drop for AutocastGuard {
     }
 }
 
+/// TF32 set for a stage that wants it other than the model's setting, and set back when dropped
+/// (CUDA only; a CPU has no TF32 and the scope does nothing).
+pub struct Tf32Scope {
+    restore: Option<bool>,
+}
+
+impl Tf32Scope {
+    /// Sets TF32 to `wanted` on `device` until dropped, then back to `model` (the model's own).
+    pub fn enter(device: Device, wanted: bool, model: bool) -> Result<Tf32Scope, ShimError> {
+        if matches!(device, Device::Cpu) || wanted == model {
+            return Ok(Tf32Scope { restore: None });
+        }
+        set_tf32(wanted)?;
+        Ok(Tf32Scope { restore: Some(model) })
+    }
+}
+
+impl Drop for Tf32Scope {
+    fn drop(&mut self) {
+        if let Some(model) = self.restore {
+            // Setting a flag cannot fail once it has been set; a failure is logged, not raised.
+            if let Err(e) = set_tf32(model) {
+                tracing::error!(error = %e, "restoring the TF32 setting failed");
+            }
+        }
+    }
+}
+
 /// Enables or disables TF32 for cuBLAS and cuDNN (process-wide).
 pub fn set_tf32(enabled: bool) -> Result<(), ShimError> {
     // SAFETY: sets two booleans in libtorch's global context; exceptions are caught in C++.

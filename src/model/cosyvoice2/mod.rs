@@ -32,7 +32,7 @@ use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 pub use self::weights::Weights;
-use super::shim::AutocastGuard;
+use super::shim::{AutocastGuard, Tf32Scope};
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
 use crate::voice::prompt::VoicePrompt;
@@ -84,8 +84,8 @@ pub struct Token2Wav {
     manifest: Manifest,
     device: Device,
     precision: Precision,
-    /// `[cosyvoice2] vocoder_fp32`: the vocoder runs outside autocast.
-    vocoder_fp32: bool,
+    /// `[cosyvoice2] vocoder_precision`: the vocoder's own precision (outside the flow's autocast).
+    vocoder_precision: Precision,
     /// Time split of the last batch (encoder+flow, vocoder), device-synchronised.
     pub last_timing: Option<StageTiming>,
     /// Work since the last [`Synthesizer::take_stages`].
@@ -141,7 +141,17 @@ impl Token2Wav {
             }
             voices.push(Voice::new(prompt, dev, dims.vocab_size).map_err(err)?);
         }
-        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_fp32: dims.vocoder_fp32, last_timing: None, work: idle_work() })
+        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision: dims.vocoder(), last_timing: None, work: idle_work() })
+    }
+
+    /// The vocoder's precision (from `model.toml`; benchmarks compare others).
+    pub fn vocoder_precision(&self) -> Precision {
+        self.vocoder_precision
+    }
+
+    /// Runs the vocoder at `precision` from now on (benchmarks; the worker keeps `model.toml`'s).
+    pub fn set_vocoder_precision(&mut self, precision: Precision) {
+        self.vocoder_precision = precision;
     }
 
     /// Device seconds of the batches run since the last [`Synthesizer::take_stages`].
@@ -218,7 +228,7 @@ impl Token2Wav {
             })
             .collect();
         let t0 = Instant::now();
-        let vocoder_precision = if self.vocoder_fp32 { Precision::Fp32 } else { self.precision };
+        let vocoder_precision = self.vocoder_precision;
         let failed = |e: tch::TchError| classify(e, items.len());
         let (mels, wav, frames, t1, t2) = {
             let flow_autocast = AutocastGuard::enter(self.device, self.precision)?;
@@ -229,6 +239,7 @@ impl Token2Wav {
             sync();
             let t2 = t0.elapsed();
             drop(flow_autocast);
+            let _vocoder_tf32 = Tf32Scope::enter(self.device, vocoder_precision == Precision::Tf32, self.precision == Precision::Tf32)?;
             let _vocoder_autocast = AutocastGuard::enter(self.device, vocoder_precision)?;
             let frames: Vec<i64> = mels.iter().map(|m| m.size().get(1).copied().unwrap_or(0)).collect();
             let t_max = frames.iter().copied().max().unwrap_or(1);
