@@ -10,12 +10,14 @@ use std::path::PathBuf;
 /// Compiles `csrc/torch_shim.cpp` against the headers of the libtorch tch links.
 fn build_shim(lib: &std::path::Path) {
     println!("cargo:rerun-if-changed=csrc/torch_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/aoti.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     let include = lib.join("..").join("include");
     let mut build = cc::Build::new();
     build
         .cpp(true)
         .file("csrc/torch_shim.cpp")
+        .file("csrc/aoti.cpp")
         .include(&include)
         .include(include.join("torch").join("csrc").join("api").join("include"))
         .flag("-std=c++17")

@@ -55,6 +55,14 @@ pub fn memory_info(device: Device) -> Result<MemoryInfo, GpuError> {
     }
 }
 
+/// CUDA device `index`'s compute capability (major, minor), from NVML. Blocking.
+pub fn compute_capability(index: usize) -> Result<(i32, i32), GpuError> {
+    let nvml = Nvml::init().map_err(GpuError::NvmlUnavailable)?;
+    let dev = nvml.device_by_index(index as u32).map_err(|source| GpuError::Nvml { what: "device_by_index", source })?;
+    let cc = dev.cuda_compute_capability().map_err(|source| GpuError::Nvml { what: "cuda_compute_capability", source })?;
+    Ok((cc.major, cc.minor))
+}
+
 fn nvml_memory(index: usize) -> Result<MemoryInfo, GpuError> {
     let nvml = Nvml::init().map_err(GpuError::NvmlUnavailable)?;
     let dev = nvml.device_by_index(index as u32).map_err(|source| GpuError::Nvml { what: "device_by_index", source })?;

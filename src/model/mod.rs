@@ -11,6 +11,7 @@
 //! Neighbours: `sizing` sizes batches from the manifest (frames per token, weights);
 //! `worker::infer` sends each batch here; `worker::commit` hands the audio to `audio`.
 
+pub mod compiled;
 pub mod cosyvoice2;
 mod manifest;
 pub mod memory;

@@ -12,6 +12,7 @@ use super::encoder::Encoder;
 use super::estimator::{Estimator, EstimatorDims};
 use super::layers::{length_mask, Linear, R};
 use super::weights::Weights;
+use crate::model::compiled::CompiledPackage;
 
 /// One item of a flow batch.
 pub struct FlowItem<'a> {
@@ -40,9 +41,19 @@ pub struct Flow {
     encoder: Encoder,
     encoder_proj: Linear,
     pub estimator: Estimator,
+    /// The estimator compiled (AOTInductor), when the model directory has a package for this
+    /// machine; the eager `estimator` otherwise and for batches outside the package's shapes.
+    compiled: Option<CompiledEstimator>,
     noise: Tensor,
     steps: usize,
     cfg_rate: f64,
+}
+
+/// A compiled estimator and the largest batch and mel it was compiled for.
+pub struct CompiledEstimator {
+    pub package: CompiledPackage,
+    pub max_batch: i64,
+    pub max_frames: i64,
 }
 
 impl Flow {
@@ -53,10 +64,21 @@ impl Flow {
             encoder: Encoder::new(w, "flow.encoder", d.encoder_heads, d.encoder_units, d.encoder_blocks, d.encoder_up_blocks),
             encoder_proj: Linear::new(w, "flow.encoder_proj", 512, 80, true),
             estimator: Estimator::new(w, "flow.decoder.estimator", d.estimator),
+            compiled: None,
             noise: w.get("flow.rand_noise", &[1, 80, 15000]),
             steps: d.steps,
             cfg_rate: d.cfg_rate,
         }
+    }
+
+    /// Runs the estimator's steps through `compiled` (or the eager port again with `None`).
+    pub fn set_compiled(&mut self, compiled: Option<CompiledEstimator>) {
+        self.compiled = compiled;
+    }
+
+    /// Whether the estimator runs compiled (for batches within the package's shapes).
+    pub fn is_compiled(&self) -> bool {
+        self.compiled.is_some()
     }
 
     /// Longest mel (frames, prompt included) the fixed noise covers: 300 s.
@@ -134,7 +156,7 @@ impl Flow {
         let t_span = t_span.f_mul_scalar(0.5)?.f_mul_scalar(std::f64::consts::PI)?.f_cos()?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?;
         let mut t = t_span.f_narrow(0, 0, 1)?;
         let mut dt = t_span.f_narrow(0, 1, 1)?.f_sub(&t_span.f_narrow(0, 0, 1)?)?;
-        let (b, _, _) = mu.size3()?;
+        let (b, _, frames) = mu.size3()?;
         let mask_in = Tensor::f_cat(&[mask, mask], 0)?;
         let mu_in = Tensor::f_cat(&[mu.shallow_clone(), mu.f_zeros_like()?], 0)?;
         let spks_in = Tensor::f_cat(&[spks.shallow_clone(), spks.f_zeros_like()?], 0)?;
@@ -143,7 +165,13 @@ impl Flow {
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
-            let d = self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?.f_to_kind(Kind::Float)?;
+            let d = match self.compiled.as_ref().filter(|c| 2 * b <= c.max_batch && frames <= c.max_frames && frames % 2 == 0) {
+                Some(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
+                    tch::TchError::Torch("the compiled estimator returned nothing".into())
+                })?,
+                None => self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?,
+            }
+            .f_to_kind(Kind::Float)?;
             let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);
             let d = d.f_mul_scalar(1.0 + self.cfg_rate)?.f_sub(&cfg.f_mul_scalar(self.cfg_rate)?)?;
             // A new tensor, not in place: x starts as an expanded (broadcast) view of the fixed noise.

@@ -74,6 +74,29 @@ impl Voice {
     }
 }
 
+/// The model directory's compiled estimator for this device and precision, if it has a usable
+/// one (`model::compiled`); the eager port otherwise, with a warning when a package was there but
+/// cannot serve.
+fn compiled_estimator(dir: &Path, device: Device, precision: Precision) -> Option<flow::CompiledEstimator> {
+    use crate::model::compiled::{find_package, PackageChoice};
+    match find_package(dir, "estimator", device, precision, &dir.join(WEIGHTS_FILE)) {
+        PackageChoice::Compiled(package) => {
+            let limit = |key: &str| package.metadata(key).ok().and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+            let (max_batch, max_frames) = (limit("voxbatch.max_batch"), limit("voxbatch.max_frames"));
+            tracing::info!(package = %package.path.display(), max_batch, max_frames, "the flow estimator runs compiled");
+            Some(flow::CompiledEstimator { package, max_batch, max_frames })
+        }
+        PackageChoice::Absent { key } => {
+            tracing::debug!(key, "no compiled estimator for this machine: the eager port runs");
+            None
+        }
+        PackageChoice::Unusable { path, reason } => {
+            tracing::warn!(package = %path.display(), reason, "compiled estimator not used: the eager port runs");
+            None
+        }
+    }
+}
+
 /// One item's output: its mel `[80, frames]` and its waveform.
 pub type MelAndWave = (Tensor, Vec<f32>);
 
@@ -128,6 +151,8 @@ impl Token2Wav {
         );
         let hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
         w.finish()?;
+        let mut flow = flow;
+        flow.set_compiled(compiled_estimator(dir, device, precision));
 
         let mut voices = Vec::new();
         for (i, prompt) in crate::voice::prompt::checkpoint_voices(dir, &manifest)?.iter().enumerate() {

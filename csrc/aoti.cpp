@@ -1,0 +1,58 @@
+// voxbatch's shim over AOTInductor's package loader (torch::inductor::AOTIModelPackageLoader):
+// load a `.pt2` package made by tools/compile_token2wav.py, read its metadata, run it on tch
+// tensors (at::Tensor*). Every function catches its exceptions (guarded.h); a handle is freed by
+// voxbatch_aoti_free.
+#include <ATen/ATen.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "guarded.h"
+
+using voxbatch::guarded;
+using torch::inductor::AOTIModelPackageLoader;
+
+extern "C" {
+
+// Loads the package at `path` for CUDA device `device_index` (-1: the package's own device, e.g.
+// CPU). On success *out is the handle.
+int voxbatch_aoti_load(const char* path, int device_index, void** out, char* err, size_t err_len) {
+  return guarded([&] {
+    *out = new AOTIModelPackageLoader(std::string(path), "model", false, 1, static_cast<c10::DeviceIndex>(device_index));
+  }, err, err_len);
+}
+
+// The metadata value of `key` into `value` (NUL-terminated, truncated to `value_len`); an absent
+// key gives an empty string.
+int voxbatch_aoti_metadata(void* handle, const char* key, char* value, size_t value_len, char* err, size_t err_len) {
+  return guarded([&] {
+    auto metadata = static_cast<AOTIModelPackageLoader*>(handle)->get_metadata();
+    auto found = metadata.find(std::string(key));
+    voxbatch::copy_message(found == metadata.end() ? "" : found->second.c_str(), value, value_len);
+  }, err, err_len);
+}
+
+// Runs the package on `n_inputs` tensors; writes up to `max_outputs` new tensors (handed to Rust,
+// which frees them) into `outputs` and their count into *n_outputs.
+int voxbatch_aoti_run(void* handle, void** inputs, int n_inputs, void** outputs, int max_outputs, int* n_outputs,
+                      char* err, size_t err_len) {
+  return guarded([&] {
+    std::vector<at::Tensor> in;
+    in.reserve(n_inputs);
+    for (int i = 0; i < n_inputs; ++i) in.push_back(*static_cast<at::Tensor*>(inputs[i]));
+    auto result = static_cast<AOTIModelPackageLoader*>(handle)->run(in);
+    if (static_cast<int>(result.size()) > max_outputs) throw std::runtime_error("the package returned more outputs than expected");
+    for (size_t i = 0; i < result.size(); ++i) outputs[i] = new at::Tensor(result[i]);
+    *n_outputs = static_cast<int>(result.size());
+  }, err, err_len);
+}
+
+void voxbatch_aoti_free(void* handle) {
+  try {
+    delete static_cast<AOTIModelPackageLoader*>(handle);
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 16's compiled estimator on the GPU machine: builds the `full` random CosyVoice2 token2wav
+# (reference code, as token2wav-bench.sh), compiles its flow estimator for this GPU with
+# tools/compile_token2wav.py (AOTInductor, --check against the eager reference) into a second
+# model directory (links to the first's files + compiled/), then runs `voxbatch bench token2wav`
+# on both: eager port vs compiled estimator, same weights, same call.
+# Carry: .whl .t2w/voxbatch.xz (pack-gpu.sh). Env: OUT, STAGE (all | compile | bench: compiling the
+# full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
+# machine), PRECISION (bf16), BATCHES (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500),
+# MAX_BATCH (256), PY.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+log() { echo "[compiled $(date -u +%T)] $*"; }
+rm -rf /tmp/site
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
+export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+BIN=/tmp/voxbatch; xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
+M=/tmp/cv2full
+if [ ! -f "$M/model/token2wav.safetensors" ]; then
+  log "building the full-size random model (reference code) and converting it"
+  $PY tools/make_parity_fixtures.py --config full --no-fixtures --out "$M" 2>&1 | grep -v Warning | tail -1
+  $PY tools/convert_cosyvoice.py "$M/official" "$M/model" --name cosyvoice2-full-random | tail -1 | cut -c1-200
+fi
+C=/tmp/cv2full-compiled; mkdir -p "$C"
+for f in "$M"/model/*; do [ "$(basename "$f")" = compiled ] || ln -sfn "$f" "$C/"; done
+P=${PRECISION:-bf16}
+STAGE=${STAGE:-all}
+if [ "$STAGE" != bench ]; then
+log "compiling the estimator ($P)"
+$PY tools/compile_token2wav.py --model "$C" --device cuda:0 --precision "$P" --max-frames "${MAX_FRAMES:-1500}" \
+  --max-batch "${MAX_BATCH:-256}" --check 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -2 | tee "$OUT/compile.json"
+fi
+[ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
+for d in "$M/model" "$C"; do
+  name=$(basename "$d"); log "bench token2wav: $name"
+  RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
+    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" --out "$OUT/$name" 2>&1 | grep -E "audio-s/s|compiled|eager|^\| " | tee "$OUT/$name.log"
+done
+log "done"

@@ -1,0 +1,78 @@
+//! The compiled flow estimator (issue 16) on the CPU: the tiny model's estimator compiled by
+//! `tools/compile_token2wav.py` (AOTInductor; bootstrap builds `models/cosyvoice2-tiny-compiled`)
+//! gives the eager port's mel and audio, and every package that cannot serve — absent for this
+//! machine's key, unreadable, or made from other weights — leaves the model on the eager port
+//! instead of failing it. GPU figures: docs/PERFORMANCE.md.
+
+mod common;
+
+use std::path::Path;
+
+use common::repo_path;
+use tch::Tensor;
+use voxbatch::model::cosyvoice2::Token2Wav;
+use voxbatch::model::{Device, Manifest, Precision, SynthItem};
+
+const KEY: &str = "cpu-torch2.11.0-fp32";
+
+fn load(dir: &Path) -> Token2Wav {
+    Token2Wav::load(dir, Manifest::load(dir).unwrap(), Device::Cpu, Precision::Fp32).unwrap()
+}
+
+/// A copy of the compiled tiny model's directory (files linked) whose package and weights the
+/// test may replace.
+fn variant() -> tempfile::TempDir {
+    let src = repo_path("models/cosyvoice2-tiny-compiled");
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/bootstrap.sh): {e}", src.display())) {
+        let entry = entry.unwrap();
+        if entry.file_name() != "compiled" {
+            std::os::unix::fs::symlink(std::fs::canonicalize(entry.path()).unwrap(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let package = dir.path().join("compiled").join(KEY);
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::copy(src.join("compiled").join(KEY).join("estimator.pt2"), package.join("estimator.pt2")).unwrap();
+    dir
+}
+
+fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
+    let diff = (a - b).abs().max().double_value(&[]);
+    diff / b.abs().max().double_value(&[]).max(1e-12)
+}
+
+#[test]
+fn the_compiled_estimator_gives_the_eager_ports_output_and_a_package_that_cannot_serve_falls_back_to_eager() {
+    let items = vec![SynthItem::tokens((0..23).map(|t| t % 64).collect(), 1), SynthItem::tokens((5..16).collect(), 0)];
+    let draws = voxbatch::model::cosyvoice2::hift::SourceDraws::random(2, 23 * 2 * 480, tch::Device::Cpu).unwrap();
+    let run = |m: &mut Token2Wav| m.run(&items, Some(&draws)).unwrap();
+
+    let mut eager = load(&repo_path("models/cosyvoice2-tiny"));
+    assert!(!eager.flow.is_compiled(), "a directory without packages runs eager");
+    let mut compiled = load(&repo_path("models/cosyvoice2-tiny-compiled"));
+    assert!(compiled.flow.is_compiled(), "the package of this machine's key is used");
+    for ((mel_e, wav_e), (mel_c, wav_c)) in run(&mut eager).iter().zip(run(&mut compiled).iter()) {
+        let (mel_err, wav_err) = (relative_error(mel_c, mel_e), relative_error(&Tensor::from_slice(wav_c), &Tensor::from_slice(wav_e)));
+        assert!(mel_err < 1e-4 && wav_err < 1e-3, "compiled vs eager: mel {mel_err:e}, audio {wav_err:e}");
+    }
+
+    // No package of this machine's key (another GPU, torch or precision): eager.
+    let other_key = variant();
+    std::fs::rename(other_key.path().join("compiled").join(KEY), other_key.path().join("compiled").join("sm90-torch2.11.0-bf16")).unwrap();
+    assert!(!load(other_key.path()).flow.is_compiled());
+    // An unreadable package: eager (a warning), not a failure.
+    let broken = variant();
+    std::fs::write(broken.path().join("compiled").join(KEY).join("estimator.pt2"), b"not a package").unwrap();
+    let mut from_broken = load(broken.path());
+    assert!(!from_broken.flow.is_compiled());
+    assert_eq!(run(&mut from_broken)[0].1, run(&mut eager)[0].1, "the eager port's audio");
+    // Weights other than those the package was made from (a model converted again): eager.
+    let reconverted = variant();
+    let weights = reconverted.path().join("token2wav.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    std::fs::remove_file(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1; // the last byte of the last tensor's data
+    std::fs::write(&weights, bytes).unwrap();
+    assert!(!load(reconverted.path()).flow.is_compiled(), "a package is used only with the weights it was compiled from");
+}
