@@ -51,7 +51,12 @@ fn the_compiled_estimator_gives_the_eager_ports_output_and_a_package_that_cannot
     assert!(!eager.flow.is_compiled(), "a directory without packages runs eager");
     let mut compiled = load(&repo_path("models/cosyvoice2-tiny-compiled"));
     assert!(compiled.flow.is_compiled(), "the package of this machine's key is used");
-    for ((mel_e, wav_e), (mel_c, wav_c)) in run(&mut eager).iter().zip(run(&mut compiled).iter()) {
+    let (out_e, out_c) = (run(&mut eager), run(&mut compiled));
+    // Each batch says which kernels its steps ran on (the worker records it per batch).
+    use voxbatch::model::{kernels, Synthesizer};
+    assert_eq!(kernels(&compiled.take_stages()), Some("compiled"));
+    assert_eq!(kernels(&eager.take_stages()), Some("eager"));
+    for ((mel_e, wav_e), (mel_c, wav_c)) in out_e.iter().zip(out_c.iter()) {
         let (mel_err, wav_err) = (relative_error(mel_c, mel_e), relative_error(&Tensor::from_slice(wav_c), &Tensor::from_slice(wav_e)));
         assert!(mel_err < 1e-4 && wav_err < 1e-3, "compiled vs eager: mel {mel_err:e}, audio {wav_err:e}");
     }

@@ -58,5 +58,8 @@ async fn speech_token_jobs_become_audio_and_unusable_ones_are_dead_lettered() {
     let (code, reason) = dead_letters(&env, 1).await.remove(0);
     assert_eq!(code, "conflict");
     assert!(reason.contains("speech_tokens"), "{reason}");
+    // Without a compiled package for this machine, every batch's flow steps ran on the eager port.
+    let kernels: Vec<Option<String>> = sqlx::query_scalar("SELECT DISTINCT kernels FROM batches").fetch_all(env.db.pool()).await.unwrap();
+    assert_eq!(kernels, [Some("eager".to_string())]);
     env.cleanup().await;
 }

@@ -41,6 +41,8 @@ pub struct BatchRecord {
     pub model: String,
     pub device: String,
     pub precision: String,
+    /// `compiled`, `eager` or `mixed` (CosyVoice2's flow steps), `None` otherwise.
+    pub kernels: Option<String>,
     pub batch_size: i32,
     pub tokens: i64,
     pub padded_tokens: i64,
@@ -84,9 +86,9 @@ impl Db {
                flush_reason, queue_ms, infer_ms, encode_ms, upload_ms, db_ms, audio_seconds, started_at, finished_at, padding_waste,
                predicted_peak_bytes, measured_peak_bytes, gpu_name, gpu_util_mean, gpu_util_max, gpu_mem_used_max_bytes,
                gpu_power_mean_w, gpu_energy_j, gpu_temp_max_c, gpu_sm_clock_mean_mhz, process_mem_max_bytes,
-               hourly_usd, cost_usd, energy_usd)
+               hourly_usd, cost_usd, energy_usd, kernels)
              VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,
-                     $21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32)
+                     $21,$22,$23,$24,$25,$26,$27,$28,$29,$30,$31,$32,$33)
              ON CONFLICT (batch_id) DO NOTHING",
         )
         .bind(batch.batch_id)
@@ -121,6 +123,7 @@ impl Db {
         .bind(batch.hourly_usd)
         .bind(batch.cost_usd)
         .bind(batch.energy_usd)
+        .bind(&batch.kernels)
         .execute(&mut *tx)
         .await
         .map_err(q("insert batch"))?;

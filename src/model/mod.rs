@@ -6,7 +6,8 @@
 //! `cosyvoice2-token2wav` and `cosyvoice2`, [`cosyvoice2`]; the latter adds the LLM and takes text
 //! jobs). [`ModelHandle::spawn`] loads it on its own OS thread (libtorch calls block) and serves
 //! batches sent from async code; every model implements [`Synthesizer`]. A batch's items may fail
-//! one by one ([`ItemAudio`]), and a model with stages says where its time went ([`StageTime`]).
+//! one by one ([`ItemAudio`]), and a model with stages says where its time went ([`StageTime`])
+//! and which kernels its flow steps ran on ([`kernels`]: a [`compiled`] package or the eager port).
 //!
 //! Neighbours: `sizing` sizes batches from the manifest (frames per token, weights);
 //! `worker::infer` sends each batch here; `worker::commit` hands the audio to `audio`.
@@ -199,13 +200,35 @@ impl Stage {
     }
 }
 
-/// Device time one stage took over a batch, and what it processed (segments, tokens out).
+/// Device time one stage took over a batch, and what it processed (segments, tokens out); for
+/// token2wav also how its flow's estimator steps ran (a compiled package or the eager port).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageTime {
     pub stage: Stage,
     pub seconds: f64,
     pub items: u64,
     pub tokens: u64,
+    pub compiled_steps: u64,
+    pub eager_steps: u64,
+}
+
+impl StageTime {
+    /// No work yet.
+    pub fn idle(stage: Stage) -> StageTime {
+        StageTime { stage, seconds: 0.0, items: 0, tokens: 0, compiled_steps: 0, eager_steps: 0 }
+    }
+}
+
+/// Which kernels a batch's estimator steps ran on: `compiled`, `eager`, `mixed` (steps of both:
+/// some parts outside the package's limits), or `None` for a model without such steps.
+pub fn kernels(stages: &[StageTime]) -> Option<&'static str> {
+    let (compiled, eager) = stages.iter().fold((0, 0), |(c, e), s| (c + s.compiled_steps, e + s.eager_steps));
+    match (compiled > 0, eager > 0) {
+        (true, true) => Some("mixed"),
+        (true, false) => Some("compiled"),
+        (false, true) => Some("eager"),
+        (false, false) => None,
+    }
 }
 
 /// Adds `more` into `into`, one entry per stage.
@@ -216,6 +239,8 @@ pub fn add_stages(into: &mut Vec<StageTime>, more: &[StageTime]) {
                 s.seconds += m.seconds;
                 s.items += m.items;
                 s.tokens += m.tokens;
+                s.compiled_steps += m.compiled_steps;
+                s.eager_steps += m.eager_steps;
             }
             None => into.push(*m),
         }

@@ -156,6 +156,7 @@ impl Commit {
             model: self.manifest.name.clone(),
             device: self.device.to_string(),
             precision: self.precision.to_string(),
+            kernels: crate::model::kernels(&meta.stages).map(str::to_string),
             batch_size: size as i32,
             tokens: meta.tokens as i64,
             padded_tokens: meta.padded_tokens as i64,

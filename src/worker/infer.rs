@@ -158,7 +158,7 @@ impl Infer {
         for o in orphans {
             o.delivery.ack().await; // its first copy failed and was dead-lettered with the reason
         }
-        info!(jobs = run.done.len(), infer_ms = infer_ms as u64, "inferred");
+        info!(jobs = run.done.len(), infer_ms = infer_ms as u64, kernels = crate::model::kernels(&run.stages).unwrap_or("-"), "inferred");
         let meta = BatchMeta {
             batch_id,
             flush_reason: reason,

@@ -44,6 +44,8 @@ pub struct Flow {
     /// The estimator compiled (AOTInductor), when the model directory has a package for this
     /// machine; the eager `estimator` otherwise and for batches outside the package's shapes.
     compiled: Option<CompiledEstimator>,
+    /// Estimator steps run (compiled, eager) since the last `take_step_counts`.
+    steps_run: std::cell::Cell<(u64, u64)>,
     noise: Tensor,
     steps: usize,
     cfg_rate: f64,
@@ -65,6 +67,7 @@ impl Flow {
             encoder_proj: Linear::new(w, "flow.encoder_proj", 512, 80, true),
             estimator: Estimator::new(w, "flow.decoder.estimator", d.estimator),
             compiled: None,
+            steps_run: std::cell::Cell::new((0, 0)),
             noise: w.get("flow.rand_noise", &[1, 80, 15000]),
             steps: d.steps,
             cfg_rate: d.cfg_rate,
@@ -79,6 +82,11 @@ impl Flow {
     /// Whether the estimator runs compiled (for batches within the package's shapes).
     pub fn is_compiled(&self) -> bool {
         self.compiled.is_some()
+    }
+
+    /// Estimator steps run (compiled, eager) since the last call.
+    pub fn take_step_counts(&self) -> (u64, u64) {
+        self.steps_run.replace((0, 0))
     }
 
     /// Longest mel (frames, prompt included) the fixed noise covers: 300 s.
@@ -165,11 +173,18 @@ impl Flow {
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
+            let (compiled, eager) = self.steps_run.get();
             let d = match self.compiled.as_ref().filter(|c| 2 * b <= c.max_batch && frames <= c.max_frames && frames % 2 == 0) {
-                Some(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
-                    tch::TchError::Torch("the compiled estimator returned nothing".into())
-                })?,
-                None => self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?,
+                Some(c) => {
+                    self.steps_run.set((compiled + 1, eager));
+                    c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
+                        tch::TchError::Torch("the compiled estimator returned nothing".into())
+                    })?
+                }
+                None => {
+                    self.steps_run.set((compiled, eager + 1));
+                    self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?
+                }
             }
             .f_to_kind(Kind::Float)?;
             let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);

@@ -11,8 +11,11 @@
 //! `voices.safetensors` (per voice: x-vector, optional prompt tokens and prompt mel, and the LLM's
 //! prompt: speech tokens and prompt text ids).
 //!
-//! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread) and
-//! `super::manifest` (the `[cosyvoice2]` dimensions).
+//! The flow's estimator runs through a compiled AOTInductor package when the directory has one
+//! for this machine (`compiled/<key>/estimator.pt2`, `tools/compile_token2wav.py`), else eager.
+//!
+//! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
+//! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
 
 pub mod encoder;
 pub mod estimator;
@@ -216,6 +219,9 @@ impl Token2Wav {
         self.work.seconds += started.elapsed().as_secs_f64();
         self.work.items += items.len() as u64;
         self.work.tokens += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
+        let (compiled, eager) = self.flow.take_step_counts();
+        self.work.compiled_steps += compiled;
+        self.work.eager_steps += eager;
         Ok(result)
     }
 
@@ -337,5 +343,5 @@ impl Synthesizer for Token2Wav {
 }
 
 fn idle_work() -> StageTime {
-    StageTime { stage: Stage::Token2Wav, seconds: 0.0, items: 0, tokens: 0 }
+    StageTime::idle(Stage::Token2Wav)
 }

@@ -168,7 +168,7 @@ impl TextToSpeech {
             ratios,
             admission: plan.token2wav,
             max_batch: plan.token2wav_max_batch.max(1),
-            llm_work: StageTime { stage: Stage::Llm, seconds: 0.0, items: 0, tokens: 0 },
+            llm_work: StageTime::idle(Stage::Llm),
             llm_dims: dims,
         })
     }
@@ -351,7 +351,7 @@ impl Synthesizer for TextToSpeech {
     }
 
     fn take_stages(&mut self) -> Vec<StageTime> {
-        let llm = std::mem::replace(&mut self.llm_work, StageTime { stage: Stage::Llm, seconds: 0.0, items: 0, tokens: 0 });
+        let llm = std::mem::replace(&mut self.llm_work, StageTime::idle(Stage::Llm));
         let mut stages = if llm.items > 0 { vec![llm] } else { Vec::new() };
         stages.extend(self.token2wav.take_stages());
         stages
