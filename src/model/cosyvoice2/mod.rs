@@ -172,6 +172,11 @@ impl Token2Wav {
         Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision: dims.vocoder(), last_timing: None, work: idle_work() })
     }
 
+    /// Gives the caching allocator's free blocks back to the device (after an out-of-memory error).
+    pub fn release_cached(&self) {
+        crate::model::memory::MemoryProbe::new(self.device).release_cached();
+    }
+
     /// The vocoder's precision (from `model.toml`; benchmarks compare others).
     pub fn vocoder_precision(&self) -> Precision {
         self.vocoder_precision

@@ -22,7 +22,7 @@ use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
 use super::Token2Wav;
 use crate::model::torchscript::classify;
-use crate::batch::{Admission, TokenBudget};
+use crate::batch::{Admission, BatchOutcome, TokenBudget};
 use crate::config::LlmConfig;
 use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
@@ -133,7 +133,8 @@ pub struct TextToSpeech {
     decoder: BatchDecoder,
     ratios: LengthRatios,
     admission: Box<dyn Admission>,
-    max_batch: usize,
+    /// The bucket cap: at most `[batching] max_batch`, lowered after out-of-memory errors.
+    cap: BucketCap,
     /// LLM work since the last `take_stages`.
     llm_work: StageTime,
     /// The LLM's table sizes, which a voice's prompt must fit.
@@ -167,7 +168,7 @@ impl TextToSpeech {
             decoder,
             ratios,
             admission: plan.token2wav,
-            max_batch: plan.token2wav_max_batch.max(1),
+            cap: BucketCap::new(plan.token2wav_max_batch),
             llm_work: StageTime::idle(Stage::Llm),
             llm_dims: dims,
         })
@@ -204,8 +205,8 @@ impl TextToSpeech {
         let started = Instant::now();
         let t2w_before = self.token2wav.work_seconds();
         let ratios = self.ratios;
-        let (max_batch, voices) = (self.max_batch, items.iter().map(|i| i.voice).collect::<Vec<_>>());
-        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, .. } = self;
+        let voices = items.iter().map(|i| i.voice).collect::<Vec<_>>();
+        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, .. } = self;
         tch::no_grad(|| {
             lm.generate_with(decoder, &requests, ratios, |index, out| -> Result<(), StepError> {
                 let (i, segment) = owners[index];
@@ -226,8 +227,8 @@ impl TextToSpeech {
                     }
                 }
                 // Between LLM steps: a full token2wav bucket runs now.
-                while let Some(batch) = take_bucket(&mut ready, admission.as_ref(), max_batch, false) {
-                    run_bucket(token2wav, batch, &failed, &mut pieces).map_err(StepError::Model)?;
+                while let Some(batch) = take_bucket(&mut ready, admission.as_ref(), cap.cap, false) {
+                    run_bucket(token2wav, batch, &failed, &mut pieces, &mut ready, cap, admission.as_mut()).map_err(StepError::Model)?;
                 }
                 Ok(())
             })
@@ -236,8 +237,8 @@ impl TextToSpeech {
             StepError::Tch(e) => classify(e, requests.len()),
             StepError::Model(e) => e,
         })?;
-        while let Some(batch) = take_bucket(&mut ready, admission.as_ref(), max_batch, true) {
-            run_bucket(token2wav, batch, &failed, &mut pieces)?;
+        while let Some(batch) = take_bucket(&mut ready, self.admission.as_ref(), self.cap.cap, true) {
+            run_bucket(&mut self.token2wav, batch, &failed, &mut pieces, &mut ready, &mut self.cap, self.admission.as_mut())?;
         }
         let t2w = self.token2wav.work_seconds() - t2w_before;
         self.llm_work.seconds += (started.elapsed().as_secs_f64() - t2w).max(0.0);
@@ -315,16 +316,74 @@ fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max_batch: usi
 }
 
 /// Runs one token2wav batch and files each segment's audio (segments of failed jobs are skipped).
-fn run_bucket(token2wav: &mut Token2Wav, batch: Vec<Ready>, failed: &[Option<TextJobError>], pieces: &mut [Vec<Option<Vec<f32>>>]) -> Result<(), ModelError> {
+/// Out of memory with more than one segment: the bucket cap backs off, the admission rule hears
+/// of it, and the segments go back to `ready` to be taken again in smaller buckets — the LLM's
+/// work for the batch is kept. One segment that does not fit alone fails the batch (the worker
+/// splits it).
+fn run_bucket(
+    token2wav: &mut Token2Wav,
+    batch: Vec<Ready>,
+    failed: &[Option<TextJobError>],
+    pieces: &mut [Vec<Option<Vec<f32>>>],
+    ready: &mut Vec<Ready>,
+    cap: &mut BucketCap,
+    admission: &mut dyn Admission,
+) -> Result<(), ModelError> {
     let batch: Vec<Ready> = batch.into_iter().filter(|r| failed[r.item].is_none()).collect();
     if batch.is_empty() {
         return Ok(());
     }
     let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem::tokens(r.tokens.clone(), r.voice)).collect();
-    for (r, (_, wave)) in batch.iter().zip(token2wav.run(&items, None)?) {
-        pieces[r.item][r.segment] = Some(wave);
+    match token2wav.run(&items, None) {
+        Ok(out) => {
+            for (r, (_, wave)) in batch.iter().zip(out) {
+                pieces[r.item][r.segment] = Some(wave);
+            }
+            cap.clean();
+            admission.observe(&BatchOutcome::Clean);
+            Ok(())
+        }
+        Err(e) if e.is_oom() && batch.len() > 1 => {
+            token2wav.release_cached();
+            cap.out_of_memory(batch.len());
+            admission.observe(&BatchOutcome::OutOfMemory);
+            tracing::warn!(segments = batch.len(), cap = cap.cap, "token2wav ran out of memory: smaller buckets from now on");
+            ready.extend(batch);
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
-    Ok(())
+}
+
+/// Clean buckets before the cap grows by one again.
+const RECOVER_AFTER: usize = 4;
+
+/// The token2wav bucket cap, AIMD: half the size of a bucket that ran out of memory, one more
+/// after every `RECOVER_AFTER` clean buckets, never above `[batching] max_batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketCap {
+    pub cap: usize,
+    max: usize,
+    clean: usize,
+}
+
+impl BucketCap {
+    pub fn new(max: usize) -> BucketCap {
+        BucketCap { cap: max.max(1), max: max.max(1), clean: 0 }
+    }
+
+    pub fn clean(&mut self) {
+        self.clean += 1;
+        if self.clean >= RECOVER_AFTER {
+            self.clean = 0;
+            self.cap = (self.cap + 1).min(self.max);
+        }
+    }
+
+    pub fn out_of_memory(&mut self, size: usize) {
+        self.cap = (size / 2).max(1);
+        self.clean = 0;
+    }
 }
 
 impl Synthesizer for TextToSpeech {
@@ -355,5 +414,29 @@ impl Synthesizer for TextToSpeech {
         let mut stages = if llm.items > 0 { vec![llm] } else { Vec::new() };
         stages.extend(self.token2wav.take_stages());
         stages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bucket_cap_halves_below_an_oom_and_climbs_back_slowly_to_its_maximum() {
+        let mut cap = BucketCap::new(128);
+        cap.out_of_memory(128);
+        assert_eq!(cap.cap, 64);
+        cap.out_of_memory(64);
+        cap.out_of_memory(1);
+        assert_eq!(cap.cap, 1, "never below one");
+        for _ in 0..RECOVER_AFTER * 3 {
+            cap.clean();
+        }
+        assert_eq!(cap.cap, 4, "one more per {RECOVER_AFTER} clean buckets");
+        for _ in 0..RECOVER_AFTER * 1000 {
+            cap.clean();
+        }
+        assert_eq!(cap.cap, 128, "never above max_batch");
+        assert_eq!(BucketCap::new(0).cap, 1);
     }
 }
