@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use super::{load_model, CommandError};
 use crate::batch::memory::{CalibrationPoint, Profile};
 use crate::config::Config;
-use crate::db::Db;
 
 /// Calibrates the configured model on the configured device and precision, saves the profile
 /// under `memory.calibration_dir`, and records it in Postgres unless `record` is false.
@@ -22,8 +21,7 @@ pub async fn calibrate(
         .await
         .map_err(|e| CommandError::Usage(format!("profile writer stopped: {e}")))??;
     if record {
-        let db = Db::connect(&cfg.database).await?;
-        db.migrate().await?;
+        let db = super::open_db(cfg).await?;
         db.record_calibration(&profile).await?;
     }
     Ok((profile, path))

@@ -107,11 +107,17 @@ async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, Command
     Ok(ModelHandle::load(&m.dir, device, m.precision, options).await?)
 }
 
-/// Connects to Postgres (creating and migrating the database) and opens the audio store
-/// (creating the bucket when configured to).
-async fn open_services(cfg: &Config) -> Result<(Db, Storage), CommandError> {
+/// Connects to Postgres, creating the database and applying migrations.
+async fn open_db(cfg: &Config) -> Result<Db, CommandError> {
     let db = Db::connect(&cfg.database).await?;
     db.migrate().await?;
+    Ok(db)
+}
+
+/// Connects to Postgres ([`open_db`]) and opens the audio store (creating the bucket when
+/// configured to).
+async fn open_services(cfg: &Config) -> Result<(Db, Storage), CommandError> {
+    let db = open_db(cfg).await?;
     let storage = Storage::open(&cfg.storage).await?;
     storage.ensure_ready(cfg.storage.create_bucket).await?;
     Ok((db, storage))

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use super::CommandError;
 use crate::config::Config;
-use crate::db::{Db, VoiceOrigin, VoiceSource, VoiceSummary};
+use crate::db::{VoiceOrigin, VoiceSource, VoiceSummary};
 use crate::frontend::segment::SegmentLimits;
 use crate::frontend::Frontend;
 use crate::model::{Manifest, ModelError, ModelKind};
@@ -96,8 +96,7 @@ pub async fn voice_add(cfg: &Config, add: &VoiceAdd) -> Result<AddedVoice, Comma
     .await
     .map_err(|_| ModelError::ThreadGone)??;
 
-    let db = Db::connect(&cfg.database).await?;
-    db.migrate().await?;
+    let db = super::open_db(cfg).await?;
     let exists = db.list_voices(Some(&manifest.name)).await?.iter().any(|v| v.name == add.name);
     if exists && !add.replace {
         return Err(CommandError::Usage(format!(
@@ -141,16 +140,14 @@ pub async fn voice_list(cfg: &Config, model_dir: Option<&Path>) -> Result<Vec<Vo
         Some(dir) => Some(model_name(dir).await?),
         None => None,
     };
-    let db = Db::connect(&cfg.database).await?;
-    db.migrate().await?;
+    let db = super::open_db(cfg).await?;
     Ok(db.list_voices(model.as_deref()).await?)
 }
 
 /// One voice of the model in `model_dir`.
 pub async fn voice_show(cfg: &Config, model_dir: &Path, name: &str) -> Result<VoiceSummary, CommandError> {
     let model = model_name(model_dir).await?;
-    let db = Db::connect(&cfg.database).await?;
-    db.migrate().await?;
+    let db = super::open_db(cfg).await?;
     db.list_voices(Some(&model))
         .await?
         .into_iter()
@@ -162,8 +159,7 @@ pub async fn voice_show(cfg: &Config, model_dir: &Path, name: &str) -> Result<Vo
 /// naming it are then refused as naming an unknown voice.
 pub async fn voice_rm(cfg: &Config, model_dir: &Path, name: &str) -> Result<(), CommandError> {
     let model = model_name(model_dir).await?;
-    let db = Db::connect(&cfg.database).await?;
-    db.migrate().await?;
+    let db = super::open_db(cfg).await?;
     if db.remove_voice(&model, name).await? {
         Ok(())
     } else {

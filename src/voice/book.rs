@@ -79,9 +79,17 @@ struct Shared {
     db: Db,
     model: ModelHandle,
     model_name: String,
-    /// When the last refresh started, and the next free index on the model thread; held across a
-    /// refresh so that refreshes run one at a time.
-    state: tokio::sync::Mutex<(Option<Instant>, usize)>,
+    /// Held across a refresh, so that refreshes run one at a time.
+    state: tokio::sync::Mutex<RefreshState>,
+}
+
+/// What refreshes share.
+#[derive(Default)]
+struct RefreshState {
+    /// When the last successful refresh started.
+    last_started: Option<Instant>,
+    /// The next free voice index on the model thread.
+    next_index: usize,
 }
 
 impl VoiceBook {
@@ -120,7 +128,7 @@ impl VoiceBook {
         }
         let book = VoiceBook {
             names: ArcSwap::from_pointee(HashMap::new()),
-            shared: Some(Shared { db, model, model_name, state: tokio::sync::Mutex::new((None, 0)) }),
+            shared: Some(Shared { db, model, model_name, state: tokio::sync::Mutex::default() }),
         };
         book.refresh().await?;
         Ok(book)
@@ -151,7 +159,7 @@ impl VoiceBook {
     pub async fn refresh_after(&self, since: Instant) -> Result<(), BookError> {
         let Some(shared) = &self.shared else { return Ok(()) };
         let mut state = shared.state.lock().await;
-        if state.0.is_some_and(|started| started >= since) {
+        if state.last_started.is_some_and(|started| started >= since) {
             return Ok(());
         }
         self.refresh_locked(shared, &mut state).await
@@ -164,19 +172,19 @@ impl VoiceBook {
         self.refresh_locked(shared, &mut state).await
     }
 
-    async fn refresh_locked(&self, shared: &Shared, state: &mut (Option<Instant>, usize)) -> Result<(), BookError> {
+    async fn refresh_locked(&self, shared: &Shared, state: &mut RefreshState) -> Result<(), BookError> {
         let started = Instant::now();
-        let stored = shared.db.voice_versions(&shared.model_name).await?;
+        let stored: HashMap<String, Uuid> = shared.db.voice_versions(&shared.model_name).await?.into_iter().collect();
         let current = self.names.load_full();
         let changed: Vec<String> =
-            stored.iter().filter(|(name, version)| current.get(name).and_then(|k| k.version) != Some(*version)).map(|(n, _)| n.clone()).collect();
-        let removed = current.keys().any(|name| !stored.iter().any(|(n, _)| n == name));
+            stored.iter().filter(|(name, version)| current.get(*name).and_then(|k| k.version) != Some(**version)).map(|(n, _)| n.clone()).collect();
+        let removed = current.keys().any(|name| !stored.contains_key(name));
         if changed.is_empty() && !removed {
-            state.0 = Some(started);
+            state.last_started = Some(started);
             return Ok(());
         }
         let mut next: HashMap<String, Known> =
-            current.iter().filter(|(name, _)| stored.iter().any(|(n, _)| n == *name)).map(|(n, k)| (n.clone(), k.clone())).collect();
+            current.iter().filter(|(name, _)| stored.contains_key(*name)).map(|(n, k)| (n.clone(), k.clone())).collect();
         for (voice, version) in shared.db.load_voices(&shared.model_name, &changed).await? {
             let name = voice.name.clone();
             let entry = self.place(shared, state, voice).await?;
@@ -187,18 +195,18 @@ impl VoiceBook {
             next.insert(name, Known { version: Some(version), entry });
         }
         self.names.store(Arc::new(next));
-        state.0 = Some(started);
+        state.last_started = Some(started);
         Ok(())
     }
 
     /// Hands `voice` to the model thread at the next free index; `Ok(Err(why))` when the model
     /// refuses the voice itself (bad data), `Err` when the thread is gone.
-    async fn place(&self, shared: &Shared, state: &mut (Option<Instant>, usize), voice: VoicePrompt) -> Result<Result<BookEntry, String>, BookError> {
-        let index = state.1;
+    async fn place(&self, shared: &Shared, state: &mut RefreshState, voice: VoicePrompt) -> Result<Result<BookEntry, String>, BookError> {
+        let index = state.next_index;
         let prompt_tokens = voice.flow_tokens().len();
         match shared.model.set_voice(index, voice).await {
             Ok(()) => {
-                state.1 += 1;
+                state.next_index += 1;
                 Ok(Ok(BookEntry { index: index as i64, prompt_tokens }))
             }
             Err(ModelError::BadInput(why)) => Ok(Err(why)),

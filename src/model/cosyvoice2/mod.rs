@@ -133,7 +133,7 @@ impl Token2Wav {
         let dims = manifest.cosyvoice2.ok_or_else(|| err("kind cosyvoice2-token2wav needs a [cosyvoice2] section".into()))?;
         let dev = device.to_tch();
         let w = Weights::load(&dir.join(WEIGHTS_FILE), dev)?;
-        let flow = Flow::new(
+        let mut flow = Flow::new(
             &w,
             &FlowDims {
                 vocab_size: dims.vocab_size,
@@ -154,7 +154,6 @@ impl Token2Wav {
         );
         let hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
         w.finish()?;
-        let mut flow = flow;
         flow.set_compiled(compiled_estimator(dir, device, precision));
 
         let mut voices = Vec::new();
@@ -175,11 +174,6 @@ impl Token2Wav {
     /// Gives the caching allocator's free blocks back to the device (after an out-of-memory error).
     pub fn release_cached(&self) {
         crate::model::memory::MemoryProbe::new(self.device).release_cached();
-    }
-
-    /// The vocoder's precision (from `model.toml`; benchmarks compare others).
-    pub fn vocoder_precision(&self) -> Precision {
-        self.vocoder_precision
     }
 
     /// Runs the vocoder at `precision` from now on (benchmarks; the worker keeps `model.toml`'s).
