@@ -1,8 +1,8 @@
-//! The compiled flow estimator (issue 16) on the CPU: the tiny model's estimator compiled by
-//! `tools/compile_token2wav.py` (AOTInductor; bootstrap builds `models/cosyvoice2-tiny-compiled`)
-//! gives the eager port's mel and audio, and every package that cannot serve — absent for this
-//! machine's key, unreadable, or made from other weights — leaves the model on the eager port
-//! instead of failing it. GPU figures: docs/PERFORMANCE.md.
+//! Compiled token2wav stages (issue 16) on the CPU: the tiny model's flow estimator and vocoder
+//! body compiled by `tools/compile_token2wav.py` (AOTInductor; bootstrap builds
+//! `models/cosyvoice2-tiny-compiled`) give the eager port's mel and audio, and every package that
+//! cannot serve — absent for this machine's key, unreadable, or made from other weights — leaves
+//! its stage on the eager port instead of failing the model. GPU figures: docs/PERFORMANCE.md.
 
 mod common;
 
@@ -32,7 +32,9 @@ fn variant() -> tempfile::TempDir {
     }
     let package = dir.path().join("compiled").join(KEY);
     std::fs::create_dir_all(&package).unwrap();
-    std::fs::copy(src.join("compiled").join(KEY).join("estimator.pt2"), package.join("estimator.pt2")).unwrap();
+    for stage in ["estimator.pt2", "hift.pt2"] {
+        std::fs::copy(src.join("compiled").join(KEY).join(stage), package.join(stage)).unwrap();
+    }
     dir
 }
 
@@ -42,15 +44,17 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 #[test]
-fn the_compiled_estimator_gives_the_eager_ports_output_and_a_package_that_cannot_serve_falls_back_to_eager() {
+fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_falls_back_to_eager() {
     let items = vec![SynthItem::tokens((0..23).map(|t| t % 64).collect(), 1), SynthItem::tokens((5..16).collect(), 0)];
     let draws = voxbatch::model::cosyvoice2::hift::SourceDraws::random(2, 23 * 2 * 480, tch::Device::Cpu).unwrap();
     let run = |m: &mut Token2Wav| m.run(&items, Some(&draws)).unwrap();
 
     let mut eager = load(&repo_path("models/cosyvoice2-tiny"));
-    assert!(!eager.flow.is_compiled(), "a directory without packages runs eager");
+    assert!(!eager.flow.is_compiled() && eager.hift.compiled().is_none(), "a directory without packages runs eager");
     let mut compiled = load(&repo_path("models/cosyvoice2-tiny-compiled"));
-    assert!(compiled.flow.is_compiled(), "the package of this machine's key is used");
+    assert!(compiled.flow.is_compiled(), "the estimator package of this machine's key is used");
+    // The vocoder's package is filed under its own precision (tf32, which on a CPU is fp32).
+    assert!(compiled.hift.compiled().is_some(), "the vocoder package of this machine's key is used");
     let (out_e, out_c) = (run(&mut eager), run(&mut compiled));
     // Each batch says which kernels its steps ran on (the worker records it per batch).
     use voxbatch::model::{kernels, Synthesizer};
@@ -64,13 +68,19 @@ fn the_compiled_estimator_gives_the_eager_ports_output_and_a_package_that_cannot
     // No package of this machine's key (another GPU, torch or precision): eager.
     let other_key = variant();
     std::fs::rename(other_key.path().join("compiled").join(KEY), other_key.path().join("compiled").join("sm90-torch2.11.0-bf16")).unwrap();
-    assert!(!load(other_key.path()).flow.is_compiled());
-    // An unreadable package: eager (a warning), not a failure.
+    let from_other_key = load(other_key.path());
+    assert!(!from_other_key.flow.is_compiled() && from_other_key.hift.compiled().is_none());
+    // An unreadable package: that stage eager (a warning), not a failure; the other stays compiled.
     let broken = variant();
     std::fs::write(broken.path().join("compiled").join(KEY).join("estimator.pt2"), b"not a package").unwrap();
     let mut from_broken = load(broken.path());
-    assert!(!from_broken.flow.is_compiled());
-    assert_eq!(run(&mut from_broken)[0].1, run(&mut eager)[0].1, "the eager port's audio");
+    assert!(!from_broken.flow.is_compiled() && from_broken.hift.compiled().is_some());
+    let (from_broken_out, eager_out) = (run(&mut from_broken), run(&mut eager));
+    assert_eq!(kernels(&from_broken.take_stages()), Some("mixed"), "eager estimator steps, compiled vocoder");
+    assert!(relative_error(&Tensor::from_slice(&from_broken_out[0].1), &Tensor::from_slice(&eager_out[0].1)) < 1e-3);
+    // A vocoder of another precision than its package's (a benchmark's setting): eager.
+    compiled.set_vocoder_precision(Precision::Bf16);
+    assert!(compiled.hift.compiled().is_none());
     // Weights other than those the package was made from (a model converted again): eager.
     let reconverted = variant();
     let weights = reconverted.path().join("token2wav.safetensors");
@@ -79,5 +89,9 @@ fn the_compiled_estimator_gives_the_eager_ports_output_and_a_package_that_cannot
     let last = bytes.len() - 1;
     bytes[last] ^= 1; // the last byte of the last tensor's data
     std::fs::write(&weights, bytes).unwrap();
-    assert!(!load(reconverted.path()).flow.is_compiled(), "a package is used only with the weights it was compiled from");
+    let from_reconverted = load(reconverted.path());
+    assert!(
+        !from_reconverted.flow.is_compiled() && from_reconverted.hift.compiled().is_none(),
+        "a package is used only with the weights it was compiled from"
+    );
 }

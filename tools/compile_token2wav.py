@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Compiles CosyVoice2's flow estimator of a converted voxbatch model directory into an
-AOTInductor package (issue 16): the reference `CausalConditionalDecoder` (PyPI
-`token2wav-cosyvoice`) built at the model's `[cosyvoice2]` dimensions, loaded with the model's own
-`flow.decoder.estimator.*` weights from token2wav.safetensors, exported with a dynamic batch and
-length (frames even, as CosyVoice2's two mel frames per token make them), compiled by
-`torch._inductor.aoti_compile_and_package` for one device and precision.
+"""Compiles CosyVoice2's token2wav stages of a converted voxbatch model directory into
+AOTInductor packages (issue 16), each exported with a dynamic batch and length and compiled by
+`torch._inductor.aoti_compile_and_package` for one device and precision:
 
-Written to DIR/compiled/<key>/estimator.pt2, key = <device arch>-torch<version>-<precision>
-(e.g. sm90-torch2.11.0-bf16, cpu-torch2.11.0-fp32), with the same facts in the package's metadata
-(`voxbatch.*`), so that a worker on another GPU, torch or precision finds no package of its key and
-runs the eager port (a warning, not a failure). Needs the project venv's torch and the reference
-code (bootstrap installs both; on the GPU machine scripts/device/*.sh carry them as wheels).
+- `estimator`: the flow's estimator, the reference `CausalConditionalDecoder` (PyPI
+  `token2wav-cosyvoice`) built at the model's `[cosyvoice2]` dimensions with the model's own
+  `flow.decoder.estimator.*` weights (frames even, as two mel frames per token make them), at the
+  flow's precision (`--precision`);
+- `hift`: the vocoder's convolutional body — mel and the harmonic source's STFT in, the 18
+  log-magnitude/phase channels out (`HiftBody` below: voxbatch's batched, masked HiFT of
+  src/model/cosyvoice2/hift.rs between its source STFT and its iSTFT, which stay eager in fp32) —
+  at the vocoder's precision (`--vocoder-precision`, default model.toml's `vocoder_precision`).
+
+Written to DIR/compiled/<key>/<stage>.pt2, key = <device arch>-torch<version>-<precision>
+(e.g. sm90-torch2.11.0-bf16, cpu-torch2.11.0-fp32; on a CPU tf32 is fp32), with the same facts in
+the package's metadata (`voxbatch.*`), so that a worker on another GPU, torch or precision finds no
+package of its key and runs the eager port (a warning, not a failure). Needs the project venv's
+torch and the reference code (bootstrap installs both; on the GPU machine scripts/device/*.sh carry
+them as wheels).
 
 For export only, two helpers are replaced by exportable equivalents: the reference's
 `add_optional_chunk_mask` by its non-streaming meaning without the data-dependent `.item()` check
@@ -19,8 +26,9 @@ and diffusers' `Attention.prepare_attention_mask` by the same per-head repeat wi
 `output_size` argument that pins the batch size. `--check` compares the package with the eager
 reference on random inputs and prints the worst difference.
 
-Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--precision bf16|fp16|fp32]
-                            [--max-frames 3000] [--check]
+Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift]
+                            [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
+                            [--max-frames 3000] [--max-batch 1024] [--check]
 """
 import argparse
 import hashlib
@@ -44,6 +52,7 @@ def package_key(device, precision):
         arch = f"sm{major}{minor}"
     else:
         arch = "cpu"
+        precision = "fp32" if precision == "tf32" else precision
     return f"{arch}-torch{torch.__version__.split('+')[0]}-{precision}"
 
 
@@ -90,7 +99,23 @@ class Estimator(torch.nn.Module):
             return self.inner(x, mask, mu, t, spks, cond, streaming=False).float()
 
 
-def build(model_dir, device, precision):
+def weights_digest(model_dir):
+    """The first 16 hex digits of token2wav.safetensors' sha256: a worker uses a package only with
+    the weights file it was made from (src/model/compiled.rs computes the same)."""
+    digest = hashlib.sha256()
+    with open(os.path.join(model_dir, "token2wav.safetensors"), "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def stage_weights(model_dir, prefix):
+    from safetensors.torch import load_file
+    weights = load_file(os.path.join(model_dir, "token2wav.safetensors"))
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+def build_estimator(model_dir, device, precision):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
     decoder_module.add_optional_chunk_mask = exportable_chunk_mask
@@ -101,22 +126,13 @@ def build(model_dir, device, precision):
         in_channels=320, out_channels=80, channels=[d["decoder_channels"]], dropout=0.0,
         attention_head_dim=d["decoder_head_dim"], n_blocks=d["decoder_blocks"], num_mid_blocks=d["decoder_mid_blocks"],
         num_heads=d["decoder_heads"], act_fn="gelu", static_chunk_size=50, num_decoding_left_chunks=-1)
-    from safetensors.torch import load_file
-    weights = load_file(os.path.join(model_dir, "token2wav.safetensors"))
-    prefix = "flow.decoder.estimator."
-    state = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-    missing, unexpected = estimator.load_state_dict(state, strict=False)
+    missing, unexpected = estimator.load_state_dict(stage_weights(model_dir, "flow.decoder.estimator."), strict=False)
     if missing or unexpected:
         sys.exit(f"token2wav.safetensors does not fit the estimator: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    # The weights file's digest: a worker uses the package only with the file it was made from.
-    digest = hashlib.sha256()
-    with open(os.path.join(model_dir, "token2wav.safetensors"), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision]), digest.hexdigest()[:16]
+    return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
-def inputs(batch, frames, device, seed=0):
+def estimator_inputs(batch, frames, device, seed=0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
     mask = torch.ones(batch, 1, frames, device=device)
@@ -124,47 +140,172 @@ def inputs(batch, frames, device, seed=0):
     return (r(batch, 80, frames), mask, r(batch, 80, frames), torch.rand(batch, generator=g).to(device), r(batch, 80), r(batch, 80, frames))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS))
-    ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) the package takes")
-    ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    device = torch.device(a.device)
-    if a.precision == "tf32" and device.type == "cuda":
+def estimator_shapes(max_batch, max_frames):
+    half = torch.export.Dim("half_frames", min=2, max=max_frames // 2)
+    batch = torch.export.Dim("batch", min=2, max=max_batch)
+    frames = 2 * half
+    return {"x": {0: batch, 2: frames}, "mask": {0: batch, 2: frames}, "mu": {0: batch, 2: frames},
+            "t": {0: batch}, "spks": {0: batch}, "cond": {0: batch, 2: frames}}
+
+
+# HiFT's fixed architecture (src/model/cosyvoice2/hift.rs has the same constants).
+UPSAMPLE, UP_KERNELS, RES_KERNELS, SOURCE_KERNELS, DILATIONS = [8, 5, 3], [16, 11, 7], [3, 7, 11], [7, 7, 11], [1, 3, 5]
+SOURCE_DOWN_RATES, N_FFT = [15, 3, 1], 16
+
+
+class HiftBody(torch.nn.Module):
+    """voxbatch's batched HiFT between the source STFT and the iSTFT (hift.rs `Hift::decode`):
+    mel `[B, 80, T]`, the source's STFT `[B, 18, 120·T + 1]` and each item's mel frames `[B]` (int64)
+    → conv_post's 18 channels `[B, 18, 120·T + 1]`, fp32. After every convolution the positions
+    past an item's length are zeroed, as the eager port does, so a padded batch equals unbatched
+    runs. Weights are the model's `hift.*` (weight norm already folded by the converter)."""
+
+    def __init__(self, weights, channels, device_type, dtype):
+        super().__init__()
+        self.names = {}
+        for k, v in weights.items():
+            name = k.replace(".", "__")
+            self.register_buffer(name, v.float())
+            self.names[k] = name
+        self.channels, self.device_type, self.dtype = channels, device_type, dtype
+
+    def w(self, key):
+        return getattr(self, self.names[key])
+
+    def conv(self, x, prefix, stride=1, dilation=1, padding=None):
+        weight = self.w(f"{prefix}.weight")
+        if padding is None:
+            padding = dilation * (weight.shape[-1] - 1) // 2
+        return torch.nn.functional.conv1d(x, weight, self.w(f"{prefix}.bias"), stride, padding, dilation)
+
+    @staticmethod
+    def snake(x, alpha):
+        alpha = alpha.view(1, -1, 1)
+        return x + (alpha + 1e-9).reciprocal() * torch.sin(x * alpha).pow(2)
+
+    def resblock(self, x, prefix, mask):
+        for i, d in enumerate(DILATIONS):
+            xt = self.conv(self.snake(x, self.w(f"{prefix}.activations1.{i}.alpha")), f"{prefix}.convs1.{i}", dilation=d) * mask
+            xt = self.conv(self.snake(xt, self.w(f"{prefix}.activations2.{i}.alpha")), f"{prefix}.convs2.{i}") * mask
+            x = xt + x
+        return x
+
+    def body(self, mel, s_stft, frames):
+        t = mel.shape[2]
+
+        def mask(scale, extra):
+            positions = torch.arange(t * scale + extra, device=mel.device).unsqueeze(0)
+            return (positions < (frames * scale + extra).unsqueeze(1)).float().unsqueeze(1)
+
+        mel_mask = mask(1, 0)
+        x = self.conv(mel * mel_mask, "conv_pre") * mel_mask
+        scale = 1
+        for i, (u, k) in enumerate(zip(UPSAMPLE, UP_KERNELS)):
+            x = torch.maximum(x, x * 0.1)
+            x = torch.nn.functional.conv_transpose1d(x, self.w(f"ups.{i}.weight"), self.w(f"ups.{i}.bias"), u, (k - u) // 2)
+            scale *= u
+            extra = 1 if i == 2 else 0
+            if i == 2:
+                x = torch.nn.functional.pad(x, (1, 0), mode="reflect")
+            m = mask(scale, extra)
+            x = x * m
+            r = SOURCE_DOWN_RATES[i]
+            down = self.conv(s_stft, f"source_downs.{i}", stride=r, padding=r // 2) if r > 1 else self.conv(s_stft, f"source_downs.{i}", padding=0)
+            x = x + self.resblock(down * m, f"source_resblocks.{i}", m)
+            xs = self.resblock(x, f"resblocks.{3 * i}", m)
+            for j in (1, 2):
+                xs = xs + self.resblock(x, f"resblocks.{3 * i + j}", m)
+            x = xs / 3.0
+        return self.conv(torch.nn.functional.leaky_relu(x), "conv_post").float()
+
+    def forward(self, mel, s_stft, frames):
+        if self.dtype is None:
+            return self.body(mel, s_stft, frames)
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.body(mel, s_stft, frames)
+
+
+def build_hift(model_dir, device, precision):
+    _, d = read_dims(model_dir)
+    return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision]).eval().to(device)
+
+
+def hift_inputs(batch, frames, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.full((batch,), frames, dtype=torch.int64)
+    lengths[-1] = frames * 3 // 4  # one shorter item
+    mel = torch.randn(batch, 80, frames, generator=g)
+    mel[-1, :, lengths[-1]:] = 0
+    s_stft = torch.randn(batch, N_FFT + 2, 120 * frames + 1, generator=g)
+    s_stft[-1, :, 120 * lengths[-1] + 1:] = 0
+    return mel.to(device), s_stft.to(device), lengths.to(device)
+
+
+def hift_shapes(max_batch, max_frames):
+    frames = torch.export.Dim("frames", min=2, max=max_frames)
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    return {"mel": {0: batch, 2: frames}, "s_stft": {0: batch, 2: 120 * frames + 1}, "frames": {0: batch}}
+
+
+STAGES = {
+    "estimator": (build_estimator, estimator_inputs, estimator_shapes),
+    "hift": (build_hift, hift_inputs, hift_shapes),
+}
+
+
+def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check):
+    """Exports and packages one stage; returns its report (with the worst difference from the
+    eager module on two random batches when `check`)."""
+    build, example, shapes = STAGES[stage]
+    if precision == "tf32" and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    key = package_key(device, a.precision)
-    module, weights_digest = build(a.model, device, a.precision)
-    half = torch.export.Dim("half_frames", min=2, max=a.max_frames // 2)
-    batch = torch.export.Dim("batch", min=2, max=a.max_batch)
-    frames = 2 * half
-    shapes = {"x": {0: batch, 2: frames}, "mask": {0: batch, 2: frames}, "mu": {0: batch, 2: frames},
-              "t": {0: batch}, "spks": {0: batch}, "cond": {0: batch, 2: frames}}
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    key = package_key(device, precision)
+    module = build(model_dir, device, precision)
     started = time.time()
     with torch.no_grad():
-        exported = torch.export.export(module, inputs(4, 100, device), dynamic_shapes=shapes)
-        out_dir = os.path.join(a.model, "compiled", key)
+        exported = torch.export.export(module, example(4, 100, device), dynamic_shapes=shapes(max_batch, max_frames))
+        out_dir = os.path.join(model_dir, "compiled", key)
         os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "estimator.pt2")
-        metadata = {"voxbatch.key": key, "voxbatch.stage": "estimator", "voxbatch.torch": torch.__version__.split("+")[0],
-                    "voxbatch.precision": a.precision, "voxbatch.weights": weights_digest,
-                    "voxbatch.max_frames": str(a.max_frames), "voxbatch.max_batch": str(a.max_batch)}
+        path = os.path.join(out_dir, f"{stage}.pt2")
+        metadata = {"voxbatch.key": key, "voxbatch.stage": stage, "voxbatch.torch": torch.__version__.split("+")[0],
+                    "voxbatch.precision": precision, "voxbatch.weights": weights_digest(model_dir),
+                    "voxbatch.max_frames": str(max_frames), "voxbatch.max_batch": str(max_batch)}
         torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs={"aot_inductor.metadata": metadata})
-    compile_seconds = time.time() - started
-    report = {"package": path, "key": key, "compile_seconds": compile_seconds, **metadata}
-    if a.check:
+    report = {"package": path, "key": key, "compile_seconds": time.time() - started, **metadata}
+    if check:
         loaded = torch._inductor.aoti_load_package(path)
         worst = 0.0
         with torch.no_grad():
             for b, f in [(2, 40), (6, 130)]:
-                args = inputs(b, f, device, seed=b)
+                args = example(b, f, device, seed=b)
                 worst = max(worst, (loaded(*args) - module(*args)).abs().max().item())
         report["max_abs_difference_vs_eager"] = worst
-    print(json.dumps(report))
+    return report
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--stages", default="estimator,hift", help="comma-separated: estimator, hift")
+    ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS), help="the flow's (estimator)")
+    ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
+    ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
+    ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    device = torch.device(a.device)
+    _, dims = read_dims(a.model)
+    vocoder = a.vocoder_precision or dims.get("vocoder_precision") or ("fp32" if dims.get("vocoder_fp32") else "tf32")
+    for stage in a.stages.split(","):
+        if stage not in STAGES:
+            sys.exit(f"unknown stage {stage!r}: estimator or hift")
+        precision = a.precision if stage == "estimator" else vocoder
+        print(json.dumps(compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 16's compiled estimator on the GPU machine: builds the `full` random CosyVoice2 token2wav
-# (reference code, as token2wav-bench.sh), compiles its flow estimator for this GPU with
-# tools/compile_token2wav.py (AOTInductor, --check against the eager reference) into a second
-# model directory (links to the first's files + compiled/), then runs `voxbatch bench token2wav`
-# on both: eager port vs compiled estimator, same weights, same call.
+# Issue 16's compiled stages on the GPU machine: builds the `full` random CosyVoice2 token2wav
+# (reference code, as token2wav-bench.sh), compiles its flow estimator (at PRECISION) and vocoder
+# body (at the model's vocoder_precision, tf32) for this GPU with tools/compile_token2wav.py
+# (AOTInductor, --check against the eager module) into a second model directory (links to the
+# first's files + compiled/), then runs `voxbatch bench token2wav` on both: eager port vs compiled
+# stages, same weights, same call.
 # Carry: .whl .t2w/voxbatch.xz (pack-gpu.sh). Env: OUT, STAGE (all | compile | bench: compiling the
 # full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
-# machine), PRECISION (bf16), BATCHES (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500),
-# MAX_BATCH (256), PY.
+# machine), STAGES (estimator,hift: what the compile stage compiles), PRECISION (bf16), BATCHES
+# (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
@@ -31,9 +32,10 @@ for f in "$M"/model/*; do [ "$(basename "$f")" = compiled ] || ln -sfn "$f" "$C/
 P=${PRECISION:-bf16}
 STAGE=${STAGE:-all}
 if [ "$STAGE" != bench ]; then
-log "compiling the estimator ($P)"
-$PY tools/compile_token2wav.py --model "$C" --device cuda:0 --precision "$P" --max-frames "${MAX_FRAMES:-1500}" \
-  --max-batch "${MAX_BATCH:-256}" --check 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -2 | tee "$OUT/compile.json"
+STAGES=${STAGES:-estimator,hift}
+log "compiling $STAGES (flow $P)"
+$PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --max-frames "${MAX_FRAMES:-1500}" \
+  --max-batch "${MAX_BATCH:-256}" --check 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -3 | tee "$OUT/compile-${STAGES/,/-}.json"
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
 for d in "$M/model" "$C"; do

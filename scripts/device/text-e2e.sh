@@ -13,7 +13,12 @@
 # on one warm machine: STAGE=model (carry .whl, .t2w/voxbatch.xz, models/cosyvoice2-llm-parity: builds
 # the model in /tmp/cv2full and runs the reference) then STAGE=e2e (carry .e2e/services.tar.xz,
 # .t2w/voxbatch.xz; needs the first call's /tmp). STAGE=all (default) does both.
-# Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3), PY.
+# Compiled token2wav stages (issue 16): when COMPILED (default /tmp/cv2full-compiled/compiled, what
+# compiled-bench.sh leaves on a warm machine) exists, the e2e stage links it into the model: the
+# token2wav weights are the same seeded build, and a worker uses a package only if its weights
+# digest matches (batches.kernels and the worker log say which ran). COMPILED=none: eager.
+# Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
+# COMPILED, PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -51,6 +56,9 @@ cp "$OUT/reference-fp32.json" /tmp/cv2full-reference-fp32.json 2>/dev/null
 fi
 [ -f "$M/model/model.toml" ] || { log "no model in $M: run STAGE=model first on this (warm) machine"; exit 1; }
 [ -f "$OUT/reference-fp32.json" ] || cp /tmp/cv2full-reference-fp32.json "$OUT/reference-fp32.json" 2>/dev/null
+COMPILED=${COMPILED:-/tmp/cv2full-compiled/compiled}
+rm -f "$M/model/compiled"
+if [ -d "$COMPILED" ]; then ln -sfn "$COMPILED" "$M/model/compiled"; log "compiled packages: $(cd "$COMPILED" && echo */*.pt2)"; fi
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 

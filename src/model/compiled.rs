@@ -10,8 +10,14 @@
 //! otherwise — or if it cannot be loaded — the eager port runs and a warning says why. Never a
 //! failure: compiled kernels are an optimisation.
 //!
-//! Neighbours: `cosyvoice2::flow` (the estimator's Euler steps call the package), `shim` (errors).
+//! Stages: `estimator` (the flow's Euler steps, at the flow's precision) and `hift` (the vocoder's
+//! convolutional body, at the vocoder's precision). A package serves batches within the limits
+//! its metadata states (`voxbatch.max_batch`, `voxbatch.max_frames`); larger ones run eager.
+//!
+//! Neighbours: `cosyvoice2::flow` and `cosyvoice2::hift` (call the packages), `cosyvoice2`
+//! (finds them when a model loads), `shim` (errors).
 
+use std::cell::Cell;
 use std::ffi::{c_char, c_void, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -112,9 +118,10 @@ pub fn torch_version() -> &'static str {
 }
 
 /// The key packages for `device` and `precision` are filed under, or why there is none (NVML
-/// cannot say the GPU's architecture). Blocking (NVML).
+/// cannot say the GPU's architecture). On a CPU tf32 is fp32. Blocking (NVML).
 pub fn package_key(device: Device, precision: Precision) -> Result<String, String> {
     let arch = match device {
+        Device::Cpu if precision == Precision::Tf32 => return Ok(format!("cpu-torch{}-{}", torch_version(), Precision::Fp32)),
         Device::Cpu => "cpu".to_string(),
         Device::Cuda(n) => {
             let (major, minor) = crate::gpu::compute_capability(n).map_err(|e| format!("the GPU's architecture is unknown ({e})"))?;
@@ -132,18 +139,47 @@ pub fn weights_digest(file: &Path) -> Result<String, String> {
     Ok(hex::encode(hasher.finalize())[..16].to_string())
 }
 
-/// What a model directory offers for `stage` on `device` at `precision`.
+/// A usable package: what it runs at and the largest batch and length (mel frames) it takes.
+pub struct CompiledStage {
+    pub package: CompiledPackage,
+    pub precision: Precision,
+    pub max_batch: i64,
+    pub max_frames: i64,
+}
+
+impl CompiledStage {
+    /// Whether a call of `batch` rows and `frames` mel frames is within the package's shapes.
+    pub fn fits(&self, batch: i64, frames: i64) -> bool {
+        batch <= self.max_batch && frames <= self.max_frames
+    }
+}
+
+/// Calls a stage ran (compiled, eager) since the last [`KernelCounts::take`]: what `batches.kernels` says.
+#[derive(Default)]
+pub struct KernelCounts(Cell<(u64, u64)>);
+
+impl KernelCounts {
+    pub fn count(&self, compiled: bool) {
+        let (c, e) = self.0.get();
+        self.0.set(if compiled { (c + 1, e) } else { (c, e + 1) });
+    }
+    pub fn take(&self) -> (u64, u64) {
+        self.0.replace((0, 0))
+    }
+}
+
+/// What a model directory offers for a stage on a device at a precision.
 pub enum PackageChoice {
-    Compiled(CompiledPackage),
+    Compiled(CompiledStage),
     /// No package of this key: eager, quietly.
     Absent { key: String },
     /// A package that cannot be used: eager, with a warning saying why.
     Unusable { path: PathBuf, reason: String },
 }
 
-/// Finds and checks `dir/compiled/<key>/<stage>.pt2` against `weights` (the file its weights
-/// came from). Blocking (NVML, files).
-pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precision, weights: &Path) -> PackageChoice {
+/// Finds and checks `dir/compiled/<key>/<stage>.pt2`; `weights` is the digest
+/// ([`weights_digest`]) of the file the model's weights came from. Blocking (NVML, files).
+pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precision, weights: &str) -> PackageChoice {
     let key = match package_key(device, precision) {
         Ok(k) => k,
         Err(reason) => return PackageChoice::Unusable { path: dir.join("compiled"), reason },
@@ -157,11 +193,7 @@ pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precisio
         Ok(p) => p,
         Err(e) => return unusable(format!("cannot be loaded: {e}")),
     };
-    let digest = match weights_digest(weights) {
-        Ok(d) => d,
-        Err(e) => return unusable(e),
-    };
-    let expected = [("voxbatch.key", key.as_str()), ("voxbatch.stage", stage), ("voxbatch.weights", digest.as_str())];
+    let expected = [("voxbatch.key", key.as_str()), ("voxbatch.stage", stage), ("voxbatch.weights", weights)];
     for (k, want) in expected {
         match package.metadata(k) {
             Ok(have) if have == want => {}
@@ -173,5 +205,13 @@ pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precisio
             Err(e) => return unusable(format!("metadata: {e}")),
         }
     }
-    PackageChoice::Compiled(package)
+    let mut limits = [0i64; 2];
+    for (slot, k) in limits.iter_mut().zip(["voxbatch.max_batch", "voxbatch.max_frames"]) {
+        match package.metadata(k).map(|v| v.parse::<i64>()) {
+            Ok(Ok(n)) if n > 0 => *slot = n,
+            Ok(_) => return unusable(format!("its {k} is missing or not a positive number: compile it again (tools/compile_token2wav.py)")),
+            Err(e) => return unusable(format!("metadata: {e}")),
+        }
+    }
+    PackageChoice::Compiled(CompiledStage { package, precision, max_batch: limits[0], max_frames: limits[1] })
 }

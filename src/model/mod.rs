@@ -201,7 +201,8 @@ impl Stage {
 }
 
 /// Device time one stage took over a batch, and what it processed (segments, tokens out); for
-/// token2wav also how its flow's estimator steps ran (a compiled package or the eager port).
+/// token2wav also how its compilable calls ran — each flow estimator step and each vocoder body,
+/// on a compiled package or the eager port (`*_steps` counts calls of both).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StageTime {
     pub stage: Stage,
@@ -219,8 +220,9 @@ impl StageTime {
     }
 }
 
-/// Which kernels a batch's estimator steps ran on: `compiled`, `eager`, `mixed` (steps of both:
-/// some parts outside the package's limits), or `None` for a model without such steps.
+/// Which kernels a batch's compilable calls (estimator steps, vocoder bodies) ran on: `compiled`,
+/// `eager`, `mixed` (calls of both: a stage without a package, or parts outside a package's
+/// limits), or `None` for a model without such calls.
 pub fn kernels(stages: &[StageTime]) -> Option<&'static str> {
     let (compiled, eager) = stages.iter().fold((0, 0), |(c, e), s| (c + s.compiled_steps, e + s.eager_steps));
     match (compiled > 0, eager > 0) {

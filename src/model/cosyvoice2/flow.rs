@@ -12,7 +12,7 @@ use super::encoder::Encoder;
 use super::estimator::{Estimator, EstimatorDims};
 use super::layers::{length_mask, Linear, R};
 use super::weights::Weights;
-use crate::model::compiled::CompiledPackage;
+use crate::model::compiled::{CompiledStage, KernelCounts};
 
 /// One item of a flow batch.
 pub struct FlowItem<'a> {
@@ -43,19 +43,12 @@ pub struct Flow {
     pub estimator: Estimator,
     /// The estimator compiled (AOTInductor), when the model directory has a package for this
     /// machine; the eager `estimator` otherwise and for batches outside the package's shapes.
-    compiled: Option<CompiledEstimator>,
+    compiled: Option<CompiledStage>,
     /// Estimator steps run (compiled, eager) since the last `take_step_counts`.
-    steps_run: std::cell::Cell<(u64, u64)>,
+    steps_run: KernelCounts,
     noise: Tensor,
     steps: usize,
     cfg_rate: f64,
-}
-
-/// A compiled estimator and the largest batch and mel it was compiled for.
-pub struct CompiledEstimator {
-    pub package: CompiledPackage,
-    pub max_batch: i64,
-    pub max_frames: i64,
 }
 
 impl Flow {
@@ -67,7 +60,7 @@ impl Flow {
             encoder_proj: Linear::new(w, "flow.encoder_proj", 512, 80, true),
             estimator: Estimator::new(w, "flow.decoder.estimator", d.estimator),
             compiled: None,
-            steps_run: std::cell::Cell::new((0, 0)),
+            steps_run: KernelCounts::default(),
             noise: w.get("flow.rand_noise", &[1, 80, 15000]),
             steps: d.steps,
             cfg_rate: d.cfg_rate,
@@ -75,7 +68,7 @@ impl Flow {
     }
 
     /// Runs the estimator's steps through `compiled` (or the eager port again with `None`).
-    pub fn set_compiled(&mut self, compiled: Option<CompiledEstimator>) {
+    pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
         self.compiled = compiled;
     }
 
@@ -86,7 +79,7 @@ impl Flow {
 
     /// Estimator steps run (compiled, eager) since the last call.
     pub fn take_step_counts(&self) -> (u64, u64) {
-        self.steps_run.replace((0, 0))
+        self.steps_run.take()
     }
 
     /// Longest mel (frames, prompt included) the fixed noise covers: 300 s.
@@ -173,18 +166,13 @@ impl Flow {
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
-            let (compiled, eager) = self.steps_run.get();
-            let d = match self.compiled.as_ref().filter(|c| 2 * b <= c.max_batch && frames <= c.max_frames && frames % 2 == 0) {
-                Some(c) => {
-                    self.steps_run.set((compiled + 1, eager));
-                    c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
-                        tch::TchError::Torch("the compiled estimator returned nothing".into())
-                    })?
-                }
-                None => {
-                    self.steps_run.set((compiled, eager + 1));
-                    self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?
-                }
+            let package = self.compiled.as_ref().filter(|c| c.fits(2 * b, frames) && frames % 2 == 0);
+            self.steps_run.count(package.is_some());
+            let d = match package {
+                Some(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
+                    tch::TchError::Torch("the compiled estimator returned nothing".into())
+                })?,
+                None => self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?,
             }
             .f_to_kind(Kind::Float)?;
             let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);

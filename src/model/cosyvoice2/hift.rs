@@ -10,12 +10,17 @@
 //! reflect-pads each item at its own end, and the iSTFT's overlap-add envelope counts only each
 //! item's own frames. The STFT/iSTFT run in fp32 (there are no half-precision FFT kernels worth
 //! the error), whatever the autocast precision of the rest.
+//!
+//! The convolutional body between the source's STFT and the iSTFT runs through a compiled package
+//! (`model::compiled`, stage `hift`: `tools/compile_token2wav.py`'s `HiftBody`, the same masked
+//! computation) when the model directory has one for this machine and the batch fits it.
 
 use std::f64::consts::PI;
 
 use tch::{Kind, Tensor};
 
 use super::layers::{length_mask, Conv1d, ConvTranspose1d, Linear, R};
+use crate::model::compiled::{CompiledStage, KernelCounts};
 use super::weights::Weights;
 
 const N_FFT: i64 = 16;
@@ -101,6 +106,10 @@ pub struct Hift {
     resblocks: Vec<ResBlock>,
     conv_post: Conv1d,
     window: Tensor,
+    /// The body compiled, when the model directory has a package for this machine.
+    compiled: Option<CompiledStage>,
+    /// Bodies run (compiled, eager) since the last `take_call_counts`.
+    calls_run: KernelCounts,
 }
 
 /// What the vocoder computed, per stage (for parity tests).
@@ -158,7 +167,24 @@ impl Hift {
             resblocks,
             conv_post: Conv1d::same(w, "hift.conv_post", ch(2), N_FFT + 2, 7, 1),
             window: Tensor::from_slice(&window).to_device(device),
+            compiled: None,
+            calls_run: KernelCounts::default(),
         }
+    }
+
+    /// Runs the body through `compiled` (or the eager port again with `None`).
+    pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
+        self.compiled = compiled;
+    }
+
+    /// The compiled body, if any.
+    pub fn compiled(&self) -> Option<&CompiledStage> {
+        self.compiled.as_ref()
+    }
+
+    /// Bodies run (compiled, eager) since the last call.
+    pub fn take_call_counts(&self) -> (u64, u64) {
+        self.calls_run.take()
     }
 
     /// `mel`: `[B, 80, T]` (zero past each length), `frames`: mel frames per item.
@@ -192,9 +218,28 @@ impl Hift {
     /// The HiFi-GAN/iSTFT decoder: mel `[B, 80, T]` and harmonic source `[B, 480·T]` → waveform
     /// `[B, 480·T]`, zero past each item's length.
     pub fn decode(&self, mel: &Tensor, source: &Tensor, frames: &[i64]) -> R<Tensor> {
+        let (b, _, t) = mel.size3()?;
+        let s_stft = self.source_stft(&source.f_to_kind(Kind::Float)?, frames)?;
+        let package = self.compiled.as_ref().filter(|c| c.fits(b, t));
+        self.calls_run.count(package.is_some());
+        let x = match package {
+            Some(c) => {
+                let lengths = Tensor::f_from_slice(frames)?.f_to_device(mel.device())?;
+                let mel = mel.f_to_kind(Kind::Float)?;
+                c.package.run(&[&mel, &s_stft, &lengths])?.into_iter().next().ok_or_else(|| {
+                    tch::TchError::Torch("the compiled vocoder returned nothing".into())
+                })?
+            }
+            None => self.body(mel, &s_stft, frames)?,
+        };
+        let samples = t * SAMPLES_PER_FRAME;
+        self.istft(&x, frames)?.f_clamp(-0.99, 0.99)?.f_mul(&self.mask(frames, samples, SAMPLES_PER_FRAME, 0)?.f_squeeze_dim(1)?)
+    }
+
+    /// The convolutional body: mel and the source's STFT → conv_post's 18 channels `[B, 18, 120·T + 1]`, fp32.
+    fn body(&self, mel: &Tensor, s_stft: &Tensor, frames: &[i64]) -> R<Tensor> {
         let (_, _, t) = mel.size3()?;
         let mel_mask = self.mask(frames, t, 1, 0)?;
-        let s_stft = self.source_stft(&source.f_to_kind(Kind::Float)?, frames)?;
         let mut x = self.conv_pre.forward(&mel.f_mul(&mel_mask)?)?.f_mul(&mel_mask)?;
         let mut scale = 1;
         for (i, up) in self.ups.iter().enumerate() {
@@ -206,7 +251,7 @@ impl Hift {
             }
             let mask = self.mask(frames, t * scale + extra, scale, extra)?;
             x = x.f_mul(&mask)?;
-            let si = self.source_resblocks[i].forward(&self.source_downs[i].forward(&s_stft)?.f_mul(&mask)?, &mask)?;
+            let si = self.source_resblocks[i].forward(&self.source_downs[i].forward(s_stft)?.f_mul(&mask)?, &mask)?;
             x = x.f_add(&si)?;
             let mut xs = self.resblocks[3 * i].forward(&x, &mask)?;
             for j in 1..3 {
@@ -214,9 +259,7 @@ impl Hift {
             }
             x = xs.f_div_scalar(3.0)?;
         }
-        let x = self.conv_post.forward(&x.f_leaky_relu()?)?.f_to_kind(Kind::Float)?;
-        let samples = t * SAMPLES_PER_FRAME;
-        self.istft(&x, frames)?.f_clamp(-0.99, 0.99)?.f_mul(&self.mask(frames, samples, SAMPLES_PER_FRAME, 0)?.f_squeeze_dim(1)?)
+        self.conv_post.forward(&x.f_leaky_relu()?)?.f_to_kind(Kind::Float)
     }
 
     /// `SineGen2` + `SourceModuleHnNSF2`: F0 `[B, T]` (Hz) → harmonic source `[B, samples]`.

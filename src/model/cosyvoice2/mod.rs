@@ -11,8 +11,10 @@
 //! `voices.safetensors` (per voice: x-vector, optional prompt tokens and prompt mel, and the LLM's
 //! prompt: speech tokens and prompt text ids).
 //!
-//! The flow's estimator runs through a compiled AOTInductor package when the directory has one
-//! for this machine (`compiled/<key>/estimator.pt2`, `tools/compile_token2wav.py`), else eager.
+//! The flow's estimator and the vocoder's convolutional body run through compiled AOTInductor
+//! packages when the directory has them for this machine (`compiled/<key>/estimator.pt2` at the
+//! flow's precision, `compiled/<key>/hift.pt2` at the vocoder's; `tools/compile_token2wav.py`),
+//! else eager.
 //!
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
 //! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
@@ -35,6 +37,7 @@ use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 pub use self::weights::Weights;
+use super::compiled::CompiledStage;
 use super::shim::{AutocastGuard, Tf32Scope};
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
@@ -77,24 +80,38 @@ impl Voice {
     }
 }
 
-/// The model directory's compiled estimator for this device and precision, if it has a usable
-/// one (`model::compiled`); the eager port otherwise, with a warning when a package was there but
-/// cannot serve.
-fn compiled_estimator(dir: &Path, device: Device, precision: Precision) -> Option<flow::CompiledEstimator> {
+/// The model directory's compiled `stage` for this device and precision, if it has a usable one
+/// (`model::compiled`); the eager port otherwise, with a warning when a package was there but
+/// cannot serve. `digest` computes the weights file's digest (once, and only if a package exists).
+fn compiled_stage(
+    dir: &Path,
+    stage: &str,
+    device: Device,
+    precision: Precision,
+    digest: &mut dyn FnMut() -> Result<String, String>,
+) -> Option<CompiledStage> {
     use crate::model::compiled::{find_package, PackageChoice};
-    match find_package(dir, "estimator", device, precision, &dir.join(WEIGHTS_FILE)) {
-        PackageChoice::Compiled(package) => {
-            let limit = |key: &str| package.metadata(key).ok().and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-            let (max_batch, max_frames) = (limit("voxbatch.max_batch"), limit("voxbatch.max_frames"));
-            tracing::info!(package = %package.path.display(), max_batch, max_frames, "the flow estimator runs compiled");
-            Some(flow::CompiledEstimator { package, max_batch, max_frames })
+    if !dir.join("compiled").is_dir() {
+        return None;
+    }
+    let weights = match digest() {
+        Ok(d) => d,
+        Err(reason) => {
+            tracing::warn!(stage, reason, "compiled packages not used: the eager port runs");
+            return None;
+        }
+    };
+    match find_package(dir, stage, device, precision, &weights) {
+        PackageChoice::Compiled(c) => {
+            tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, "runs compiled");
+            Some(c)
         }
         PackageChoice::Absent { key } => {
-            tracing::debug!(key, "no compiled estimator for this machine: the eager port runs");
+            tracing::debug!(stage, key, "no compiled package for this machine: the eager port runs");
             None
         }
         PackageChoice::Unusable { path, reason } => {
-            tracing::warn!(package = %path.display(), reason, "compiled estimator not used: the eager port runs");
+            tracing::warn!(stage, package = %path.display(), reason, "compiled package not used: the eager port runs");
             None
         }
     }
@@ -152,9 +169,12 @@ impl Token2Wav {
                 cfg_rate: dims.cfg_rate,
             },
         );
-        let hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
+        let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
         w.finish()?;
-        flow.set_compiled(compiled_estimator(dir, device, precision));
+        let mut digest_memo: Option<Result<String, String>> = None;
+        let mut digest = || digest_memo.get_or_insert_with(|| crate::model::compiled::weights_digest(&dir.join(WEIGHTS_FILE))).clone();
+        flow.set_compiled(compiled_stage(dir, "estimator", device, precision, &mut digest));
+        hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), &mut digest));
 
         let mut voices = Vec::new();
         for (i, prompt) in crate::voice::prompt::checkpoint_voices(dir, &manifest)?.iter().enumerate() {
@@ -177,8 +197,13 @@ impl Token2Wav {
     }
 
     /// Runs the vocoder at `precision` from now on (benchmarks; the worker keeps `model.toml`'s).
+    /// A compiled vocoder of another precision is set aside (the eager port runs).
     pub fn set_vocoder_precision(&mut self, precision: Precision) {
         self.vocoder_precision = precision;
+        if self.hift.compiled().is_some_and(|c| c.precision != precision) {
+            tracing::info!(%precision, "the compiled vocoder is of another precision: the eager port runs");
+            self.hift.set_compiled(None);
+        }
     }
 
     /// Device seconds of the batches run since the last [`Synthesizer::take_stages`].
@@ -218,9 +243,10 @@ impl Token2Wav {
         self.work.seconds += started.elapsed().as_secs_f64();
         self.work.items += items.len() as u64;
         self.work.tokens += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
-        let (compiled, eager) = self.flow.take_step_counts();
-        self.work.compiled_steps += compiled;
-        self.work.eager_steps += eager;
+        for (compiled, eager) in [self.flow.take_step_counts(), self.hift.take_call_counts()] {
+            self.work.compiled_steps += compiled;
+            self.work.eager_steps += eager;
+        }
         Ok(result)
     }
 
