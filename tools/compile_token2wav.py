@@ -254,8 +254,8 @@ STAGES = {
 
 
 def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check):
-    """Exports and packages one stage; returns its report (with the worst difference from the
-    eager module on two random batches when `check`)."""
+    """Exports and packages one stage; prints its report, then (`check`) the worst difference
+    between the package and the eager module on two random batches."""
     build, example, shapes = STAGES[stage]
     if precision == "tf32" and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -276,6 +276,9 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
                     "voxbatch.max_frames": str(max_frames), "voxbatch.max_batch": str(max_batch)}
         torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs={"aot_inductor.metadata": metadata})
     report = {"package": path, "key": key, "compile_seconds": time.time() - started, **metadata}
+    # Said before the check, which loads the package into this process: a failure there must not
+    # hide that (and what) the compile wrote.
+    print(json.dumps(report), flush=True)
     if check:
         loaded = torch._inductor.aoti_load_package(path)
         worst = 0.0
@@ -283,8 +286,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
             for b, f in [(2, 40), (6, 130)]:
                 args = example(b, f, device, seed=b)
                 worst = max(worst, (loaded(*args) - module(*args)).abs().max().item())
-        report["max_abs_difference_vs_eager"] = worst
-    return report
+        print(json.dumps({"package": path, "max_abs_difference_vs_eager": worst}), flush=True)
 
 
 def main():
@@ -305,7 +307,7 @@ def main():
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: estimator or hift")
         precision = a.precision if stage == "estimator" else vocoder
-        print(json.dumps(compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check)), flush=True)
+        compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 # Carry: .whl .t2w/voxbatch.xz (pack-gpu.sh). Env: OUT, STAGE (all | compile | bench: compiling the
 # full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
 # machine), STAGES (estimator,hift: what the compile stage compiles), PRECISION (bf16), BATCHES
-# (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), PY.
+# (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
+# each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
+# compiled one), PY. A fresh machine has neither model: compile and bench in one call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
@@ -35,10 +37,10 @@ if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --max-frames "${MAX_FRAMES:-1500}" \
-  --max-batch "${MAX_BATCH:-256}" --check 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -3 | tee "$OUT/compile-${STAGES/,/-}.json"
+  --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -6 | tee "$OUT/compile-${STAGES/,/-}.log"
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
-for d in "$M/model" "$C"; do
+for d in ${BENCH_DIRS:-$M/model $C}; do
   name=$(basename "$d"); log "bench token2wav: $name"
   RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
     --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" --out "$OUT/$name" 2>&1 | grep -E "audio-s/s|compiled|eager|^\| " | tee "$OUT/$name.log"
