@@ -48,6 +48,11 @@ pub enum Command {
     Work(WorkArgs),
     /// Queue depth, dead-letter depth and jobs by status.
     Status,
+    /// The dead-letter queue: list what is there and why, requeue jobs after a fix, or purge.
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
     /// CosyVoice2 voices from recordings, kept in Postgres for every worker of the model.
     Voice {
         #[command(subcommand)]
@@ -169,6 +174,55 @@ pub struct SweetSpotArgs {
     /// Where results go.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
+}
+
+/// Which dead-lettered messages a `dead` command acts on.
+#[derive(Args, Debug, Clone)]
+pub struct DeadSelect {
+    /// Only jobs of this campaign.
+    #[arg(long)]
+    pub campaign: Option<String>,
+    /// Only messages rejected with this code (e.g. `unknown_voice`; `broker` for messages the
+    /// broker dead-lettered at the delivery limit).
+    #[arg(long)]
+    pub code: Option<String>,
+    /// At most N matching messages.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DeadCommand {
+    /// What the dead-letter queue holds: job, campaign, code, reason, when, attempts. Nothing is
+    /// consumed: every message stays in the queue.
+    List {
+        #[command(flatten)]
+        select: DeadSelect,
+        /// table or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
+    /// Republish matching messages to the job queue (broker-confirmed, then removed from the
+    /// dead-letter queue; safe to interrupt and run again).
+    Requeue {
+        #[command(flatten)]
+        select: DeadSelect,
+        /// Say what would be requeued; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
+    /// Remove matching messages from the dead-letter queue for good (their rows stay in Postgres).
+    Purge {
+        #[command(flatten)]
+        select: DeadSelect,
+        /// Required: purging cannot be undone.
+        #[arg(long)]
+        yes: bool,
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -16,7 +16,7 @@ use voxbatch::report::{self, Dimension, Format};
 use voxbatch::worker::{WorkerOptions, WorkerSummary};
 
 mod cli;
-use cli::{BenchArgs, BenchCommand, Cli, Command, VoiceCommand, WorkArgs};
+use cli::{BenchArgs, BenchCommand, Cli, Command, DeadCommand, VoiceCommand, WorkArgs};
 
 fn init_logging(format: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
@@ -89,6 +89,7 @@ async fn run() -> Result<()> {
         Command::Work(args) => work(&mut cfg, args).await?,
         Command::Status => print_status(&commands::status(&cfg).await.context("status")?),
         Command::Voice { command } => voice(&cfg, command).await?,
+        Command::Dead { command } => dead(&cfg, command).await?,
         Command::Text { file, model, gpu, campaign, format } => {
             let dir = model.unwrap_or_else(|| cfg.model.dir.clone());
             let defaults = LineDefaults { campaign, voice: None };
@@ -405,6 +406,26 @@ async fn demo(cfg: &Config, corpus: &Path, campaign: &str) -> Result<()> {
         println!("(cosyvoice2-tiny has random weights: its audio is noise of the right length, not speech; convert your CosyVoice2 checkpoint for speech)");
     } else if cfg.model.dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with("reference-")) {
         println!("(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)");
+    }
+    Ok(())
+}
+
+async fn dead(cfg: &Config, command: DeadCommand) -> Result<()> {
+    let (select, action, format) = match command {
+        DeadCommand::List { select, format } => (select, commands::DeadAction::List, format),
+        DeadCommand::Requeue { select, dry_run, format } => (select, commands::DeadAction::Requeue { dry_run }, format),
+        DeadCommand::Purge { select, yes, format } => {
+            if !yes {
+                anyhow::bail!("dead purge removes messages for good: add --yes (try `voxbatch dead list` with the same filters first)");
+            }
+            (select, commands::DeadAction::Purge, format)
+        }
+    };
+    let filter = commands::DeadFilter { campaign: select.campaign, code: select.code, limit: select.limit };
+    let report = commands::dead(cfg, &filter, action).await.context("dead")?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        _ => print!("{}", commands::dead_table(&report)),
     }
     Ok(())
 }

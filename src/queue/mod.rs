@@ -7,7 +7,10 @@
 //! `voxbatch.jobs.dead` (same routing key). Names come from [`AmqpConfig`].
 //!
 //! Neighbours: `job` defines the message body; `worker::intake` consumes from the queue this
-//! module declares; `worker::delivery` calls [`dead_letter`] and publishes returned copies.
+//! module declares; `worker::delivery` calls [`dead_letter`] and publishes returned copies;
+//! [`dead`] walks the dead-letter queue for the `voxbatch dead` commands.
+
+pub mod dead;
 
 use std::time::Duration;
 
@@ -268,7 +271,7 @@ pub async fn dead_letter(
     let mut headers = FieldTable::default();
     headers.insert(REASON_HEADER.into(), AMQPValue::LongString(LongString::from(reason)));
     headers.insert(CODE_HEADER.into(), AMQPValue::LongString(LongString::from(code)));
-    headers.insert("x-voxbatch-dead-lettered-at".into(), AMQPValue::LongString(chrono::Utc::now().to_rfc3339().as_str().into()));
+    headers.insert(dead::DEAD_AT_HEADER.into(), AMQPValue::LongString(chrono::Utc::now().to_rfc3339().as_str().into()));
     let props = job_properties(job_id).with_headers(headers);
     let confirmation = tokio::time::timeout(
         CONFIRM_TIMEOUT,
@@ -296,10 +299,5 @@ pub async fn dead_letter(
 
 /// The reason header of a dead-lettered delivery, if a worker set one.
 pub fn reason_of(props: &BasicProperties) -> Option<String> {
-    let headers = props.headers().as_ref()?;
-    match headers.inner().get(REASON_HEADER)? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).to_string()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_string()),
-        _ => None,
-    }
+    dead::header_str(props, REASON_HEADER)
 }
