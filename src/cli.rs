@@ -48,6 +48,14 @@ pub enum Command {
     Work(WorkArgs),
     /// Queue depth, dead-letter depth and jobs by status.
     Status,
+    /// Stop a campaign: workers ack its queued jobs without synthesis (status `cancelled`, counted
+    /// in reports); batches already running finish. --resume undoes it for jobs not yet consumed.
+    Cancel {
+        #[arg(long)]
+        campaign: String,
+        #[arg(long)]
+        resume: bool,
+    },
     /// The dead-letter queue: list what is there and why, requeue jobs after a fix, or purge.
     Dead {
         #[command(subcommand)]

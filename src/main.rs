@@ -90,6 +90,15 @@ async fn run() -> Result<()> {
         Command::Status => print_status(&commands::status(&cfg).await.context("status")?),
         Command::Voice { command } => voice(&cfg, command).await?,
         Command::Dead { command } => dead(&cfg, command).await?,
+        Command::Cancel { campaign, resume } => {
+            let changed = commands::cancel(&cfg, &campaign, resume).await.context("cancel")?;
+            match (resume, changed) {
+                (false, true) => println!("cancelled campaign {campaign}: workers ack its queued jobs without synthesis (status cancelled); batches running now finish"),
+                (false, false) => println!("campaign {campaign} was already cancelled"),
+                (true, true) => println!("resumed campaign {campaign}: its jobs not yet consumed are synthesized again"),
+                (true, false) => println!("campaign {campaign} was not cancelled"),
+            }
+        }
         Command::Text { file, model, gpu, campaign, format } => {
             let dir = model.unwrap_or_else(|| cfg.model.dir.clone());
             let defaults = LineDefaults { campaign, voice: None };
@@ -172,8 +181,8 @@ async fn work(cfg: &mut Config, args: WorkArgs) -> Result<()> {
 
 fn print_worker(s: &WorkerSummary) {
     println!(
-        "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} rejected, {:.1} s of audio",
-        s.worker_id, s.batches, s.jobs_done, s.jobs_failed, s.already_done, s.rejected, s.audio_seconds
+        "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} cancelled, {} rejected, {:.1} s of audio",
+        s.worker_id, s.batches, s.jobs_done, s.jobs_failed, s.already_done, s.cancelled, s.rejected, s.audio_seconds
     );
 }
 

@@ -6,7 +6,8 @@
 //! the same id → conflict; `running` under a claim that is still live (its worker heartbeats and
 //! the claim is younger than the lease) → busy, the delivery waits; otherwise the job is marked
 //! `running` for this worker. So two deliveries of one job are never synthesized at once, and a
-//! claim left by a crashed worker expires.
+//! claim left by a crashed worker expires. A job of a cancelled campaign (`campaign_cancels`) that
+//! is not done is marked `cancelled` in the same transaction and acked without synthesis.
 //!
 //! Neighbours: `worker::infer` calls [`Db::claim`] before inference and `Db::release` when it
 //! gives messages back; `Db::complete_batch` ends a claim with `done`.
@@ -32,6 +33,8 @@ pub enum Claim {
     Conflict(RejectionKind),
     /// Another delivery of this job is being synthesized now (by `worker_id`): wait and claim again.
     Busy { worker_id: String },
+    /// Its campaign is cancelled: marked `cancelled`; ack without synthesis.
+    Cancelled,
 }
 
 /// When a `running` claim stops counting as live.
@@ -82,11 +85,60 @@ impl Db {
         for r in rows {
             existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get::<Option<bool>, _>(7).unwrap_or(false)));
         }
-        let decisions: Vec<Claim> = jobs.iter().map(|j| decide(j, existing.get(&j.job_id))).collect();
+        let campaigns: Vec<&str> = sorted.iter().map(|j| j.campaign.as_str()).collect();
+        let cancelled: std::collections::HashSet<String> =
+            sqlx::query_scalar("SELECT campaign FROM campaign_cancels WHERE campaign = ANY($1)")
+                .bind(&campaigns)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(q("read cancelled campaigns"))?
+                .into_iter()
+                .collect();
+        let decisions: Vec<Claim> = jobs
+            .iter()
+            .map(|j| match decide(j, existing.get(&j.job_id)) {
+                Claim::AlreadyDone => Claim::AlreadyDone,
+                _ if cancelled.contains(&j.campaign) => Claim::Cancelled,
+                d => d,
+            })
+            .collect();
         let proceed: Vec<&Job> = jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Proceed).map(|(j, _)| j).collect();
         mark_running(&mut tx, &proceed, worker_id).await?;
+        let cancel: Vec<Uuid> = jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Cancelled).map(|(j, _)| j.job_id).collect();
+        if !cancel.is_empty() {
+            sqlx::query(
+                "UPDATE jobs SET status = 'cancelled', finished_at = now(), worker_id = $2
+                 WHERE job_id = ANY($1) AND status <> 'done'",
+            )
+            .bind(&cancel)
+            .bind(worker_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("mark cancelled"))?;
+        }
         tx.commit().await.map_err(q("commit claim"))?;
         Ok(decisions)
+    }
+
+    /// Cancels `campaign` (`true` if it was not already): its jobs not yet done are acked without
+    /// synthesis at their next claim.
+    pub async fn cancel_campaign(&self, campaign: &str) -> Result<bool, DbError> {
+        let r = sqlx::query("INSERT INTO campaign_cancels (campaign) VALUES ($1) ON CONFLICT (campaign) DO NOTHING")
+            .bind(campaign)
+            .execute(&self.pool)
+            .await
+            .map_err(q("cancel campaign"))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Undoes [`Db::cancel_campaign`] for jobs not yet consumed (`true` if it was cancelled).
+    pub async fn resume_campaign(&self, campaign: &str) -> Result<bool, DbError> {
+        let r = sqlx::query("DELETE FROM campaign_cancels WHERE campaign = $1")
+            .bind(campaign)
+            .execute(&self.pool)
+            .await
+            .map_err(q("resume campaign"))?;
+        Ok(r.rows_affected() == 1)
     }
 
     /// Gives claims back (`running` → `queued`) when this worker returns the messages.

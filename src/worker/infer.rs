@@ -198,6 +198,11 @@ impl Infer {
                     self.counters.already_done.fetch_add(1, Ordering::SeqCst);
                     r.delivery.ack().await;
                 }
+                Claim::Cancelled => {
+                    info!(job_id = %r.job.job_id, campaign = %r.job.campaign, "campaign cancelled; acking without synthesis");
+                    self.counters.cancelled.fetch_add(1, Ordering::SeqCst);
+                    r.delivery.ack().await;
+                }
                 Claim::Conflict(kind) => {
                     let rejection = crate::job::Rejection { job_id: Some(r.job.job_id), kind };
                     self.settler.reject(rejection, r.delivery).await;

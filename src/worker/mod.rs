@@ -88,6 +88,8 @@ pub struct WorkerSummary {
     pub jobs_done: u64,
     pub jobs_failed: u64,
     pub already_done: u64,
+    /// Acked without synthesis: their campaign is cancelled.
+    pub cancelled: u64,
     pub rejected: u64,
     pub audio_seconds: f64,
 }
@@ -99,6 +101,7 @@ pub struct Counters {
     jobs_done: AtomicU64,
     jobs_failed: AtomicU64,
     already_done: AtomicU64,
+    cancelled: AtomicU64,
     rejected: AtomicU64,
     audio_ms: AtomicU64,
 }
@@ -117,6 +120,7 @@ impl Counters {
             jobs_done: self.jobs_done.load(Ordering::SeqCst),
             jobs_failed: self.jobs_failed.load(Ordering::SeqCst),
             already_done: self.already_done.load(Ordering::SeqCst),
+            cancelled: self.cancelled.load(Ordering::SeqCst),
             rejected: self.rejected.load(Ordering::SeqCst),
             audio_seconds: self.audio_ms.load(Ordering::SeqCst) as f64 / 1000.0,
         }
