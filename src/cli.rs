@@ -46,8 +46,23 @@ pub enum Command {
     },
     /// Consume jobs and synthesize them until stopped (SIGINT/SIGTERM finish the current batch).
     Work(WorkArgs),
-    /// Queue depth, dead-letter depth and jobs by status.
-    Status,
+    /// Queue depth, dead-letter depth, jobs by status and workers (stale ones flagged); with
+    /// --campaign, that campaign's progress: jobs by status, audio and characters done, the recent
+    /// rate, ETA to drain at that rate, cost so far and projected.
+    Status {
+        /// One campaign's progress instead of the fleet's.
+        #[arg(long)]
+        campaign: Option<String>,
+        /// Redraw every 2 s until the campaign is settled (with --campaign).
+        #[arg(long, requires = "campaign")]
+        watch: bool,
+        /// The window the rate is measured over, e.g. 5m, 30s.
+        #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+        window: std::time::Duration,
+        /// table (text) or json.
+        #[arg(long, default_value = "table")]
+        format: Format,
+    },
     /// Stop a campaign: workers ack its queued jobs without synthesis (status `cancelled`, counted
     /// in reports); batches already running finish. --resume undoes it for jobs not yet consumed.
     Cancel {

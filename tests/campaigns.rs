@@ -48,3 +48,30 @@ async fn a_cancelled_campaigns_jobs_are_acked_without_synthesis_and_resume_runs_
     assert_eq!(env.count("SELECT count(*) FROM jobs WHERE campaign = 'stop-me' AND status = 'done'").await, 2);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn status_of_a_campaign_counts_what_enqueue_published_before_any_claim_then_shows_it_drained() {
+    let env = TestEnv::new("campaign_status").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lines.txt");
+    std::fs::write(&file, (0..6).map(|i| format!("sentence number {i} of the catalogue\n")).collect::<String>()).unwrap();
+    let defaults = voxbatch::enqueue::LineDefaults { campaign: Some("catalogue".into()), voice: None };
+    let window = std::time::Duration::from_secs(300);
+    commands::enqueue(&env.cfg, &file, &defaults, 0, std::future::pending(), |_, _| {}).await.unwrap();
+    // Enqueued twice (the same file): counted once.
+    commands::enqueue(&env.cfg, &file, &defaults, 0, std::future::pending(), |_, _| {}).await.unwrap();
+
+    let before = commands::campaign_progress(&env.cfg, "catalogue", window).await.unwrap();
+    assert_eq!((before.total_jobs, before.remaining_jobs, before.figures.known_jobs), (6, 6, 0), "known from enqueue alone");
+    assert_eq!(before.remaining_chars, 6 * "sentence number 0 of the catalogue".len() as i64);
+    assert!(before.eta_seconds.is_none() && !before.finished(), "no rate yet, so no ETA");
+
+    env.drain().await;
+    let after = commands::campaign_progress(&env.cfg, "catalogue", window).await.unwrap();
+    assert_eq!((after.total_jobs, after.remaining_jobs, after.figures.done_jobs), (6, 0, 6));
+    assert!(after.finished() && after.eta_seconds == Some(0.0));
+    assert!(after.figures.done_audio_seconds > 0.0 && after.jobs_per_minute > 0.0 && after.chars_per_second > 0.0);
+    let text = after.text();
+    assert!(text.contains("6 of 6 settled") && text.contains("ETA: 0 s"), "{text}");
+    env.cleanup().await;
+}

@@ -52,6 +52,18 @@ pub async fn enqueue(
     let (p, d, l) = (path.to_path_buf(), defaults.clone(), cfg.limits.clone());
     let file = tokio::task::spawn_blocking(move || JobFile::scan(&p, &d, &l)).await.map_err(|e| CommandError::Usage(format!("reader stopped: {e}")))??;
     let total = file.jobs;
+    let source = file.sha256.clone();
+    // What this run published per campaign, recorded for `status --campaign` (its ETA needs the
+    // campaign's size before workers claim the jobs). Bookkeeping only: without Postgres the jobs
+    // are still published, and a warning says the progress figures will lack them.
+    let bookkeeping = match super::open_db(cfg).await {
+        Ok(db) => Some(db),
+        Err(e) => {
+            tracing::warn!(error = %crate::worker::error_chain(&e), "Postgres unreachable: publishing anyway; `status --campaign` will not count these jobs until workers claim them");
+            None
+        }
+    };
+    let mut published_by_campaign: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut summary = EnqueueSummary { total, skipped: skip.min(total), enqueued: 0, campaigns: BTreeMap::new(), interrupted: false };
     progress(total, summary.skipped);
 
@@ -81,8 +93,20 @@ pub async fn enqueue(
     while let Some(chunk) = rx.recv().await {
         let base = summary.skipped + summary.enqueued;
         let published = publish_with_retry(cfg, &chunk, &mut stop, &mut shutdown, |n| progress(total, base + n)).await?;
+        let mut touched = std::collections::BTreeSet::new();
         for j in &chunk[..published] {
             *summary.campaigns.entry(j.campaign.clone()).or_insert(0) += 1;
+            let entry = published_by_campaign.entry(j.campaign.clone()).or_insert((0, 0));
+            *entry = (entry.0 + 1, entry.1 + j.chars() as i64);
+            touched.insert(j.campaign.clone());
+        }
+        if let Some(db) = &bookkeeping {
+            for campaign in touched {
+                let (jobs, chars) = published_by_campaign[&campaign];
+                if let Err(e) = db.record_enqueued(&campaign, &source, skip.min(i32::MAX as usize) as i32, jobs, chars).await {
+                    tracing::warn!(error = %crate::worker::error_chain(&e), campaign, "could not record the published jobs for `status --campaign`");
+                }
+            }
         }
         summary.enqueued += published;
         if stop {

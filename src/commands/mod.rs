@@ -20,7 +20,7 @@ mod work;
 pub use audit::{audit, Audit};
 pub use bench::{bench_corpus, bench_llm, bench_policy, bench_sweetspot, bench_token2wav};
 pub use calibrate::calibrate;
-pub use campaign::cancel;
+pub use campaign::{campaign_progress, cancel, CampaignProgress};
 pub use dead::{dead, dead_table, DeadAction, DeadFilter, DeadReport, DeadRow};
 pub use demo::{demo, DemoSummary};
 pub use enqueue::{enqueue, publish_with_retry, EnqueueSummary};

@@ -24,6 +24,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 mod batches;
 mod claim;
 pub mod dead;
+pub mod progress;
 mod voices;
 pub use batches::{BatchEvent, BatchRecord, JobResult, StageRecord};
 pub use claim::{Claim, ClaimLease};
