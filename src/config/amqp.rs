@@ -16,6 +16,7 @@ pub struct RawAmqp {
     pub queue: String,
     pub dead_letter_exchange: String,
     pub dead_letter_queue: String,
+    pub events_exchange: String,
     pub delivery_limit: i64,
     pub prefetch: i64,
     pub reconnect_min: RawDuration,
@@ -31,6 +32,8 @@ pub struct AmqpConfig {
     pub queue: String,
     pub dead_letter_exchange: String,
     pub dead_letter_queue: String,
+    /// Durable topic exchange completion events are published to.
+    pub events_exchange: String,
     pub delivery_limit: u32,
     /// 0 = derived from the batch size.
     pub prefetch: u16,
@@ -54,6 +57,7 @@ impl RawAmqp {
             queue: name("amqp.queue", self.queue)?,
             dead_letter_exchange: name("amqp.dead_letter_exchange", self.dead_letter_exchange)?,
             dead_letter_queue: name("amqp.dead_letter_queue", self.dead_letter_queue)?,
+            events_exchange: name("amqp.events_exchange", self.events_exchange)?,
             delivery_limit: u32::try_from(delivery_limit).unwrap_or(u32::MAX),
             prefetch,
             reconnect_min: self.reconnect_min.positive("amqp.reconnect_min")?,

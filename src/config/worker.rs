@@ -16,6 +16,7 @@ pub struct RawWorker {
     pub retry_max: RawDuration,
     pub max_hold: RawDuration,
     pub drain_poll: RawDuration,
+    pub events_sweep: RawDuration,
 }
 
 #[derive(Debug, Clone)]
@@ -26,6 +27,8 @@ pub struct WorkerConfig {
     pub retry_max: Duration,
     pub max_hold: Duration,
     pub drain_poll: Duration,
+    /// How often unpublished completion events are swept up and published.
+    pub events_sweep: Duration,
 }
 
 /// Three stages of `max_hold` must stay inside RabbitMQ's 30-minute consumer timeout.
@@ -47,6 +50,7 @@ impl RawWorker {
             retry_max: self.retry_max.positive("worker.retry_max")?,
             max_hold,
             drain_poll: self.drain_poll.positive("worker.drain_poll")?,
+            events_sweep: self.events_sweep.positive("worker.events_sweep")?,
         })
     }
 }

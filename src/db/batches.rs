@@ -134,7 +134,8 @@ impl Db {
         let segments: Vec<Option<i32>> = results.iter().map(|r| r.segments).collect();
         sqlx::query(
             "UPDATE jobs SET status = 'done', s3_key = t.s3_key, audio_seconds = t.secs, audio_sha256 = t.sha,
-               segments = t.segments, batch_id = $6, finished_at = now(), error = NULL
+               segments = t.segments, batch_id = $6, finished_at = now(), error = NULL,
+               event_published_at = NULL, event_claimed_at = NULL
              FROM UNNEST($1::uuid[], $2::text[], $3::float8[], $4::text[], $5::int[]) AS t(job_id, s3_key, secs, sha, segments)
              WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
         )

@@ -24,6 +24,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 mod batches;
 mod claim;
 pub mod dead;
+pub mod events;
 pub mod progress;
 mod voices;
 pub use batches::{BatchEvent, BatchRecord, JobResult, StageRecord};
@@ -196,7 +197,8 @@ impl Db {
     /// Marks jobs `failed` with a reason (they are dead-lettered by the caller).
     pub async fn mark_failed(&self, job_ids: &[Uuid], error: &str) -> Result<(), DbError> {
         sqlx::query(
-            "UPDATE jobs SET status = 'failed', error = $2, finished_at = now() WHERE job_id = ANY($1) AND status <> 'done'",
+            "UPDATE jobs SET status = 'failed', error = $2, finished_at = now(), event_published_at = NULL, event_claimed_at = NULL
+             WHERE job_id = ANY($1) AND status <> 'done'",
         )
         .bind(job_ids)
         .bind(error)

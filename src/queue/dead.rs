@@ -14,12 +14,12 @@
 //! Neighbours: `queue` (topology, headers written by [`super::dead_letter`]), `commands::dead`
 //! (the `voxbatch dead` commands), `db` (the requeue record).
 
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Connection};
 use uuid::Uuid;
 
-use super::{amqp, QueueError, CODE_HEADER, CONFIRM_TIMEOUT, REASON_HEADER};
+use super::{amqp, QueueError, CODE_HEADER, REASON_HEADER};
 use crate::config::AmqpConfig;
 
 /// Header a worker stamps on a dead-lettered message: when.
@@ -117,25 +117,7 @@ impl DeadLetters {
         if let Some(ct) = letter.properties.content_type() {
             props = props.with_content_type(ct.clone());
         }
-        let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, async {
-            self.channel
-                .basic_publish(
-                    self.cfg.exchange.as_str().into(),
-                    self.cfg.routing_key.as_str().into(),
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    &letter.body,
-                    props,
-                )
-                .await?
-                .await
-        })
-        .await
-        .map_err(|_| QueueError::Timeout { op: "requeue confirm" })?
-        .map_err(amqp("requeue publish"))?;
-        if !confirmation.is_ack() || confirmation.take_message().is_some() {
-            return Err(QueueError::NotConfirmed { job_id: letter.job_id.unwrap_or_else(Uuid::nil) });
-        }
-        Ok(())
+        super::publish_confirmed(&self.channel, &self.cfg.exchange, &self.cfg.routing_key, true, &letter.body, props, "requeue", letter.job_id).await
     }
 
     /// Removes `letter` from the dead-letter queue for good.

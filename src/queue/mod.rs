@@ -83,6 +83,10 @@ pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, QueueEr
 /// mismatch) `channel`.
 pub async fn declare_topology(channel: &Channel, cfg: &AmqpConfig) -> Result<(), QueueError> {
     let durable = ExchangeDeclareOptions { durable: true, ..Default::default() };
+    channel
+        .exchange_declare(cfg.events_exchange.as_str().into(), ExchangeKind::Topic, durable, FieldTable::default())
+        .await
+        .map_err(amqp("exchange.declare"))?;
     for exchange in [&cfg.exchange, &cfg.dead_letter_exchange] {
         channel
             .exchange_declare(exchange.as_str().into(), ExchangeKind::Direct, durable, FieldTable::default())
@@ -124,7 +128,7 @@ pub async fn delete_topology(channel: &Channel, cfg: &AmqpConfig) -> Result<(), 
     for queue in [&cfg.queue, &cfg.dead_letter_queue] {
         channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await.map_err(amqp("queue.delete"))?;
     }
-    for exchange in [&cfg.exchange, &cfg.dead_letter_exchange] {
+    for exchange in [&cfg.exchange, &cfg.dead_letter_exchange, &cfg.events_exchange] {
         channel
             .exchange_delete(exchange.as_str().into(), Default::default())
             .await
@@ -273,24 +277,33 @@ pub async fn dead_letter(
     headers.insert(CODE_HEADER.into(), AMQPValue::LongString(LongString::from(code)));
     headers.insert(dead::DEAD_AT_HEADER.into(), AMQPValue::LongString(chrono::Utc::now().to_rfc3339().as_str().into()));
     let props = job_properties(job_id).with_headers(headers);
-    let confirmation = tokio::time::timeout(
-        CONFIRM_TIMEOUT,
-        async {
-            channel
-                .basic_publish(
-                    cfg.dead_letter_exchange.as_str().into(),
-                    cfg.routing_key.as_str().into(),
-                    BasicPublishOptions { mandatory: true, ..Default::default() },
-                    body,
-                    props,
-                )
-                .await?
-                .await
-        },
-    )
+    publish_confirmed(channel, &cfg.dead_letter_exchange, &cfg.routing_key, true, body, props, "dead-letter", job_id).await
+}
+
+/// Publishes one message and waits (at most [`CONFIRM_TIMEOUT`]) for the broker's confirm: the
+/// one confirmed-publish path for single messages (dead letters, requeues, events). `mandatory`:
+/// an unroutable message is an error (job queues) rather than dropped (events with no listener).
+/// `channel` must be in confirm mode.
+#[allow(clippy::too_many_arguments)]
+pub async fn publish_confirmed(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    mandatory: bool,
+    body: &[u8],
+    props: BasicProperties,
+    what: &'static str,
+    job_id: Option<Uuid>,
+) -> Result<(), QueueError> {
+    let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, async {
+        channel
+            .basic_publish(exchange.into(), routing_key.into(), BasicPublishOptions { mandatory, ..Default::default() }, body, props)
+            .await?
+            .await
+    })
     .await
-    .map_err(|_| QueueError::Timeout { op: "dead-letter confirm" })?
-    .map_err(amqp("dead-letter publish"))?;
+    .map_err(|_| QueueError::Timeout { op: what })?
+    .map_err(amqp(what))?;
     if !confirmation.is_ack() || confirmation.take_message().is_some() {
         return Err(QueueError::NotConfirmed { job_id: job_id.unwrap_or_else(Uuid::nil) });
     }

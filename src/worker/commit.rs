@@ -41,6 +41,8 @@ pub struct Commit {
     pub upload_concurrency: usize,
     pub counters: Arc<Counters>,
     pub settler: Arc<Settler>,
+    /// Wakes the completion-event sweep (`events`) after each commit.
+    pub events: Arc<tokio::sync::Notify>,
 }
 
 impl Commit {
@@ -107,7 +109,8 @@ impl Commit {
         if committed.is_err() {
             return self.give_back(deliveries).await;
         }
-        // Committed: now, and only now, ack.
+        // Committed: now, and only now, ack; the batch's events go out after the commit.
+        self.events.notify_one();
         let n = deliveries.received.len() as u64;
         for r in deliveries.received.into_iter().chain(deliveries.duplicates) {
             r.delivery.ack().await;

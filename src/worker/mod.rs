@@ -22,6 +22,7 @@
 
 mod commit;
 mod delivery;
+pub mod events;
 mod infer;
 mod intake;
 pub mod retry;
@@ -243,9 +244,21 @@ pub async fn run(
         settler: settler.clone(),
         stop: stop.clone(),
     };
+    let events_wake = Arc::new(tokio::sync::Notify::new());
+    let events_storage = storage.clone();
+    let sweep = events::EventSweep::new(
+        db.clone(),
+        cfg.amqp.clone(),
+        Arc::new(move |key: &str| events_storage.url(key)),
+        cfg.worker.events_sweep,
+        events_wake.clone(),
+    );
+    let events_stop = CancellationToken::new();
+    let events_task = tokio::spawn(sweep.run(events_stop.clone()));
     let commit = commit::Commit {
         db: db.clone(),
         storage,
+        events: events_wake,
         manifest: manifest.clone(),
         device,
         precision,
@@ -293,6 +306,10 @@ pub async fn run(
     // The intake has stopped and dropped its sender: the stages finish what they hold.
     let infer_result = infer_task.await;
     let commit_result = commit_task.await;
+    events_stop.cancel();
+    if tokio::time::timeout(Duration::from_secs(30), events_task).await.is_err() {
+        warn!("the last completion events are still pending; another worker's sweep publishes them");
+    }
     heartbeat.abort();
     voice_poll.abort();
     let (busy, alive) = clock.busy_alive_ms();

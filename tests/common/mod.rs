@@ -41,6 +41,7 @@ pub fn test_config(id: &str) -> Config {
     cfg.amqp.queue = format!("vbt-{id}.jobs");
     cfg.amqp.dead_letter_exchange = format!("vbt-{id}.dlx");
     cfg.amqp.dead_letter_queue = format!("vbt-{id}.jobs.dead");
+    cfg.amqp.events_exchange = format!("vbt-{id}.events");
     cfg.amqp.reconnect_min = Duration::from_millis(100);
     cfg.amqp.reconnect_max = Duration::from_secs(2);
     cfg.database.url = voxbatch::config::SecretUrl::new(format!("postgres://postgres@127.0.0.1:5432/vbt_{id}"));
@@ -177,6 +178,7 @@ pub fn spawn_worker_process(env: &TestEnv, args: &[&str]) -> tokio::process::Chi
         .env("VOXBATCH_AMQP__QUEUE", &env.cfg.amqp.queue)
         .env("VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE", &env.cfg.amqp.dead_letter_exchange)
         .env("VOXBATCH_AMQP__DEAD_LETTER_QUEUE", &env.cfg.amqp.dead_letter_queue)
+        .env("VOXBATCH_AMQP__EVENTS_EXCHANGE", &env.cfg.amqp.events_exchange)
         .env("VOXBATCH_AMQP__DELIVERY_LIMIT", env.cfg.amqp.delivery_limit.to_string())
         .env("VOXBATCH_AMQP__PREFETCH", env.cfg.amqp.prefetch.to_string())
         .env("DATABASE_URL", env.cfg.database.url.expose())
