@@ -20,6 +20,7 @@
 //! - [`gpu`]: NVML: device memory, per-batch sampler.
 //! - [`audio`]: waveform → WAV bytes + sha256.
 //! - [`storage`]: S3 / file store for audio, the object key layout.
+//! - [`metrics`]: the worker's Prometheus endpoint.
 //! - [`db`]: Postgres schema, claims, batch commits, rejections, voices.
 //! - [`cost`]: prices and per-batch cost.
 //! - [`worker`]: the pipeline, a file per stage: intake → infer → commit, delivery, retry.
@@ -39,6 +40,7 @@ pub mod enqueue;
 pub mod frontend;
 pub mod gpu;
 pub mod job;
+pub mod metrics;
 pub mod model;
 pub mod plot;
 pub mod queue;

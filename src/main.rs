@@ -180,6 +180,14 @@ async fn work(cfg: &mut Config, args: WorkArgs) -> Result<()> {
         Some(spec) => commands::parse_devices(spec).context("--devices")?,
         None => vec![cfg.model.device],
     };
+    if let Some(addr) = cfg.metrics.listen {
+        // An ops endpoint that cannot start (the port taken by another worker on this host) is
+        // said loudly, but synthesis goes on.
+        match voxbatch::metrics::serve(addr) {
+            Ok(()) => tracing::info!(%addr, "serving Prometheus metrics on /metrics"),
+            Err(e) => tracing::error!(error = %voxbatch::worker::error_chain(&e), "metrics not served; set metrics.listen to a free port or \"off\""),
+        }
+    }
     for s in commands::work(cfg, &devices, args.workers_per_device, opts, shutdown_signal()).await.context("worker")? {
         print_worker(&s);
     }

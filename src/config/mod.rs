@@ -18,6 +18,7 @@ mod database;
 mod frontend;
 mod llm;
 mod memory;
+mod metrics;
 mod model;
 mod secret;
 mod storage;
@@ -36,6 +37,7 @@ pub use database::{DatabaseConfig, RawDatabase};
 pub use frontend::{FrontendConfig, RawFrontend};
 pub use llm::{LlmConfig, RawLlm};
 pub use memory::{MemoryConfig, RawMemory, SizingPolicy};
+pub use metrics::{MetricsConfig, RawMetrics};
 pub use model::{ModelConfig, RawModel};
 pub use secret::{redact_url, Secret, SecretUrl};
 pub use storage::{RawStorage, StorageConfig, StorageTarget};
@@ -77,6 +79,7 @@ pub struct RawConfig {
     pub frontend: RawFrontend,
     pub voices: RawVoices,
     pub cost: RawCost,
+    pub metrics: RawMetrics,
 }
 
 /// Validated configuration.
@@ -94,6 +97,7 @@ pub struct Config {
     pub frontend: FrontendConfig,
     pub voices: VoicesConfig,
     pub cost: CostConfig,
+    pub metrics: MetricsConfig,
 }
 
 impl RawConfig {
@@ -112,6 +116,7 @@ impl RawConfig {
             frontend: self.frontend.validate()?,
             voices: self.voices.validate()?,
             cost: self.cost.validate()?,
+            metrics: self.metrics.validate()?,
         })
     }
 }

@@ -111,6 +111,8 @@ impl Commit {
         }
         // Committed: now, and only now, ack; the batch's events go out after the commit.
         self.events.notify_one();
+        let segments: u64 = results.iter().filter_map(|r| r.segments).map(|n| n.max(0) as u64).sum();
+        crate::metrics::batch_committed(&record, segments);
         let n = deliveries.received.len() as u64;
         for r in deliveries.received.into_iter().chain(deliveries.duplicates) {
             r.delivery.ack().await;

@@ -263,6 +263,7 @@ impl Settler {
         }
         if self.outbox.dead_letter(d, rejection.kind.code(), &reason, rejection.job_id).await {
             self.counters.add_rejected(1);
+            crate::metrics::jobs_settled("rejected", 1);
         }
     }
 
@@ -293,6 +294,7 @@ impl Settler {
             return self.outbox.give_back(vec![d]).await;
         }
         self.counters.add_failed(1);
+        crate::metrics::jobs_settled("failed", 1);
         self.outbox.dead_letter(d, rejection.kind.code(), &reason, Some(job_id)).await;
     }
 
@@ -305,6 +307,7 @@ impl Settler {
             return;
         }
         self.counters.add_failed(1);
+        crate::metrics::jobs_settled("failed", 1);
         self.outbox.dead_letter(d, "synthesis_failed", reason, Some(job_id)).await;
     }
 

@@ -159,7 +159,14 @@ impl EventSweep {
             }
         }
         let channel = self.channel().await?;
-        let queue_empty = queue::queue_depths(&channel, &self.amqp).await.map(|(ready, _)| ready == 0).unwrap_or(false);
+        // The depths also feed the metrics endpoint's gauge (one poll, every sweep).
+        let queue_empty = queue::queue_depths(&channel, &self.amqp)
+            .await
+            .map(|(ready, dead)| {
+                crate::metrics::queue_depths(ready, dead);
+                ready == 0
+            })
+            .unwrap_or(false);
         for campaign in self.db.due_drains(queue_empty).await? {
             publish(&channel, &self.amqp, &Event::drained(&campaign)).await?;
             self.db.drain_published(&campaign).await?;

@@ -171,6 +171,11 @@ pub async fn drop_database(id: &str) {
 /// A `voxbatch work` process (as in production) on the test's queues, database and prefix,
 /// heartbeating every second so that its claims expire soon after it is killed.
 pub fn spawn_worker_process(env: &TestEnv, args: &[&str]) -> tokio::process::Child {
+    spawn_worker_process_with(env, args, &[])
+}
+
+/// [`spawn_worker_process`] with more environment variables (they win over the defaults here).
+pub fn spawn_worker_process_with(env: &TestEnv, args: &[&str], vars: &[(&str, &str)]) -> tokio::process::Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
         .arg("work")
         .args(args)
@@ -186,7 +191,9 @@ pub fn spawn_worker_process(env: &TestEnv, args: &[&str]) -> tokio::process::Chi
         .env("VOXBATCH_MODEL__DIR", &env.cfg.model.dir)
         .env("VOXBATCH_MEMORY__CALIBRATION_DIR", &env.cfg.memory.calibration_dir)
         .env("VOXBATCH_WORKER__HEARTBEAT", "1s")
+        .env("VOXBATCH_METRICS__LISTEN", "off")
         .env("RUST_LOG", "warn")
+        .envs(vars.iter().copied())
         .kill_on_drop(true)
         .spawn()
         .expect("start voxbatch work")
