@@ -105,11 +105,16 @@ pub fn bars(panels: &[(String, Vec<f64>)], labels: &[String], subtitle: &str) ->
 }
 
 /// Rasterises one of this module's SVG charts to PNG bytes at `scale` (1.0 = the SVG's pixels).
-/// Text uses the system's fonts (sans-serif); where none are installed it is left out.
+/// Text is set in DejaVu Sans, embedded in the binary (the `dejavu` crate; Bitstream Vera
+/// licence): the same picture on a server without system fonts as on a desktop, and no font
+/// look-ups to warn about.
 pub fn png(svg: &str, scale: f32) -> Result<Vec<u8>, PlotError> {
     use resvg::{tiny_skia, usvg};
     let mut opt = usvg::Options::default();
-    opt.fontdb_mut().load_system_fonts();
+    let fonts = opt.fontdb_mut();
+    fonts.load_font_data(dejavu::sans::regular().to_vec());
+    fonts.load_font_data(dejavu::sans::bold().to_vec());
+    fonts.set_sans_serif_family("DejaVu Sans");
     let tree = usvg::Tree::from_str(svg, &opt).map_err(|e| PlotError::Svg(e.to_string()))?;
     let size = tree.size();
     let (w, h) = ((size.width() * scale).ceil() as u32, (size.height() * scale).ceil() as u32);
@@ -147,6 +152,24 @@ fn esc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pixels that differ between two PNGs of the same size.
+    fn differing_pixels(a: &[u8], b: &[u8]) -> usize {
+        let (a, b) = (resvg::tiny_skia::Pixmap::decode_png(a).unwrap(), resvg::tiny_skia::Pixmap::decode_png(b).unwrap());
+        assert_eq!((a.width(), a.height()), (b.width(), b.height()));
+        a.pixels().iter().zip(b.pixels()).filter(|(x, y)| x != y).count()
+    }
+
+    #[test]
+    fn png_charts_carry_their_text_without_system_fonts() {
+        let svg = bars(&[("audio hours".into(), vec![3.0, 1.5])], &["book-1".into(), "book-2".into()], "by campaign, 2026-12-01 to 2026-12-04");
+        let with_text = png(&svg, 1.0).unwrap();
+        // The same chart with every text element removed: what a font-less renderer drew before.
+        let without: String = svg.lines().filter(|l| !l.trim_start().starts_with("<text")).collect::<Vec<_>>().join("\n");
+        let blank = png(&without, 1.0).unwrap();
+        let text_pixels = differing_pixels(&with_text, &blank);
+        assert!(text_pixels > 500, "title, values and labels are drawn: {text_pixels} pixels of text");
+    }
 
     #[test]
     fn svg_has_one_polyline_per_series_and_escapes_text() {
