@@ -76,30 +76,45 @@ pub fn svg(panels: &[Panel], x_label: &str) -> String {
     out
 }
 
-/// Side-by-side bar charts, one panel per (title, values), sharing category `labels`.
-pub fn bars(panels: &[(String, Vec<f64>)], labels: &[String], subtitle: &str) -> String {
-    let (pw, ph, m) = (460.0, 320.0, 56.0);
+/// One panel of a bar chart: its title, the unit its values are in (the y axis's name), values.
+#[derive(Debug, Clone)]
+pub struct BarPanel {
+    pub title: String,
+    pub unit: String,
+    pub values: Vec<f64>,
+}
+
+/// Side-by-side bar charts sharing category `labels` (the x axis, named `x_label`): each panel
+/// with its title, y-axis name, values on the bars; `caption` (what the data covers) under all.
+pub fn bars(panels: &[BarPanel], labels: &[String], x_label: &str, caption: &str) -> String {
+    let (pw, ph, m) = (460.0, 340.0, 56.0);
     let width = pw * panels.len().max(1) as f64;
+    let plot_bottom = ph - m - 20.0;
     let mut out = String::new();
     let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{ph}" font-family="sans-serif" font-size="11">"#);
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    for (i, (title, values)) in panels.iter().enumerate() {
+    for (i, panel) in panels.iter().enumerate() {
         let ox = pw * i as f64;
-        let top = values.iter().copied().fold(0.0, f64::max) * 1.1;
+        let top = panel.values.iter().copied().fold(0.0, f64::max) * 1.1;
         let top = if top > 0.0 { top } else { 1.0 };
-        let n = values.len().max(1) as f64;
+        let n = panel.values.len().max(1) as f64;
         let slot = (pw - 1.5 * m) / n;
-        let py = |y: f64| ph - m - y / top * (ph - 1.8 * m);
-        let _ = writeln!(out, r#"<text x="{}" y="18" font-size="13" font-weight="bold">{} ({})</text>"#, ox + m, esc(title), esc(subtitle));
+        let py = |y: f64| plot_bottom - y / top * (plot_bottom - 1.2 * m);
+        let _ = writeln!(out, r#"<text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#, ox + m, esc(&panel.title));
+        let (yx, yy) = (ox + 16.0, (plot_bottom + 1.2 * m) / 2.0);
+        let _ = writeln!(out, r#"<text x="{yx}" y="{yy:.1}" text-anchor="middle" transform="rotate(-90 {yx} {yy:.1})">{}</text>"#, esc(&panel.unit));
         let _ = writeln!(out, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, ox + m, py(0.0), ox + pw - m / 2.0, py(0.0));
-        for (j, v) in values.iter().enumerate() {
+        let _ = writeln!(out, r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#, ox + m, py(0.0), ox + m, py(top));
+        for (j, v) in panel.values.iter().enumerate() {
             let x = ox + m + slot * j as f64 + slot * 0.15;
             let _ = writeln!(out, r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/>"#, py(*v), slot * 0.7, py(0.0) - py(*v), COLORS[i % COLORS.len()]);
             let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, x + slot * 0.35, py(*v) - 4.0, fmt_num(*v));
             let label = labels.get(j).map(String::as_str).unwrap_or("");
             let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, x + slot * 0.35, py(0.0) + 14.0, esc(label));
         }
+        let _ = writeln!(out, r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#, ox + m + (pw - 1.5 * m) / 2.0, py(0.0) + 32.0, esc(x_label));
     }
+    let _ = writeln!(out, r#"<text x="{}" y="{}" fill="dimgray">{}</text>"#, m, ph - 10.0, esc(caption));
     out.push_str("</svg>\n");
     out
 }
@@ -162,7 +177,8 @@ mod tests {
 
     #[test]
     fn png_charts_carry_their_text_without_system_fonts() {
-        let svg = bars(&[("audio hours".into(), vec![3.0, 1.5])], &["book-1".into(), "book-2".into()], "by campaign, 2026-12-01 to 2026-12-04");
+        let panel = BarPanel { title: "Audio".into(), unit: "audio hours".into(), values: vec![3.0, 1.5] };
+        let svg = bars(&[panel], &["book-1".into(), "book-2".into()], "campaign", "all campaigns; batches 2026-12-01 to 2026-12-04");
         let with_text = png(&svg, 1.0).unwrap();
         // The same chart with every text element removed: what a font-less renderer drew before.
         let without: String = svg.lines().filter(|l| !l.trim_start().starts_with("<text")).collect::<Vec<_>>().join("\n");

@@ -129,6 +129,8 @@ pub struct Report {
     pub workers: IdleSummary,
     /// From the first batch's start to the last batch's end in the window (wall time of the work).
     pub batch_span_seconds: Option<f64>,
+    /// What the report covers: the campaign filter and the time range of its batches.
+    pub scope: String,
 }
 
 async fn rows(db: &Db, dimension: &str, since: Option<DateTime<Utc>>, campaign: Option<&str>) -> Result<Vec<ReportRow>, DbError> {
@@ -182,7 +184,23 @@ pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campai
     .fetch_one(db.pool())
     .await
     .map_err(|source| DbError::Query { context: "batch span", source })?;
+    let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT min(b.started_at), max(b.finished_at) FROM batches b
+         WHERE b.finished_at >= coalesce($1, '-infinity'::timestamptz)
+           AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.batch_id AND j.campaign = $2))",
+    )
+    .bind(since)
+    .bind(campaign)
+    .fetch_one(db.pool())
+    .await
+    .map_err(|source| DbError::Query { context: "batch range", source })?;
+    let range = match (first, last) {
+        (Some(a), Some(b)) => format!("batches {} to {} UTC", a.format("%Y-%m-%d %H:%M"), b.format("%Y-%m-%d %H:%M")),
+        _ => "no batches".to_string(),
+    };
+    let scope = format!("{}; {range}", campaign.map(|c| format!("campaign {c}")).unwrap_or_else(|| "all campaigns".into()));
     Ok(Report {
+        scope,
         by: by.as_str().to_string(),
         rows: grouped,
         total,
@@ -271,15 +289,21 @@ pub fn render(report: &Report, format: Format) -> String {
     }
 }
 
-/// An SVG bar chart of $ per audio hour and audio-seconds per GPU-second by key.
+/// An SVG bar chart of $ per audio hour and audio-seconds per GPU-second by key: titles, axis
+/// names with units, values on the bars, and what the report covers.
 pub fn plot(report: &Report) -> String {
+    use crate::plot::BarPanel;
     let labels: Vec<String> = report.rows.iter().map(|r| r.key.clone()).collect();
     let cost: Vec<f64> = report.rows.iter().map(|r| r.usd_per_audio_hour.unwrap_or(0.0)).collect();
     let speed: Vec<f64> = report.rows.iter().map(|r| r.audio_s_per_gpu_s.unwrap_or(0.0)).collect();
     crate::plot::bars(
-        &[("$ per audio hour".to_string(), cost), ("audio-seconds per GPU-second".to_string(), speed)],
+        &[
+            BarPanel { title: "Cost per audio hour".into(), unit: "US$ per audio hour".into(), values: cost },
+            BarPanel { title: "Throughput".into(), unit: "audio-seconds per GPU-second".into(), values: speed },
+        ],
         &labels,
-        &format!("by {}", report.by),
+        &report.by,
+        &report.scope,
     )
 }
 
@@ -312,6 +336,7 @@ mod tests {
             total: Some(row("TOTAL")),
             workers: IdleSummary { workers: 1, busy_hours: 1.0, idle_hours: 1.0, utilisation: Some(0.5), cost_usd: 8.0, idle_cost_usd: 4.0 },
             batch_span_seconds: Some(10.0),
+            scope: "campaign a,b; batches 2026-12-01 10:00 to 2026-12-01 11:00 UTC".into(),
         };
         let csv = render(&report, Format::Csv);
         assert!(csv.starts_with("campaign,jobs,chars,"));
@@ -320,7 +345,8 @@ mod tests {
         assert_eq!(json["total"]["key"], "TOTAL");
         let table = render(&report, Format::Table);
         assert!(table.contains("TOTAL") && table.contains("utilisation 50.0%") && table.contains("idle $4.0000"), "{table}");
-        assert!(plot(&report).contains("<svg"));
+        let chart = plot(&report);
+        assert!(chart.contains("<svg") && chart.contains("US$ per audio hour") && chart.contains("2026-12-01 10:00"), "{chart}");
         assert!("batch-size".parse::<Dimension>().is_ok() && "nope".parse::<Dimension>().is_err());
     }
 }
