@@ -115,6 +115,13 @@ if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ m
     --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 
+# The reference FLAC decoder (Debian's flac): tests decode the worker's FLAC output with it.
+if ! command -v flac > /dev/null; then
+  log "installing flac (Debian package: the reference FLAC decoder the output-format tests use)"
+  { apt-get install -y --no-install-recommends flac > /dev/null 2>&1 || { apt-get update > /dev/null 2>&1 && apt-get install -y --no-install-recommends flac > /dev/null 2>&1; }; } \
+    || { log "cannot install flac (apt-get as root is needed)"; exit 1; }
+fi
+
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)
 if ! port_open 5432; then
   if command -v pg_ctlcluster >/dev/null; then

@@ -41,6 +41,9 @@ pub struct Job {
     /// The instruction of mode `instruct` ("用开心的语气说", "Speak slowly").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instruction: Option<String>,
+    /// The stored audio's file format; `None`: `[output] format`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::audio::OutputFormat>,
 }
 
 /// CosyVoice2's inference modes for a registered voice.
@@ -72,6 +75,7 @@ impl Job {
             metadata: None,
             mode: None,
             instruction: None,
+            format: None,
         }
     }
 
@@ -238,8 +242,15 @@ pub fn parse_job(body: &[u8], limits: &Limits, require_id: bool) -> Result<Job, 
         Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "metadata", reason: "must be a JSON object".into() })),
     };
     let (mode, instruction) = mode_and_instruction(&mut obj).map_err(|k| reject(id, k))?;
+    let format = match obj.remove("format") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(f)) => {
+            Some(f.parse().map_err(|reason: String| reject(id, RejectionKind::InvalidField { field: "format", reason }))?)
+        }
+        Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "format", reason: format!("must be a string: {}", crate::audio::OutputFormat::NAMES) })),
+    };
     // Unknown fields are ignored (forward compatibility), except those later issues reserve.
-    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata, mode, instruction })
+    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata, mode, instruction, format })
 }
 
 /// `mode` (`zero_shot`, `cross_lingual`, `instruct`) and `instruction` (required by, and only

@@ -30,7 +30,7 @@ fn wav(dir: &Path, name: &str, rate: u32, seconds: f64, amplitude: f32) -> PathB
         })
         .collect();
     let path = dir.join(name);
-    std::fs::write(&path, voxbatch::audio::encode_wav(&samples, rate).wav).unwrap();
+    std::fs::write(&path, voxbatch::audio::encode_wav(&samples, rate).bytes).unwrap();
     path
 }
 

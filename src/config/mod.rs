@@ -20,6 +20,7 @@ mod llm;
 mod memory;
 mod metrics;
 mod model;
+mod output;
 mod secret;
 mod storage;
 mod voices;
@@ -39,6 +40,7 @@ pub use llm::{LlmConfig, RawLlm};
 pub use memory::{MemoryConfig, RawMemory, SizingPolicy};
 pub use metrics::{MetricsConfig, RawMetrics};
 pub use model::{ModelConfig, RawModel};
+pub use output::{OutputConfig, RawOutput};
 pub use secret::{redact_url, Secret, SecretUrl};
 pub use storage::{RawStorage, StorageConfig, StorageTarget};
 pub use voices::{RawVoices, VoicesConfig};
@@ -80,6 +82,7 @@ pub struct RawConfig {
     pub voices: RawVoices,
     pub cost: RawCost,
     pub metrics: RawMetrics,
+    pub output: RawOutput,
 }
 
 /// Validated configuration.
@@ -98,6 +101,7 @@ pub struct Config {
     pub voices: VoicesConfig,
     pub cost: CostConfig,
     pub metrics: MetricsConfig,
+    pub output: OutputConfig,
 }
 
 impl RawConfig {
@@ -117,6 +121,7 @@ impl RawConfig {
             voices: self.voices.validate()?,
             cost: self.cost.validate()?,
             metrics: self.metrics.validate()?,
+            output: self.output.validate()?,
         })
     }
 }

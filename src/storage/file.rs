@@ -75,7 +75,7 @@ impl FileStore {
                     stack.push(p);
                 } else if let Ok(rel) = p.strip_prefix(&self.root) {
                     let key = rel.to_string_lossy().to_string();
-                    if key.starts_with(prefix) && key.ends_with(".wav") {
+                    if key.starts_with(prefix) && (key.ends_with(".wav") || key.ends_with(".flac")) {
                         out.push(key);
                     }
                 }

@@ -1,5 +1,5 @@
 //! Storage: where finished audio goes. `s3://BUCKET` (the default; SeaweedFS locally) or
-//! `file:///DIR`, both with the key layout `<key_prefix><campaign>/<job_id>.wav` and the object
+//! `file:///DIR`, both with the key layout `<key_prefix><campaign>/<job_id>.<wav|flac>` and the object
 //! metadata job-id, model, voice and sha256.
 //!
 //! Uploads are idempotent (same key, same bytes), so a retried or duplicated upload is harmless;
@@ -67,10 +67,10 @@ impl crate::worker::retry::Transience for StorageError {
     }
 }
 
-/// The object key of a job's audio: `<prefix><campaign>/<job_id>.wav`. The one place the key
-/// layout is written.
-pub fn object_key(prefix: &str, campaign: &str, job_id: Uuid) -> String {
-    format!("{}{job_id}.wav", campaign_prefix(prefix, campaign))
+/// The object key of a job's audio: `<prefix><campaign>/<job_id>.<ext>` (`wav`, `flac`). The one
+/// place the key layout is written.
+pub fn object_key(prefix: &str, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat) -> String {
+    format!("{}{job_id}.{}", campaign_prefix(prefix, campaign), format.extension())
 }
 
 /// The prefix under which a campaign's objects live: `<prefix><campaign>/`.
@@ -81,6 +81,8 @@ pub fn campaign_prefix(prefix: &str, campaign: &str) -> String {
 /// Object metadata stored beside each audio file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AudioMeta {
+    /// The stored file's Content-Type (`audio/wav`, `audio/flac`).
+    pub content_type: &'static str,
     pub job_id: Uuid,
     pub model: String,
     pub voice: String,
@@ -122,8 +124,8 @@ impl Storage {
     }
 
     /// The object key of a job's audio, relative to the bucket or directory ([`object_key`]).
-    pub fn key(&self, campaign: &str, job_id: Uuid) -> String {
-        object_key(self.key_prefix(), campaign, job_id)
+    pub fn key(&self, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat) -> String {
+        object_key(self.key_prefix(), campaign, job_id, format)
     }
 
     /// The prefix of a campaign's objects ([`campaign_prefix`]).

@@ -103,7 +103,7 @@ impl S3Store {
             .put_object()
             .bucket(&self.bucket)
             .key(key)
-            .content_type("audio/wav")
+            .content_type(meta.content_type)
             .body(ByteStream::from(body));
         for (k, v) in meta.to_map() {
             req = req.metadata(k, v);

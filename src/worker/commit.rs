@@ -22,7 +22,7 @@ use super::delivery::Settler;
 use super::infer::{BatchMeta, InferredBatch};
 use super::intake::Received;
 use super::Counters;
-use crate::audio::{encode_wavs, EncodedAudio};
+use crate::audio::{encode_batch, EncodedAudio, OutputFormat};
 use crate::cost::Prices;
 use crate::db::{BatchRecord, Db, JobResult, StageRecord};
 use crate::model::{Device, Manifest, Precision, StageTime};
@@ -43,6 +43,8 @@ pub struct Commit {
     pub settler: Arc<Settler>,
     /// Wakes the completion-event sweep (`events`) after each commit.
     pub events: Arc<tokio::sync::Notify>,
+    /// `[output] format`: a job's audio format when it does not name one.
+    pub output_format: OutputFormat,
 }
 
 impl Commit {
@@ -58,12 +60,13 @@ impl Commit {
     async fn commit(self: &Arc<Self>, batch: InferredBatch) {
         let InferredBatch { meta, done, duplicates } = batch;
         let (received, audio): (Vec<Received>, Vec<Vec<f32>>) = done.into_iter().unzip();
+        let audio: Vec<(Vec<f32>, OutputFormat)> = audio.into_iter().zip(&received).map(|(a, r)| (a, r.job.format.unwrap_or(self.output_format))).collect();
         let deliveries = Deliveries { received, duplicates };
 
         let encode_started = Instant::now();
         let sample_rate = self.manifest.sample_rate;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
-        let encoded = match tokio::task::spawn_blocking(move || encode_wavs(&audio, sample_rate, threads)).await {
+        let encoded = match tokio::task::spawn_blocking(move || encode_batch(&audio, sample_rate, threads)).await {
             Ok(e) => e,
             Err(e) => {
                 error!(error = %e, "encoding panicked; giving the batch back");
@@ -73,7 +76,8 @@ impl Commit {
         let encode_ms = encode_started.elapsed().as_secs_f64() * 1000.0;
 
         let upload_started = Instant::now();
-        let keys: Vec<String> = deliveries.received.iter().map(|r| self.storage.key(&r.job.campaign, r.job.job_id)).collect();
+        let keys: Vec<String> =
+            deliveries.received.iter().zip(&encoded).map(|(r, enc)| self.storage.key(&r.job.campaign, r.job.job_id, enc.format)).collect();
         if self.upload(&deliveries.received, &encoded, &keys).await.is_err() {
             return self.give_back(deliveries).await;
         }
@@ -138,8 +142,14 @@ impl Commit {
             .zip(encoded)
             .zip(keys)
             .map(|((r, enc), key)| {
-                let meta = AudioMeta { job_id: r.job.job_id, model: self.manifest.name.clone(), voice: r.job.voice.clone(), sha256: enc.sha256.clone() };
-                (key.clone(), enc.wav.clone(), meta)
+                let meta = AudioMeta {
+                    content_type: enc.format.content_type(),
+                    job_id: r.job.job_id,
+                    model: self.manifest.name.clone(),
+                    voice: r.job.voice.clone(),
+                    sha256: enc.sha256.clone(),
+                };
+                (key.clone(), enc.bytes.clone(), meta)
             })
             .collect();
         futures::stream::iter(uploads.into_iter().map(|(key, wav, meta)| {

@@ -259,6 +259,7 @@ pub async fn run(
         db: db.clone(),
         storage,
         events: events_wake,
+        output_format: cfg.output.format,
         manifest: manifest.clone(),
         device,
         precision,
