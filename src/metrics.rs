@@ -118,3 +118,31 @@ pub fn queue_depths(jobs: u32, dead: u32) {
     gauge!("voxbatch_queue_depth", "queue" => "jobs").set(f64::from(jobs));
     gauge!("voxbatch_queue_depth", "queue" => "dead").set(f64::from(dead));
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every series the Grafana dashboard (deploy/grafana) queries is one this module describes
+    /// (histograms through their `_bucket`, `_sum` and `_count` series).
+    #[test]
+    fn the_dashboard_queries_only_metrics_the_worker_exports() {
+        let source = include_str!("metrics.rs");
+        let described: Vec<&str> = source
+            .lines()
+            .filter(|l| l.trim_start().starts_with("describe_"))
+            .filter_map(|l| l.split('"').nth(1))
+            .collect();
+        let dashboard: serde_json::Value = serde_json::from_str(include_str!("../deploy/grafana/voxbatch-dashboard.json")).unwrap();
+        let mut queried = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("voxbatch_")) {
+                    let base = ["_bucket", "_sum", "_count"].iter().fold(word, |w, s| w.strip_suffix(s).unwrap_or(w));
+                    assert!(described.contains(&base), "the dashboard queries {word}, which the worker does not export");
+                    queried += 1;
+                }
+            }
+        }
+        assert!(queried >= 14 && described.len() >= 14, "{queried} series queried, {} described", described.len());
+    }
+}
