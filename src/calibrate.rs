@@ -64,7 +64,11 @@ pub async fn calibrate(
 ) -> Result<Profile, CalibrateError> {
     let manifest = model.manifest().clone();
     let device = model.device();
-    // NVML: off the async runtime.
+    // NVML (the memory and the architecture the profile's kernels label needs): off the async runtime.
+    let (man, precision) = (manifest.clone(), model.precision());
+    let profile_precision = tokio::task::spawn_blocking(move || crate::model::compiled::profile_precision(&man, device, precision))
+        .await
+        .map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?;
     let info = tokio::task::spawn_blocking(move || crate::gpu::memory_info(device))
         .await
         .map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?
@@ -126,7 +130,7 @@ pub async fn calibrate(
     Ok(Profile {
         model: manifest.name.clone(),
         gpu: info.name,
-        precision: model.precision().to_string(),
+        precision: profile_precision,
         source: "calibration".to_string(),
         frames_per_token: manifest.frames_per_token,
         total_memory_bytes: info.total_bytes,

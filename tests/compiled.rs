@@ -65,6 +65,13 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
         assert!(mel_err < 1e-4 && wav_err < 1e-3, "compiled vs eager: mel {mel_err:e}, audio {wav_err:e}");
     }
 
+    // The memory profile (calibration) of a compiled directory is its own: its peaks are not the
+    // eager port's.
+    use voxbatch::model::compiled::profile_precision;
+    let manifest = |d: &Path| Manifest::load(d).unwrap();
+    assert_eq!(profile_precision(&manifest(&repo_path("models/cosyvoice2-tiny-compiled")), Device::Cpu, Precision::Fp32), "fp32+compiled");
+    assert_eq!(profile_precision(&manifest(&repo_path("models/cosyvoice2-tiny")), Device::Cpu, Precision::Fp32), "fp32");
+
     // No package of this machine's key (another GPU, torch or precision): eager.
     let other_key = variant();
     std::fs::rename(other_key.path().join("compiled").join(KEY), other_key.path().join("compiled").join("sm90-torch2.11.0-bf16")).unwrap();

@@ -179,7 +179,8 @@ pub fn memory_admission(cfg: &Config, manifest: &Manifest, device: Device, preci
 /// [`memory_admission`] over `budget` bytes of the GPU named `gpu_name`.
 fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision, budget: f64, gpu_name: String) -> Result<(MemoryBudget, Profile), SizingError> {
     let m = &cfg.memory;
-    let precision = precision.to_string();
+    let cli_precision = precision;
+    let precision = crate::model::compiled::profile_precision(manifest, device, precision);
     let profile = match profile::load_matching(&m.calibration_dir, &manifest.name, &gpu_name, &precision)? {
         Some(p) => {
             info!(model = %manifest.name, gpu = %gpu_name, %precision, r2 = p.fit.r2, worst_rel_error = p.fit.worst_rel_error, "using calibration profile");
@@ -188,7 +189,7 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
         None => {
             warn!(
                 "no calibration profile for model {} on {gpu_name} {precision} in {}; using a conservative built-in. \
-                 Run `voxbatch calibrate --model {} --device {device} --precision {precision}` for full batches",
+                 Run `voxbatch calibrate --model {} --device {device} --precision {cli_precision}` for full batches",
                 manifest.name,
                 m.calibration_dir.display(),
                 manifest.dir.display()
