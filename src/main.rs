@@ -87,13 +87,8 @@ async fn run() -> Result<()> {
         }
         Command::Enqueue { file, campaign, voice, skip } => enqueue(&cfg, &file, &LineDefaults { campaign, voice }, skip).await?,
         Command::Work(args) => work(&mut cfg, args).await?,
-        Command::Status { campaign: None, format, .. } => {
-            let status = commands::status(&cfg).await.context("status")?;
-            match format {
-                Format::Json => anyhow::bail!("status --format json needs --campaign"),
-                _ => print_status(&status),
-            }
-        }
+        Command::Status { campaign: None, format: Format::Json, .. } => anyhow::bail!("status --format json needs --campaign"),
+        Command::Status { campaign: None, .. } => print_status(&commands::status(&cfg).await.context("status")?),
         Command::Status { campaign: Some(campaign), watch, window, format } => campaign_status(&cfg, &campaign, watch, window, format).await?,
         Command::Voice { command } => voice(&cfg, command).await?,
         Command::Dead { command } => dead(&cfg, command).await?,
@@ -435,20 +430,22 @@ async fn demo(cfg: &Config, corpus: &Path, campaign: &str) -> Result<()> {
 }
 
 async fn campaign_status(cfg: &Config, campaign: &str, watch: bool, window: std::time::Duration, format: Format) -> Result<()> {
-    let progress = commands::campaign_progress(cfg, campaign, window).await.context("status")?;
     if !watch {
+        let progress = commands::campaign_progress(cfg, campaign, window).await.context("status")?;
         match format {
             Format::Json => println!("{}", serde_json::to_string_pretty(&progress)?),
             _ => print!("{}", progress.text()),
         }
         return Ok(());
     }
-    let bar = indicatif::ProgressBar::new(progress.total_jobs.max(0) as u64);
+    // One connection for the whole watch.
+    let db = commands::open_db(cfg).await.context("status")?;
+    let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{wide_bar} {pos}/{len} settled\n{msg}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let mut progress = progress;
     loop {
+        let progress = commands::CampaignProgress::read(&db, campaign, window).await.context("status")?;
         bar.set_length(progress.total_jobs.max(0) as u64);
         bar.set_position(progress.figures.finished_jobs.max(0) as u64);
         bar.set_message(progress.text());
@@ -457,7 +454,6 @@ async fn campaign_status(cfg: &Config, campaign: &str, watch: bool, window: std:
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-        progress = commands::campaign_progress(cfg, campaign, window).await.context("status")?;
     }
 }
 

@@ -6,8 +6,8 @@
 //! Where nothing is installed (tests running a worker in-process, `metrics.listen = "off"`) the
 //! recording calls below cost nothing.
 //!
-//! Neighbours: `commands::work` installs the exporter; `worker::commit` (batches), `worker::infer`
-//! and `worker::delivery` (job outcomes, OOM splits) and `worker::intake` (queue depth) record.
+//! Neighbours: the binary's `work` installs the exporter; the worker's `Counters` (job outcomes,
+//! committed batches), `worker::infer` (OOM splits) and `worker::events` (queue depths) record.
 
 use std::net::SocketAddr;
 
@@ -108,9 +108,11 @@ pub fn jobs_settled(outcome: &'static str, n: u64) {
     counter!("voxbatch_jobs_total", "outcome" => outcome).increment(n);
 }
 
-/// A batch split after an out-of-memory error.
-pub fn oom_split() {
-    counter!("voxbatch_oom_splits_total").increment(1);
+/// `n` batch splits after out-of-memory errors.
+pub fn oom_splits(n: u64) {
+    if n > 0 {
+        counter!("voxbatch_oom_splits_total").increment(n);
+    }
 }
 
 /// The broker's ready counts.

@@ -111,12 +111,20 @@ fn format_duration(seconds: f64) -> String {
     }
 }
 
-/// `campaign`'s progress now, its rate over the last `window`.
+/// `campaign`'s progress now, its rate over the last `window` (one look; `status --watch` keeps
+/// one connection and calls [`CampaignProgress::read`]).
 pub async fn campaign_progress(cfg: &Config, campaign: &str, window: std::time::Duration) -> Result<CampaignProgress, CommandError> {
     let db = open_db(cfg).await?;
-    let figures = db.campaign_figures(campaign, window).await?;
+    let progress = CampaignProgress::read(&db, campaign, window).await;
     db.pool().close().await;
-    Ok(CampaignProgress::from_figures(campaign, figures))
+    progress
+}
+
+impl CampaignProgress {
+    /// `campaign`'s progress from `db`, its rate over the last `window`.
+    pub async fn read(db: &crate::db::Db, campaign: &str, window: std::time::Duration) -> Result<CampaignProgress, CommandError> {
+        Ok(CampaignProgress::from_figures(campaign, db.campaign_figures(campaign, window).await?))
+    }
 }
 
 #[cfg(test)]

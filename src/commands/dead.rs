@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::{open_db, CommandError};
 use crate::config::Config;
-use crate::queue::{self, dead::DeadLetters};
+use crate::queue::{self, dead::{DeadLetter, DeadLetters}};
 
 /// Which dead-lettered messages a command acts on.
 #[derive(Debug, Clone, Default)]
@@ -73,23 +73,41 @@ pub async fn dead(cfg: &Config, filter: &DeadFilter, action: DeadAction) -> Resu
     Ok(report)
 }
 
+/// Matching messages acted on at a time: their Postgres look-ups go together, and a requeue or
+/// purge does not hold a whole queue of them unacknowledged first.
+const CHUNK: usize = 256;
+
 async fn walk_queue(db: &crate::db::Db, walk: &mut DeadLetters, filter: &DeadFilter, action: DeadAction) -> Result<DeadReport, CommandError> {
-    let mut seen = 0;
-    let mut letters = Vec::new();
-    while filter.limit.is_none_or(|n| letters.len() < n) {
-        let Some(letter) = walk.next().await? else { break };
-        seen += 1;
-        let matches = filter.campaign.as_ref().is_none_or(|c| letter.campaign.as_ref() == Some(c))
-            && filter.code.as_ref().is_none_or(|c| &letter.code == c);
-        if matches {
-            letters.push(letter);
+    let mut report = DeadReport { seen: 0, rows: Vec::new() };
+    let mut exhausted = false;
+    while !exhausted {
+        let mut letters = Vec::new();
+        while letters.len() < CHUNK && filter.limit.is_none_or(|n| report.rows.len() + letters.len() < n) {
+            let Some(letter) = walk.next().await? else {
+                exhausted = true;
+                break;
+            };
+            report.seen += 1;
+            let matches = filter.campaign.as_ref().is_none_or(|c| letter.campaign.as_ref() == Some(c))
+                && filter.code.as_ref().is_none_or(|c| &letter.code == c);
+            if matches {
+                letters.push(letter);
+            }
         }
+        if letters.is_empty() {
+            break;
+        }
+        act(db, walk, &letters, action, &mut report.rows).await?;
     }
+    Ok(report)
+}
+
+/// Does `action` to `letters` and reports each.
+async fn act(db: &crate::db::Db, walk: &mut DeadLetters, letters: &[DeadLetter], action: DeadAction, rows: &mut Vec<DeadRow>) -> Result<(), CommandError> {
     let ids: Vec<uuid::Uuid> = letters.iter().filter_map(|l| l.job_id).collect();
     let histories = db.job_histories(&ids).await?;
     let identities: Vec<String> = letters.iter().map(|l| l.identity()).collect();
-    let already = if matches!(action, DeadAction::Requeue { .. }) { db.requeued(&identities).await? } else { Default::default() };
-    let mut rows = Vec::with_capacity(letters.len());
+    let already = if matches!(action, DeadAction::Requeue { dry_run: false }) { db.requeued(&identities).await? } else { Default::default() };
     for (letter, identity) in letters.iter().zip(&identities) {
         let outcome = match action {
             DeadAction::List => "listed",
@@ -122,7 +140,7 @@ async fn walk_queue(db: &crate::db::Db, walk: &mut DeadLetters, filter: &DeadFil
             outcome,
         });
     }
-    Ok(DeadReport { seen, rows })
+    Ok(())
 }
 
 /// The report as a table.

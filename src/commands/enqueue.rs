@@ -63,7 +63,8 @@ pub async fn enqueue(
             None
         }
     };
-    let mut published_by_campaign: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    // Characters this run published per campaign (its jobs are `summary.campaigns`).
+    let mut chars_by_campaign: BTreeMap<String, i64> = BTreeMap::new();
     let mut summary = EnqueueSummary { total, skipped: skip.min(total), enqueued: 0, campaigns: BTreeMap::new(), interrupted: false };
     progress(total, summary.skipped);
 
@@ -96,14 +97,13 @@ pub async fn enqueue(
         let mut touched = std::collections::BTreeSet::new();
         for j in &chunk[..published] {
             *summary.campaigns.entry(j.campaign.clone()).or_insert(0) += 1;
-            let entry = published_by_campaign.entry(j.campaign.clone()).or_insert((0, 0));
-            *entry = (entry.0 + 1, entry.1 + j.chars() as i64);
-            touched.insert(j.campaign.clone());
+            *chars_by_campaign.entry(j.campaign.clone()).or_insert(0) += j.chars() as i64;
+            touched.insert(j.campaign.as_str());
         }
         if let Some(db) = &bookkeeping {
             for campaign in touched {
-                let (jobs, chars) = published_by_campaign[&campaign];
-                if let Err(e) = db.record_enqueued(&campaign, &source, skip.min(i32::MAX as usize) as i32, jobs, chars).await {
+                let (jobs, chars) = (summary.campaigns[campaign] as i64, chars_by_campaign[campaign]);
+                if let Err(e) = db.record_enqueued(campaign, &source, skip.min(i32::MAX as usize) as i32, jobs, chars).await {
                     tracing::warn!(error = %crate::worker::error_chain(&e), campaign, "could not record the published jobs for `status --campaign`");
                 }
             }

@@ -112,7 +112,7 @@ async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, Command
 }
 
 /// Connects to Postgres, creating the database and applying migrations.
-async fn open_db(cfg: &Config) -> Result<Db, CommandError> {
+pub async fn open_db(cfg: &Config) -> Result<Db, CommandError> {
     let db = Db::connect(&cfg.database).await?;
     db.migrate().await?;
     Ok(db)

@@ -59,21 +59,27 @@ impl Db {
     /// `campaign`'s figures, its rate over the last `window`.
     pub async fn campaign_figures(&self, campaign: &str, window: Duration) -> Result<CampaignFigures, DbError> {
         let mut f = CampaignFigures { by_status: self.jobs_by_status(Some(campaign)).await?, ..Default::default() };
-        (f.known_jobs, f.known_chars, f.finished_jobs, f.finished_chars, f.done_jobs, f.done_chars, f.done_audio_seconds) = sqlx::query_as(
+        // One pass over the campaign's jobs: totals and the recent rate.
+        (
+            f.known_jobs,
+            f.known_chars,
+            f.finished_jobs,
+            f.finished_chars,
+            f.done_jobs,
+            f.done_chars,
+            f.done_audio_seconds,
+            f.recent_jobs,
+            f.recent_chars,
+            f.recent_audio_seconds,
+            f.recent_seconds,
+        ) = sqlx::query_as(
             "SELECT count(*), coalesce(sum(chars), 0)::int8,
                     count(*) FILTER (WHERE status IN ('done', 'failed', 'rejected', 'cancelled')),
                     coalesce(sum(chars) FILTER (WHERE status IN ('done', 'failed', 'rejected', 'cancelled')), 0)::int8,
                     count(*) FILTER (WHERE status = 'done'),
                     coalesce(sum(chars) FILTER (WHERE status = 'done'), 0)::int8,
-                    coalesce(sum(audio_seconds) FILTER (WHERE status = 'done'), 0)::float8
-             FROM jobs WHERE campaign = $1",
-        )
-        .bind(campaign)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(q("campaign totals"))?;
-        (f.recent_jobs, f.recent_chars, f.recent_audio_seconds, f.recent_seconds) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status = 'done' AND finished_at > now() - make_interval(secs => $2)),
+                    coalesce(sum(audio_seconds) FILTER (WHERE status = 'done'), 0)::float8,
+                    count(*) FILTER (WHERE status = 'done' AND finished_at > now() - make_interval(secs => $2)),
                     coalesce(sum(chars) FILTER (WHERE status = 'done' AND finished_at > now() - make_interval(secs => $2)), 0)::int8,
                     coalesce(sum(audio_seconds) FILTER (WHERE status = 'done' AND finished_at > now() - make_interval(secs => $2)), 0)::float8,
                     LEAST($2, extract(epoch FROM now() - coalesce(min(started_at), now())))::float8
@@ -83,23 +89,18 @@ impl Db {
         .bind(window.as_secs_f64())
         .fetch_one(&self.pool)
         .await
-        .map_err(q("campaign rate"))?;
-        (f.enqueued_jobs, f.enqueued_chars) =
-            sqlx::query_as("SELECT coalesce(sum(jobs), 0)::int8, coalesce(sum(chars), 0)::int8 FROM campaign_enqueues WHERE campaign = $1")
-                .bind(campaign)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(q("campaign enqueued"))?;
-        f.cost_usd = sqlx::query_scalar("SELECT coalesce(sum(cost_usd), 0)::float8 FROM job_costs WHERE campaign = $1")
-            .bind(campaign)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(q("campaign cost"))?;
-        f.cancelled = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM campaign_cancels WHERE campaign = $1)")
-            .bind(campaign)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(q("campaign cancelled"))?;
+        .map_err(q("campaign totals"))?;
+        // And what the other tables say of it.
+        (f.enqueued_jobs, f.enqueued_chars, f.cost_usd, f.cancelled) = sqlx::query_as(
+            "SELECT (SELECT coalesce(sum(jobs), 0)::int8 FROM campaign_enqueues WHERE campaign = $1),
+                    (SELECT coalesce(sum(chars), 0)::int8 FROM campaign_enqueues WHERE campaign = $1),
+                    (SELECT coalesce(sum(cost_usd), 0)::float8 FROM job_costs WHERE campaign = $1),
+                    EXISTS (SELECT 1 FROM campaign_cancels WHERE campaign = $1)",
+        )
+        .bind(campaign)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(q("campaign enqueued, cost, cancel"))?;
         Ok(f)
     }
 }

@@ -120,8 +120,8 @@ pub fn torch_version() -> &'static str {
 /// The key packages for `device` and `precision` are filed under, or why there is none (NVML
 /// cannot say the GPU's architecture). On a CPU tf32 is fp32. Blocking (NVML).
 pub fn package_key(device: Device, precision: Precision) -> Result<String, String> {
+    let precision = if device == Device::Cpu && precision == Precision::Tf32 { Precision::Fp32 } else { precision };
     let arch = match device {
-        Device::Cpu if precision == Precision::Tf32 => return Ok(format!("cpu-torch{}-{}", torch_version(), Precision::Fp32)),
         Device::Cpu => "cpu".to_string(),
         Device::Cuda(n) => {
             let (major, minor) = crate::gpu::compute_capability(n).map_err(|e| format!("the GPU's architecture is unknown ({e})"))?;

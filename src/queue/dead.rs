@@ -63,7 +63,7 @@ pub struct DeadLetters {
     channel: Channel,
     cfg: AmqpConfig,
     /// Messages taken and neither acked nor given back.
-    held: Vec<u64>,
+    held: std::collections::BTreeSet<u64>,
 }
 
 impl DeadLetters {
@@ -71,7 +71,7 @@ impl DeadLetters {
         let channel = conn.create_channel().await.map_err(amqp("channel.open"))?;
         super::declare_topology(&channel, cfg).await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("confirm.select"))?;
-        Ok(DeadLetters { channel, cfg: cfg.clone(), held: Vec::new() })
+        Ok(DeadLetters { channel, cfg: cfg.clone(), held: Default::default() })
     }
 
     /// The next message not yet seen by this walk, or `None` when the queue has no more.
@@ -83,7 +83,7 @@ impl DeadLetters {
             .map_err(amqp("basic.get"))?;
         let Some(message) = got else { return Ok(None) };
         let d = message.delivery;
-        self.held.push(d.delivery_tag);
+        self.held.insert(d.delivery_tag);
         let header = |name: &str| header_str(&d.properties, name);
         let parsed: Option<serde_json::Value> = serde_json::from_slice(&d.data).ok();
         let body_field = |k: &str| parsed.as_ref().and_then(|v| v.get(k)).and_then(|v| v.as_str()).map(str::to_string);
@@ -123,13 +123,13 @@ impl DeadLetters {
     /// Removes `letter` from the dead-letter queue for good.
     pub async fn ack(&mut self, letter: &DeadLetter) -> Result<(), QueueError> {
         self.channel.basic_ack(letter.delivery_tag, BasicAckOptions::default()).await.map_err(amqp("basic.ack"))?;
-        self.held.retain(|t| *t != letter.delivery_tag);
+        self.held.remove(&letter.delivery_tag);
         Ok(())
     }
 
     /// Returns every message this walk holds to the queue and closes the channel.
     pub async fn give_back(self) -> Result<(), QueueError> {
-        if let Some(&last) = self.held.iter().max() {
+        if let Some(&last) = self.held.last() {
             // `multiple` nacks every unacknowledged tag up to `last` on this channel: exactly the held ones.
             self.channel
                 .basic_nack(last, BasicNackOptions { multiple: true, requeue: true })

@@ -8,7 +8,6 @@
 //! Neighbours: `infer` sends [`InferredBatch`]es; `audio` encodes; `storage` uploads; `db`
 //! records; `delivery` acks or gives back.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -115,16 +114,12 @@ impl Commit {
         }
         // Committed: now, and only now, ack; the batch's events go out after the commit.
         self.events.notify_one();
-        let segments: u64 = results.iter().filter_map(|r| r.segments).map(|n| n.max(0) as u64).sum();
-        crate::metrics::batch_committed(&record, segments);
         let n = deliveries.received.len() as u64;
         for r in deliveries.received.into_iter().chain(deliveries.duplicates) {
             r.delivery.ack().await;
         }
-        let c = &self.counters;
-        c.batches.fetch_add(1, Ordering::SeqCst);
-        c.jobs_done.fetch_add(n, Ordering::SeqCst);
-        c.audio_ms.fetch_add((audio_seconds * 1000.0) as u64, Ordering::SeqCst);
+        let segments: u64 = results.iter().filter_map(|r| r.segments).map(|n| n.max(0) as u64).sum();
+        self.counters.add_batch(&record, segments);
         info!(
             jobs = n,
             audio_seconds = format!("{audio_seconds:.1}"),

@@ -263,7 +263,6 @@ impl Settler {
         }
         if self.outbox.dead_letter(d, rejection.kind.code(), &reason, rejection.job_id).await {
             self.counters.add_rejected(1);
-            crate::metrics::jobs_settled("rejected", 1);
         }
     }
 
@@ -294,7 +293,6 @@ impl Settler {
             return self.outbox.give_back(vec![d]).await;
         }
         self.counters.add_failed(1);
-        crate::metrics::jobs_settled("failed", 1);
         self.outbox.dead_letter(d, rejection.kind.code(), &reason, Some(job_id)).await;
     }
 
@@ -307,7 +305,6 @@ impl Settler {
             return;
         }
         self.counters.add_failed(1);
-        crate::metrics::jobs_settled("failed", 1);
         self.outbox.dead_letter(d, "synthesis_failed", reason, Some(job_id)).await;
     }
 

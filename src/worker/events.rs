@@ -4,10 +4,11 @@
 //! docs/event.schema.json describes.
 //!
 //! One path publishes them: a sweep that claims pending events in Postgres (`db::events`),
-//! publishes each with a confirm, and marks it. The commit stage wakes it after every batch; it
-//! also runs every `worker.events_sweep`, so events a crash or an outage left pending go out later
-//! — at least once (an event may repeat after a crash), never missing for a settled job. The
-//! broker being down delays events; it never holds up synthesis.
+//! publishes each with a confirm, and marks it. The commit stage wakes it after every batch (job
+//! events); every `worker.events_sweep` a full sweep also publishes what a crash or an outage left
+//! pending, polls the queue depths and announces drained campaigns — at least once (an event may
+//! repeat after a crash), never missing for a settled job. The broker being down delays events; it
+//! never holds up synthesis.
 //!
 //! Neighbours: `commit` (wakes the sweep), `db::events` (pending events), `queue` (confirmed
 //! publishing).
@@ -33,7 +34,7 @@ const ROUND: i64 = 500;
 const CLAIM_FOR: Duration = Duration::from_secs(60);
 
 /// A completion event's body (docs/event.schema.json).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Event {
     /// `job.done`, `job.failed` or `campaign.drained`.
     pub event: &'static str,
@@ -74,18 +75,7 @@ impl Event {
     }
 
     fn drained(campaign: &str) -> Event {
-        Event {
-            event: "campaign.drained",
-            campaign: campaign.to_string(),
-            job_id: None,
-            audio_url: None,
-            audio_seconds: None,
-            characters: None,
-            cost_usd: None,
-            batch_id: None,
-            error: None,
-            at: chrono::Utc::now().to_rfc3339(),
-        }
+        Event { event: "campaign.drained", campaign: campaign.to_string(), at: chrono::Utc::now().to_rfc3339(), ..Event::default() }
     }
 
     /// `job.done.<campaign>` etc.
@@ -110,31 +100,39 @@ impl EventSweep {
         EventSweep { db, amqp, audio_url, every, wake, connection: None }
     }
 
-    /// Sweeps when woken and every `every`; once `stop` is cancelled, one last sweep (the
-    /// worker's final batch's events) and it returns.
+    /// Publishes a commit's job events when woken; every `every` (and once more when `stop` is
+    /// cancelled, for the worker's last batch) a full sweep, which also polls the queue depths
+    /// and announces drained campaigns — those look at more than one batch, so not per commit.
     pub async fn run(mut self, stop: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
         loop {
             tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.every) => {}
+                _ = self.wake.notified() => self.publish_logged(false).await,
+                _ = tick.tick() => self.sweep().await,
                 _ = stop.cancelled() => {
                     self.sweep().await;
                     return;
                 }
             }
-            self.sweep().await;
         }
     }
 
-    /// Publishes every pending event it can now; failures are logged and left for the next sweep.
+    /// Publishes every pending event it can now, drains included; failures are logged and left
+    /// for the next sweep.
     pub async fn sweep(&mut self) {
-        if let Err(e) = self.try_sweep().await {
+        self.publish_logged(true).await;
+    }
+
+    async fn publish_logged(&mut self, full: bool) {
+        if let Err(e) = self.publish_pending(full).await {
             warn!(error = %crate::worker::error_chain(&e), "completion events not published yet; the next sweep retries");
             self.connection = None;
         }
     }
 
-    async fn try_sweep(&mut self) -> Result<(), SweepError> {
+    async fn publish_pending(&mut self, full: bool) -> Result<(), SweepError> {
         loop {
             let events = self.db.claim_job_events(ROUND, CLAIM_FOR).await?;
             if events.is_empty() {
@@ -157,6 +155,9 @@ impl EventSweep {
             if (events.len() as i64) < ROUND {
                 break;
             }
+        }
+        if !full {
+            return Ok(());
         }
         let channel = self.channel().await?;
         // The depths also feed the metrics endpoint's gauge (one poll, every sweep).

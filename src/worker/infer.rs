@@ -142,10 +142,9 @@ impl Infer {
         };
         self.clock.add_busy(infer_elapsed);
         let infer_ms = infer_elapsed.as_secs_f64() * 1000.0;
-        let oom = run.events.iter().any(|e| matches!(e, SplitEvent::OutOfMemory { .. }));
-        for _ in run.events.iter().filter(|e| matches!(e, SplitEvent::OutOfMemory { .. })) {
-            crate::metrics::oom_split();
-        }
+        let ooms = run.events.iter().filter(|e| matches!(e, SplitEvent::OutOfMemory { .. })).count() as u64;
+        crate::metrics::oom_splits(ooms);
+        let oom = ooms > 0;
         let _ = outcomes.send(if oom { BatchOutcome::OutOfMemory } else { BatchOutcome::Clean });
         self.record_events(batch_id, &run.events).await;
         let given_back_ids: Vec<Uuid> = run.given_back.iter().map(|r| r.job.job_id).collect();
@@ -198,14 +197,12 @@ impl Infer {
                 Claim::Proceed => to_run.push(r),
                 Claim::AlreadyDone => {
                     info!(job_id = %r.job.job_id, "already done; acking without synthesis");
-                    self.counters.already_done.fetch_add(1, Ordering::SeqCst);
-                    crate::metrics::jobs_settled("already_done", 1);
+                    self.counters.add_already_done(1);
                     r.delivery.ack().await;
                 }
                 Claim::Cancelled => {
                     info!(job_id = %r.job.job_id, campaign = %r.job.campaign, "campaign cancelled; acking without synthesis");
-                    self.counters.cancelled.fetch_add(1, Ordering::SeqCst);
-                    crate::metrics::jobs_settled("cancelled", 1);
+                    self.counters.add_cancelled(1);
                     r.delivery.ack().await;
                 }
                 Claim::Conflict(kind) => {

@@ -107,12 +107,30 @@ pub struct Counters {
     audio_ms: AtomicU64,
 }
 
+/// The one place a worker counts its outcomes: its summary's counters and the process's metrics.
 impl Counters {
     fn add_rejected(&self, n: u64) {
         self.rejected.fetch_add(n, Ordering::SeqCst);
+        crate::metrics::jobs_settled("rejected", n);
     }
     fn add_failed(&self, n: u64) {
         self.jobs_failed.fetch_add(n, Ordering::SeqCst);
+        crate::metrics::jobs_settled("failed", n);
+    }
+    fn add_already_done(&self, n: u64) {
+        self.already_done.fetch_add(n, Ordering::SeqCst);
+        crate::metrics::jobs_settled("already_done", n);
+    }
+    fn add_cancelled(&self, n: u64) {
+        self.cancelled.fetch_add(n, Ordering::SeqCst);
+        crate::metrics::jobs_settled("cancelled", n);
+    }
+    /// A committed batch of `record.batch_size` done jobs (`segments` text segments among them).
+    fn add_batch(&self, record: &crate::db::BatchRecord, segments: u64) {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.jobs_done.fetch_add(record.batch_size.max(0) as u64, Ordering::SeqCst);
+        self.audio_ms.fetch_add((record.audio_seconds * 1000.0) as u64, Ordering::SeqCst);
+        crate::metrics::batch_committed(record, segments);
     }
     fn summary(&self, worker_id: String) -> WorkerSummary {
         WorkerSummary {

@@ -82,26 +82,17 @@ impl Voice {
 
 /// The model directory's compiled `stage` for this device and precision, if it has a usable one
 /// (`model::compiled`); the eager port otherwise, with a warning when a package was there but
-/// cannot serve. `digest` computes the weights file's digest (once, and only if a package exists).
-fn compiled_stage(
-    dir: &Path,
-    stage: &str,
-    device: Device,
-    precision: Precision,
-    digest: &mut dyn FnMut() -> Result<String, String>,
-) -> Option<CompiledStage> {
+/// cannot serve. `weights` is the weights file's digest, `None` for a directory without packages.
+fn compiled_stage(dir: &Path, stage: &str, device: Device, precision: Precision, weights: Option<&Result<String, String>>) -> Option<CompiledStage> {
     use crate::model::compiled::{find_package, PackageChoice};
-    if !dir.join("compiled").is_dir() {
-        return None;
-    }
-    let weights = match digest() {
+    let weights = match weights? {
         Ok(d) => d,
         Err(reason) => {
             tracing::warn!(stage, reason, "compiled packages not used: the eager port runs");
             return None;
         }
     };
-    match find_package(dir, stage, device, precision, &weights) {
+    match find_package(dir, stage, device, precision, weights) {
         PackageChoice::Compiled(c) => {
             tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, "runs compiled");
             Some(c)
@@ -171,10 +162,10 @@ impl Token2Wav {
         );
         let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
         w.finish()?;
-        let mut digest_memo: Option<Result<String, String>> = None;
-        let mut digest = || digest_memo.get_or_insert_with(|| crate::model::compiled::weights_digest(&dir.join(WEIGHTS_FILE))).clone();
-        flow.set_compiled(compiled_stage(dir, "estimator", device, precision, &mut digest));
-        hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), &mut digest));
+        // Packages are checked against the weights file's digest: read once, and only when there are packages.
+        let digest = dir.join("compiled").is_dir().then(|| crate::model::compiled::weights_digest(&dir.join(WEIGHTS_FILE)));
+        flow.set_compiled(compiled_stage(dir, "estimator", device, precision, digest.as_ref()));
+        hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), digest.as_ref()));
 
         let mut voices = Vec::new();
         for (i, prompt) in crate::voice::prompt::checkpoint_voices(dir, &manifest)?.iter().enumerate() {
