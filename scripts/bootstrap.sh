@@ -115,11 +115,19 @@ if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ m
     --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 
-# The reference FLAC decoder (Debian's flac): tests decode the worker's FLAC output with it.
-if ! command -v flac > /dev/null; then
-  log "installing flac (Debian package: the reference FLAC decoder the output-format tests use)"
-  { apt-get install -y --no-install-recommends flac > /dev/null 2>&1 || { apt-get update > /dev/null 2>&1 && apt-get install -y --no-install-recommends flac > /dev/null 2>&1; }; } \
-    || { log "cannot install flac (apt-get as root is needed)"; exit 1; }
+# Debian packages for the output formats: LAME and libopus (the worker opens them at run time
+# for MP3 and Opus output), and the reference decoders the output-format tests use (flac; ffmpeg,
+# whose own MP3 and Opus decoders check the files independently of the encoders).
+apt_need=()
+command -v flac > /dev/null || apt_need+=(flac)
+command -v ffmpeg > /dev/null || apt_need+=(ffmpeg)
+ldconfig -p | grep -q 'libmp3lame.so.0 ' || apt_need+=(libmp3lame0)
+ldconfig -p | grep -q 'libopus.so.0 ' || apt_need+=(libopus0)
+if [ ${#apt_need[@]} -gt 0 ]; then
+  log "installing ${apt_need[*]} (Debian packages: MP3/Opus encoders and the reference decoders the tests use)"
+  { apt-get install -y --no-install-recommends "${apt_need[@]}" > /dev/null 2>&1 \
+      || { apt-get update > /dev/null 2>&1 && apt-get install -y --no-install-recommends "${apt_need[@]}" > /dev/null 2>&1; }; } \
+    || { log "cannot install ${apt_need[*]} (apt-get as root is needed)"; exit 1; }
 fi
 
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)

@@ -18,7 +18,7 @@
 //! - [`frontend`]: CosyVoice2's text frontend: normalisation, segments, tokenizer.
 //! - [`voice`]: voices from recordings (features, ONNX models) and a worker's voice book.
 //! - [`gpu`]: NVML: device memory, per-batch sampler.
-//! - [`audio`]: waveform → WAV bytes + sha256.
+//! - [`audio`]: waveform → WAV, FLAC, MP3 or Ogg Opus bytes + sha256.
 //! - [`storage`]: S3 / file store for audio, the object key layout.
 //! - [`metrics`]: the worker's Prometheus endpoint.
 //! - [`db`]: Postgres schema, claims, batch commits, rejections, voices.

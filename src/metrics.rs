@@ -70,7 +70,8 @@ fn describe() {
 pub fn batch_committed(b: &BatchRecord, segments: u64) {
     let device = b.device.clone();
     counter!("voxbatch_batches_total", "device" => device.clone()).increment(1);
-    counter!("voxbatch_jobs_total", "device" => device.clone(), "outcome" => "done").increment(b.batch_size.max(0) as u64);
+    // One label set for every outcome (a rejected job has no device): per device, see batches and audio.
+    counter!("voxbatch_jobs_total", "outcome" => "done").increment(b.batch_size.max(0) as u64);
     if segments > 0 {
         counter!("voxbatch_segments_total", "device" => device.clone()).increment(segments);
     }

@@ -139,29 +139,26 @@ pub fn weights_digest(file: &Path) -> Result<String, String> {
     Ok(hex::encode(hasher.finalize())[..16].to_string())
 }
 
-/// How a model directory's token2wav runs on `device` — `"compiled"` when it holds a package of
-/// this machine's key for either stage (the estimator at `precision`, the vocoder at `vocoder`),
-/// else `"eager"` — judged from the files alone, before any model loads (the memory profile is
+/// Whether a model directory's token2wav runs compiled kernels on `device`: it holds a package of
+/// this machine's key for either stage (the estimator at `precision`, the vocoder at `vocoder`) —
+/// judged from the files alone, before any model loads (the memory profile is
 /// chosen before). A package that then proves unusable runs eager under a compiled profile: the
 /// batch sizing's out-of-memory back-off covers that case, and the load warns. Blocking (NVML).
-pub fn kernels_of(dir: &Path, device: Device, precision: Precision, vocoder: Precision) -> &'static str {
+pub fn has_packages(dir: &Path, device: Device, precision: Precision, vocoder: Precision) -> bool {
     let present = |stage: &str, p: Precision| {
         package_key(device, p).is_ok_and(|key| dir.join("compiled").join(key).join(format!("{stage}.pt2")).is_file())
     };
-    if present("estimator", precision) || present("hift", vocoder) {
-        "compiled"
-    } else {
-        "eager"
-    }
+    present("estimator", precision) || present("hift", vocoder)
 }
 
 /// The precision a memory profile is filed under: `bf16`, or `bf16+compiled` for a directory whose
 /// token2wav runs compiled kernels (their peak memory is not the eager port's). Blocking (NVML).
 pub fn profile_precision(manifest: &super::Manifest, device: Device, precision: Precision) -> String {
     let Some(dims) = manifest.cosyvoice2.as_ref() else { return precision.to_string() };
-    match kernels_of(&manifest.dir, device, precision, dims.vocoder()) {
-        "compiled" => format!("{precision}+compiled"),
-        _ => precision.to_string(),
+    if has_packages(&manifest.dir, device, precision, dims.vocoder()) {
+        format!("{precision}+compiled")
+    } else {
+        precision.to_string()
     }
 }
 
@@ -250,14 +247,14 @@ mod tests {
     fn a_directory_with_packages_of_this_machines_key_files_its_memory_profile_as_compiled() {
         let dir = tempfile::tempdir().unwrap();
         let (cpu, fp32, tf32) = (Device::Cpu, Precision::Fp32, Precision::Tf32);
-        assert_eq!(kernels_of(dir.path(), cpu, fp32, tf32), "eager");
+        assert!(!has_packages(dir.path(), cpu, fp32, tf32));
         let other = dir.path().join("compiled").join("sm90-torch2.11.0-bf16");
         std::fs::create_dir_all(&other).unwrap();
         std::fs::write(other.join("estimator.pt2"), b"x").unwrap();
-        assert_eq!(kernels_of(dir.path(), cpu, fp32, tf32), "eager", "another machine's packages do not count");
+        assert!(!has_packages(dir.path(), cpu, fp32, tf32), "another machine's packages do not count");
         let mine = dir.path().join("compiled").join("cpu-torch2.11.0-fp32");
         std::fs::create_dir_all(&mine).unwrap();
         std::fs::write(mine.join("hift.pt2"), b"x").unwrap();
-        assert_eq!(kernels_of(dir.path(), cpu, Precision::Bf16, tf32), "compiled", "the vocoder's package, keyed by its own precision");
+        assert!(has_packages(dir.path(), cpu, Precision::Bf16, tf32), "the vocoder's package, keyed by its own precision");
     }
 }

@@ -1,4 +1,5 @@
-//! `file://DIR`: audio on a local or mounted filesystem, metadata in `<key>.meta.json`.
+//! `file://DIR`: audio on a local or mounted filesystem, metadata (with the Content-Type) in
+//! `<key>.meta.json`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -37,7 +38,10 @@ impl FileStore {
             tokio::fs::create_dir_all(dir).await.map_err(io("create", dir))?;
         }
         let meta_path = PathBuf::from(format!("{}.meta.json", path.display()));
-        let meta_json = serde_json::to_vec_pretty(&meta.to_map())
+        // The Content-Type S3 keeps beside the object, kept here in the metadata file.
+        let mut map = meta.to_map();
+        map.insert("content-type".to_string(), meta.content_type.to_string());
+        let meta_json = serde_json::to_vec_pretty(&map)
             .map_err(|source| StorageError::Corrupt { key: key.to_string(), source })?;
         for (p, bytes) in [(&meta_path, meta_json), (&path, body)] {
             let tmp = PathBuf::from(format!("{}.tmp-{}", p.display(), uuid::Uuid::new_v4()));
@@ -75,7 +79,7 @@ impl FileStore {
                     stack.push(p);
                 } else if let Ok(rel) = p.strip_prefix(&self.root) {
                     let key = rel.to_string_lossy().to_string();
-                    if key.starts_with(prefix) && (key.ends_with(".wav") || key.ends_with(".flac")) {
+                    if key.starts_with(prefix) && is_audio_key(&key) {
                         out.push(key);
                     }
                 }
@@ -94,4 +98,9 @@ impl FileStore {
         }
         tokio::fs::remove_file(&p).await.map_err(io("delete", &p))
     }
+}
+
+/// Whether `key` names an audio object (not its `.meta.json` or a temporary file).
+fn is_audio_key(key: &str) -> bool {
+    crate::audio::OutputFormat::ALL.iter().any(|f| key.strip_suffix(f.extension()).is_some_and(|k| k.ends_with('.')))
 }

@@ -81,7 +81,7 @@ pub fn campaign_prefix(prefix: &str, campaign: &str) -> String {
 /// Object metadata stored beside each audio file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AudioMeta {
-    /// The stored file's Content-Type (`audio/wav`, `audio/flac`).
+    /// The stored file's Content-Type ([`crate::audio::OutputFormat::content_type`]).
     pub content_type: &'static str,
     pub job_id: Uuid,
     pub model: String,

@@ -120,7 +120,10 @@ impl S3Store {
             }
             Err(e) => return Err(s3_err("get", key, e)),
         };
-        let meta: BTreeMap<String, String> = out.metadata().cloned().unwrap_or_default().into_iter().collect();
+        let mut meta: BTreeMap<String, String> = out.metadata().cloned().unwrap_or_default().into_iter().collect();
+        if let Some(ct) = out.content_type() {
+            meta.insert("content-type".to_string(), ct.to_string());
+        }
         let body = out
             .body
             .collect()

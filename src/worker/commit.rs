@@ -22,6 +22,7 @@ use super::infer::{BatchMeta, InferredBatch};
 use super::intake::Received;
 use super::Counters;
 use crate::audio::{encode_batch, EncodedAudio, OutputFormat};
+use crate::config::OutputConfig;
 use crate::cost::Prices;
 use crate::db::{BatchRecord, Db, JobResult, StageRecord};
 use crate::model::{Device, Manifest, Precision, StageTime};
@@ -42,8 +43,8 @@ pub struct Commit {
     pub settler: Arc<Settler>,
     /// Wakes the completion-event sweep (`events`) after each commit.
     pub events: Arc<tokio::sync::Notify>,
-    /// `[output] format`: a job's audio format when it does not name one.
-    pub output_format: OutputFormat,
+    /// `[output]`: a job's audio format when it does not name one, and the lossy bitrates.
+    pub output: OutputConfig,
 }
 
 impl Commit {
@@ -59,13 +60,14 @@ impl Commit {
     async fn commit(self: &Arc<Self>, batch: InferredBatch) {
         let InferredBatch { meta, done, duplicates } = batch;
         let (received, audio): (Vec<Received>, Vec<Vec<f32>>) = done.into_iter().unzip();
-        let audio: Vec<(Vec<f32>, OutputFormat)> = audio.into_iter().zip(&received).map(|(a, r)| (a, r.job.format.unwrap_or(self.output_format))).collect();
+        let audio: Vec<(Vec<f32>, OutputFormat)> = audio.into_iter().zip(&received).map(|(a, r)| (a, r.job.format.unwrap_or(self.output.format))).collect();
         let deliveries = Deliveries { received, duplicates };
 
         let encode_started = Instant::now();
         let sample_rate = self.manifest.sample_rate;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
-        let encoded = match tokio::task::spawn_blocking(move || encode_batch(&audio, sample_rate, threads)).await {
+        let bitrates = self.output.bitrates;
+        let encoded = match tokio::task::spawn_blocking(move || encode_batch(&audio, sample_rate, bitrates, threads)).await {
             Ok(e) => e,
             Err(e) => {
                 error!(error = %e, "encoding panicked; giving the batch back");

@@ -65,6 +65,8 @@ pub enum WorkerError {
     Frontend(#[from] crate::frontend::FrontendError),
     #[error("cannot load the model's voices")]
     Voices(#[from] crate::voice::BookError),
+    #[error("`[output] format` cannot be written on this host")]
+    OutputFormat(#[source] crate::audio::EncodeError),
     #[error("stopped on a permanent error: {error}")]
     Permanent { error: String, hint: Option<&'static str> },
 }
@@ -182,6 +184,20 @@ pub async fn run(
     let worker_id = opts.worker_id.clone().or_else(|| cfg.worker.id.clone()).unwrap_or_else(new_worker_id);
     let manifest = Arc::new(model.manifest().clone());
     let (device, precision) = (model.device(), model.precision());
+    // The configured format must be writable here (codec library, model rate); a job asking for
+    // another that is not gets WAV, so say which those are now.
+    // Opening a codec library reads files: off the async runtime.
+    let (format, rate) = (cfg.output.format, manifest.sample_rate);
+    let checks = tokio::task::spawn_blocking(move || crate::audio::OutputFormat::ALL.map(|f| (f, f.check(rate))))
+        .await
+        .map_err(|e| WorkerError::Stage(format!("output format check: {e}")))?;
+    for (f, check) in checks {
+        match check {
+            Err(e) if f == format => return Err(WorkerError::OutputFormat(e)),
+            Err(e) => warn!(format = f.extension(), error = %e, "jobs asking for this format will be stored as WAV"),
+            Ok(()) => {}
+        }
+    }
     // NVML and calibration files: blocking calls, off the async runtime.
     let interval = cfg.cost.sample_interval;
     let sampler = tokio::task::spawn_blocking(move || GpuSampler::start(device, interval))
@@ -277,7 +293,7 @@ pub async fn run(
         db: db.clone(),
         storage,
         events: events_wake,
-        output_format: cfg.output.format,
+        output: cfg.output.clone(),
         manifest: manifest.clone(),
         device,
         precision,
