@@ -7,7 +7,8 @@
 # stages, same weights, same call.
 # Carry: .whl .t2w/voxbatch.xz (pack-gpu.sh). Env: OUT, STAGE (all | compile | bench: compiling the
 # full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
-# machine), STAGES (estimator,hift: what the compile stage compiles), PRECISION (bf16), BATCHES
+# machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
+# STAGES (estimator,hift: what the compile stage compiles), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
 # compiled one), PY. A fresh machine has neither model: compile and bench in one call.
@@ -42,7 +43,21 @@ fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
 for d in ${BENCH_DIRS:-$M/model $C}; do
   name=$(basename "$d"); log "bench token2wav: $name"
+  # The whole output is kept (a failure's message and whatever the process printed before an
+  # abort); the console gets the summary lines.
   RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
-    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" --out "$OUT/$name" 2>&1 | grep -E "audio-s/s|compiled|eager|^\| " | tee "$OUT/$name.log"
+    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
+  rc=$?
+  grep -E "audio-s/s|compiled|eager|failed|^\| " "$OUT/$name.full.log" | tee "$OUT/$name.log"
+  [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/$name.full.log"; }
+  # DIAGNOSE=1: a failed run again with synchronous launches, so the failing kernel is the one named.
+  if [ -n "${DIAGNOSE:-}" ] && { [ $rc != 0 ] || grep -q "failed" "$OUT/$name.log"; }; then
+    log "again with CUDA_LAUNCH_BLOCKING=1 (batches ${DIAGNOSE_BATCHES:-128}, one repeat)"
+    CUDA_LAUNCH_BLOCKING=1 TORCH_SHOW_CPP_STACKTRACES=1 RUST_LOG=voxbatch=debug $BIN bench token2wav --model "$d" --device cuda:0 \
+      --batches "${DIAGNOSE_BATCHES:-128}" --precisions "$P" --vocoders "${VOCODERS:-tf32}" --repeats 1 --out "$OUT/$name-blocking" \
+      > "$OUT/$name-blocking.full.log" 2>&1
+    log "exit $?; its last lines:"; tail -40 "$OUT/$name-blocking.full.log"
+  fi
 done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 log "done"
