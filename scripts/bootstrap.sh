@@ -111,7 +111,7 @@ if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ m
   log "compiling the tiny model's flow estimator and vocoder body (AOTInductor, CPU)"
   mkdir -p models/cosyvoice2-tiny-compiled
   for f in models/cosyvoice2-tiny/*; do ln -sfn "../cosyvoice2-tiny/$(basename "$f")" models/cosyvoice2-tiny-compiled/; done
-  .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --precision fp32 \
+  .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --stages estimator,hift --precision fp32 \
     --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 
