@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: bootstrap build demo test test-faults models models-all stop-seaweedfs
+.PHONY: bootstrap build demo test test-faults test-cluster models models-all stop-seaweedfs
 
 bootstrap:
 	scripts/bootstrap.sh
@@ -27,6 +27,10 @@ test: bootstrap
 ## Only the fault-injection suite (restarts RabbitMQ and Postgres, stops SeaweedFS; see docs/RELIABILITY.md).
 test-faults: bootstrap
 	FAULTS=only scripts/test.sh
+
+## A local 3-node RabbitMQ cluster loses a node mid-run (issue 18; about 4 minutes; not in `make test`).
+test-cluster: bootstrap
+	scripts/test-cluster.sh
 
 ## Reference model in every size (tiny is made by bootstrap).
 models-all: bootstrap

@@ -24,6 +24,8 @@ sweep() {
 
 sweep
 status=0
+# 0. deploy/ validated offline (schemas, lint, cross-references): seconds.
+[ "${FAULTS:-run}" = only ] || scripts/validate-deploy.sh || status=$?
 # 1. Everything that can run in parallel. 2. The fault-injection tests (they restart RabbitMQ and
 # Postgres and stop SeaweedFS), one at a time. FAULTS=only runs just those; FAULTS=skip skips them.
 FAULTS=${FAULTS:-run}

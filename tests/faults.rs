@@ -6,50 +6,9 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::{eventually, TestEnv};
-use voxbatch::job::Job;
-use voxbatch::worker::{self, WorkerOptions};
-
-fn sh(cmd: &str) {
-    let status = Command::new("bash").arg("-c").arg(cmd).status().expect("run shell");
-    assert!(status.success(), "`{cmd}` failed");
-}
-
-fn jobs(n: usize, words: usize) -> Vec<Job> {
-    (0..n).map(|i| Job::new(format!("{i} {}", "fault tolerant speech ".repeat(words)))).collect()
-}
-
-async fn assert_each_done_once(env: &TestEnv, n: usize) {
-    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, n as i64, "one done row per job");
-    assert_eq!(env.count("SELECT count(*) FROM jobs").await, n as i64);
-    assert_eq!(env.objects().await.len(), n, "one object per job");
-    assert_eq!(env.depths().await, (0, 0), "nothing left, nothing dead-lettered");
-}
-
-/// Runs a worker in the background with the test's config; returns a stop handle.
-fn spawn_worker(env: &TestEnv, cfg: voxbatch::config::Config) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<worker::WorkerSummary>) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (model, db) = (env.model(), env.db.clone());
-    let handle = tokio::spawn(async move {
-        let storage = voxbatch::storage::Storage::open(&cfg.storage).await.unwrap();
-        worker::run(cfg, model, db, storage, WorkerOptions::default(), async {
-            let _ = rx.await;
-        })
-        .await
-        .expect("worker survives the fault")
-    });
-    (tx, handle)
-}
-
-async fn wait_done(env: &TestEnv, n: i64, secs: u64) -> bool {
-    eventually(Duration::from_secs(secs), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE status = 'done'").fetch_one(env.db.pool()).await.map(|c| c >= n).unwrap_or(false)
-    })
-    .await
-}
+use common::{assert_each_done_once, eventually, jobs, sh, spawn_worker, wait_done, TestEnv};
 
 #[tokio::test]
 #[ignore = "restarts RabbitMQ: run alone (scripts/test.sh does)"]

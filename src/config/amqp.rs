@@ -11,6 +11,8 @@ use super::{ConfigError, SecretUrl};
 #[serde(deny_unknown_fields)]
 pub struct RawAmqp {
     pub url: SecretUrl,
+    #[serde(deserialize_with = "url_list")]
+    pub urls: Vec<SecretUrl>,
     pub exchange: String,
     pub routing_key: String,
     pub queue: String,
@@ -23,10 +25,28 @@ pub struct RawAmqp {
     pub reconnect_max: RawDuration,
 }
 
+/// `urls` as a TOML array or one comma-separated string (how an environment variable sets it).
+fn url_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SecretUrl>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Urls {
+        One(String),
+        Many(Vec<String>),
+    }
+    let list = match Urls::deserialize(d)? {
+        Urls::One(s) => s.split(',').map(str::to_string).collect(),
+        Urls::Many(v) => v,
+    };
+    Ok(list.into_iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).map(SecretUrl::new).collect())
+}
+
 /// Broker connection and queue topology names.
 #[derive(Debug, Clone)]
 pub struct AmqpConfig {
+    /// The first broker address (what messages name when they mention "the broker").
     pub url: SecretUrl,
+    /// Every broker address, tried in order on each (re)connection: the nodes of a cluster.
+    pub urls: Vec<SecretUrl>,
     pub exchange: String,
     pub routing_key: String,
     pub queue: String,
@@ -43,15 +63,25 @@ pub struct AmqpConfig {
 
 impl RawAmqp {
     pub fn validate(self) -> Result<AmqpConfig, ConfigError> {
-        let scheme_ok = self.url.expose().starts_with("amqp://") || self.url.expose().starts_with("amqps://");
-        if !scheme_ok {
-            return Err(ConfigError::Invalid { key: "amqp.url", reason: "must start with amqp:// or amqps://".into() });
+        // `urls` wins; else `url`, which may itself list several (AMQP_URL=amqp://a,amqp://b).
+        let urls: Vec<SecretUrl> = if self.urls.is_empty() {
+            self.url.expose().split(',').map(str::trim).filter(|u| !u.is_empty()).map(SecretUrl::new).collect()
+        } else {
+            self.urls
+        };
+        let key = if urls.len() > 1 { "amqp.urls" } else { "amqp.url" };
+        if urls.is_empty() {
+            return Err(ConfigError::Invalid { key, reason: "no broker address".into() });
+        }
+        if let Some(bad) = urls.iter().find(|u| !(u.expose().starts_with("amqp://") || u.expose().starts_with("amqps://"))) {
+            return Err(ConfigError::Invalid { key, reason: format!("{} must start with amqp:// or amqps://", bad.redacted()) });
         }
         let delivery_limit = positive("amqp.delivery_limit", self.delivery_limit)?;
         let prefetch = u16::try_from(self.prefetch)
             .map_err(|_| ConfigError::Invalid { key: "amqp.prefetch", reason: format!("must be 0..=65535, got {}", self.prefetch) })?;
         Ok(AmqpConfig {
-            url: self.url,
+            url: urls[0].clone(),
+            urls,
             exchange: name("amqp.exchange", self.exchange)?,
             routing_key: name("amqp.routing_key", self.routing_key)?,
             queue: name("amqp.queue", self.queue)?,
@@ -67,6 +97,17 @@ impl RawAmqp {
 }
 
 impl AmqpConfig {
+    /// One broker address for tests and tools that set `url` alone: `urls` follows it.
+    pub fn set_url(&mut self, url: SecretUrl) {
+        self.urls = vec![url.clone()];
+        self.url = url;
+    }
+
+    /// The broker addresses, redacted, for messages.
+    pub fn redacted_urls(&self) -> String {
+        self.urls.iter().map(SecretUrl::redacted).collect::<Vec<_>>().join(", ")
+    }
+
     /// Per-consumer prefetch: the configured value, or three batches (one being recorded, one
     /// being inferred, one filling).
     pub fn effective_prefetch(&self, max_batch: usize) -> u16 {
@@ -75,5 +116,29 @@ impl AmqpConfig {
         } else {
             u16::try_from(max_batch.saturating_mul(3).max(2)).unwrap_or(u16::MAX)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use std::collections::BTreeMap;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Config, crate::config::ConfigError> {
+        Config::load(None, &pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>())
+    }
+
+    #[test]
+    fn several_broker_addresses_come_from_urls_or_a_comma_separated_url_in_order() {
+        let one = load(&[]).unwrap();
+        assert_eq!(one.amqp.urls.len(), 1);
+        let listed = load(&[("VOXBATCH_AMQP__URLS", "amqp://a:5672/%2f, amqp://b:5672/%2f,amqp://c/%2f")]).unwrap();
+        let hosts: Vec<&str> = listed.amqp.urls.iter().map(|u| u.expose()).collect();
+        assert_eq!(hosts, ["amqp://a:5672/%2f", "amqp://b:5672/%2f", "amqp://c/%2f"]);
+        assert_eq!(listed.amqp.url.expose(), "amqp://a:5672/%2f");
+        let from_amqp_url = load(&[("AMQP_URL", "amqp://x/%2f,amqps://y/%2f")]).unwrap();
+        assert_eq!(from_amqp_url.amqp.urls.len(), 2);
+        let err = load(&[("VOXBATCH_AMQP__URLS", "amqp://a/%2f,http://b")]).unwrap_err().to_string();
+        assert!(err.contains("amqp.urls"), "{err}");
     }
 }

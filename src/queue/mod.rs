@@ -71,12 +71,34 @@ fn amqp(op: &'static str) -> impl FnOnce(lapin::Error) -> QueueError {
     move |source| QueueError::Amqp { op, source }
 }
 
-/// Opens a connection named `name` (shown in the management UI).
+/// Opens a connection named `name` (shown in the management UI) to the first of `amqp.urls` that
+/// answers, in order; the error is the last address's (callers retry with back-off). A refusal
+/// of the credentials is returned at once: every node of a cluster shares its users.
 pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, QueueError> {
-    let props = ConnectionProperties::default().with_connection_name(name.into());
-    Connection::connect(cfg.url.expose(), props)
-        .await
-        .map_err(|source| QueueError::Connect { url: cfg.url.redacted(), source })
+    use crate::worker::retry::Transience;
+    let mut last = None;
+    for (i, url) in cfg.urls.iter().enumerate() {
+        let props = ConnectionProperties::default().with_connection_name(name.into());
+        match Connection::connect(url.expose(), props).await {
+            Ok(conn) => {
+                if i > 0 {
+                    tracing::info!(broker = %url.redacted(), "connected to a later broker address");
+                }
+                return Ok(conn);
+            }
+            Err(source) => {
+                let e = QueueError::Connect { url: url.redacted(), source };
+                if e.is_permanent() {
+                    return Err(e);
+                }
+                if i + 1 < cfg.urls.len() {
+                    tracing::warn!(broker = %url.redacted(), error = %e, "broker unreachable; trying the next address");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or(QueueError::Timeout { op: "connect (no broker address)" }))
 }
 
 /// Declares the exchanges, queues and bindings (idempotent). Uses (and may close, on a

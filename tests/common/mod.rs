@@ -264,3 +264,45 @@ pub fn model_variant(rel: &str, replace: &[(&str, &str)]) -> tempfile::TempDir {
     std::fs::write(dir.path().join("model.toml"), toml).unwrap();
     dir
 }
+
+// ---- Shared by the fault and cluster suites. ----
+
+/// Runs `cmd` with bash; panics unless it succeeds.
+pub fn sh(cmd: &str) {
+    let status = std::process::Command::new("bash").arg("-c").arg(cmd).status().expect("run shell");
+    assert!(status.success(), "`{cmd}` failed");
+}
+
+pub fn jobs(n: usize, words: usize) -> Vec<Job> {
+    (0..n).map(|i| Job::new(format!("{i} {}", "fault tolerant speech ".repeat(words)))).collect()
+}
+
+pub async fn assert_each_done_once(env: &TestEnv, n: usize) {
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, n as i64, "one done row per job");
+    assert_eq!(env.count("SELECT count(*) FROM jobs").await, n as i64);
+    assert_eq!(env.objects().await.len(), n, "one object per job");
+    assert_eq!(env.depths().await, (0, 0), "nothing left, nothing dead-lettered");
+}
+
+/// Runs a worker in the background with the test's config; returns a stop handle.
+pub fn spawn_worker(env: &TestEnv, cfg: voxbatch::config::Config) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<worker::WorkerSummary>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (model, db) = (env.model(), env.db.clone());
+    let handle = tokio::spawn(async move {
+        let storage = voxbatch::storage::Storage::open(&cfg.storage).await.unwrap();
+        worker::run(cfg, model, db, storage, WorkerOptions::default(), async {
+            let _ = rx.await;
+        })
+        .await
+        .expect("worker survives the fault")
+    });
+    (tx, handle)
+}
+
+pub async fn wait_done(env: &TestEnv, n: i64, secs: u64) -> bool {
+    eventually(Duration::from_secs(secs), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM jobs WHERE status = 'done'").fetch_one(env.db.pool()).await.map(|c| c >= n).unwrap_or(false)
+    })
+    .await
+}
+
