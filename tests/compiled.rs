@@ -102,3 +102,27 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
         "a package is used only with the weights it was compiled from"
     );
 }
+
+#[test]
+fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
+    // Under bf16 autocast the flow's speaker projection comes out bf16; the compiled kernels
+    // index every input as fp32 and would read such a tensor past its end (issue 16's abort on
+    // the H200). `run` converts, so bf16 inputs give what their fp32 values give.
+    use tch::{Kind, Tensor};
+    use voxbatch::model::compiled::CompiledPackage;
+    let path = repo_path("models/cosyvoice2-tiny-compiled").join("compiled").join(KEY).join("estimator.pt2");
+    let package = CompiledPackage::load(&path, Device::Cpu).expect("the tiny estimator package (scripts/bootstrap.sh)");
+    tch::manual_seed(3);
+    let (b, frames) = (4, 40);
+    let x = Tensor::randn([b, 80, frames], (Kind::Float, tch::Device::Cpu));
+    let mask = Tensor::ones([b, 1, frames], (Kind::Float, tch::Device::Cpu));
+    let mu = Tensor::randn([b, 80, frames], (Kind::Float, tch::Device::Cpu));
+    let t = Tensor::rand([b], (Kind::Float, tch::Device::Cpu));
+    let spks = Tensor::randn([b, 80], (Kind::Float, tch::Device::Cpu)).to_kind(Kind::BFloat16);
+    let cond = Tensor::randn([b, 80, frames], (Kind::Float, tch::Device::Cpu));
+    let as_bf16 = package.run(&[&x, &mask, &mu, &t, &spks, &cond]).unwrap().remove(0);
+    let spks32 = spks.to_kind(Kind::Float);
+    let as_fp32 = package.run(&[&x, &mask, &mu, &t, &spks32, &cond]).unwrap().remove(0);
+    assert_eq!(as_bf16.size(), [b, 80, frames]);
+    assert!(as_bf16.equal(&as_fp32), "bf16 inputs are read as their fp32 values");
+}

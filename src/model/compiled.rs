@@ -83,12 +83,15 @@ impl CompiledPackage {
         Ok(unsafe { std::ffi::CStr::from_ptr(value.as_ptr()) }.to_string_lossy().into_owned())
     }
 
-    /// Runs the package on `inputs` (made contiguous first: the compiled kernels index them as
-    /// the dense example inputs they were traced with, so an expanded view would be misread).
+    /// Runs the package on `inputs`, each made what the traced example was: dense (the compiled
+    /// kernels index an input as the contiguous example, so an expanded view would be misread)
+    /// and, if floating-point, fp32 — every package `tools/compile_token2wav.py` makes takes fp32
+    /// and applies its precision inside (autocast). The kernels do not check dtypes: a bf16 tensor
+    /// (what a linear layer returns under bf16 autocast) would be read as fp32, past its end.
     pub fn run(&self, inputs: &[&tch::Tensor]) -> Result<Vec<tch::Tensor>, ShimError> {
         let dense: Vec<tch::Tensor> = inputs
             .iter()
-            .map(|t| t.f_contiguous())
+            .map(|t| if t.is_floating_point() { t.f_to_kind(tch::Kind::Float) } else { Ok(t.shallow_clone()) }.and_then(|t| t.f_contiguous()))
             .collect::<Result<_, _>>()
             .map_err(|e| ShimError { call: "run package", message: e.to_string() })?;
         let mut ptrs: Vec<*mut c_void> = dense.iter().map(|t| t.as_ptr() as *mut c_void).collect();
