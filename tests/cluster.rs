@@ -33,6 +33,19 @@ fn cluster(args: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// Takes node `node` down (`kill`: SIGKILL; `stop-node`: a clean stop), and 5 s later starts it
+/// again (it rejoins with its data).
+async fn lose_node(how: &'static str, node: String) {
+    tokio::task::spawn_blocking(move || {
+        let script = common::repo_path("scripts/cluster.sh");
+        sh(&format!("{} {how} {node}", script.display()));
+        std::thread::sleep(Duration::from_secs(5));
+        sh(&format!("{} start-node {node}", script.display()));
+    })
+    .await
+    .unwrap();
+}
+
 async fn cluster_env(name: &str) -> TestEnv {
     let urls = cluster_urls();
     assert!(urls.contains(":5681/"), "scripts/cluster.sh start first (make test-cluster does)");
@@ -81,13 +94,7 @@ async fn cluster_killing_the_quorum_leader_mid_run_loses_and_duplicates_nothing(
     assert!(wait_done(&env, 300, 300).await, "work under way");
     let leader = cluster(&format!("leader {}", env.cfg.amqp.queue));
     eprintln!("cluster: SIGKILL node {leader}, the leader of {}", env.cfg.amqp.queue);
-    tokio::task::spawn_blocking(move || {
-        sh(&format!("{} kill {leader}", common::repo_path("scripts/cluster.sh").display()));
-        std::thread::sleep(Duration::from_secs(5));
-        sh(&format!("{} start-node {leader}", common::repo_path("scripts/cluster.sh").display()));
-    })
-    .await
-    .unwrap();
+    lose_node("kill", leader).await;
     assert_eq!(publishing.await.unwrap(), JOBS);
     finish(env, workers, started).await;
 }
@@ -105,13 +112,7 @@ async fn cluster_a_node_stopped_during_enqueue_loses_and_duplicates_nothing() {
     let at = confirmed.load(Ordering::SeqCst);
     assert!(at < JOBS, "the node must stop while enqueue runs (it had finished: make the test's batch larger)");
     eprintln!("cluster: stopping node 1 during enqueue, {at} of {JOBS} jobs confirmed");
-    tokio::task::spawn_blocking(|| {
-        sh(&format!("{} stop-node 1", common::repo_path("scripts/cluster.sh").display()));
-        std::thread::sleep(Duration::from_secs(5));
-        sh(&format!("{} start-node 1", common::repo_path("scripts/cluster.sh").display()));
-    })
-    .await
-    .unwrap();
+    lose_node("stop-node", "1".to_string()).await;
     assert_eq!(publishing.await.unwrap(), JOBS);
     finish(env, workers, started).await;
 }

@@ -181,6 +181,27 @@ pub fn encode_batch(audio: &[(Vec<f32>, OutputFormat)], sample_rate: u32, bitrat
     })
 }
 
+/// Decodes a file with symphonia (the reader `voice add` uses): its sample rate and samples
+/// (gapless: an MP3's encoder delay and padding trimmed). For the formats' tests.
+#[cfg(test)]
+pub(crate) fn decode_with_symphonia(bytes: Vec<u8>) -> (Option<u32>, Vec<f32>) {
+    use symphonia::core::audio::SampleBuffer;
+    use symphonia::core::io::MediaSourceStream;
+    let mss = MediaSourceStream::new(Box::new(std::io::Cursor::new(bytes)), Default::default());
+    let opts = symphonia::core::formats::FormatOptions { enable_gapless: true, ..Default::default() };
+    let mut reader = symphonia::default::get_probe().format(&Default::default(), mss, &opts, &Default::default()).unwrap().format;
+    let track = reader.default_track().unwrap().clone();
+    let mut decoder = symphonia::default::get_codecs().make(&track.codec_params, &Default::default()).unwrap();
+    let mut decoded = Vec::new();
+    while let Ok(packet) = reader.next_packet() {
+        let buf = decoder.decode(&packet).unwrap();
+        let mut out = SampleBuffer::<f32>::new(buf.capacity() as u64, *buf.spec());
+        out.copy_interleaved_ref(buf);
+        decoded.extend_from_slice(out.samples());
+    }
+    (track.codec_params.sample_rate, decoded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -147,27 +147,13 @@ mod tests {
 
     #[test]
     fn mp3_starts_with_lames_info_frame_and_decodes_to_the_inputs_duration_and_level() {
-        use symphonia::core::audio::SampleBuffer;
-        use symphonia::core::io::MediaSourceStream;
         let n = 48_000;
         let samples: Vec<f32> = (0..n).map(|i| (i as f32 * 2.0 * std::f32::consts::PI * 440.0 / 24000.0).sin() * 0.5).collect();
         let mp3 = encode_mp3(&samples, 24000, 64).expect("LAME (libmp3lame0; scripts/bootstrap.sh installs it)");
         assert_eq!(mp3[0], 0xff, "no ID3 tag: the first frame's sync word");
         assert!(mp3.windows(4).take(64).any(|w| w == b"Info"), "LAME's Info tag in the first frame");
-        let mss = MediaSourceStream::new(Box::new(std::io::Cursor::new(mp3)), Default::default());
-        // Gapless: the decoder trims the delay and padding LAME's Info tag states.
-        let opts = symphonia::core::formats::FormatOptions { enable_gapless: true, ..Default::default() };
-        let mut reader = symphonia::default::get_probe().format(&Default::default(), mss, &opts, &Default::default()).unwrap().format;
-        let track = reader.default_track().unwrap().clone();
-        assert_eq!(track.codec_params.sample_rate, Some(24000));
-        let mut decoder = symphonia::default::get_codecs().make(&track.codec_params, &Default::default()).unwrap();
-        let mut decoded: Vec<f32> = Vec::new();
-        while let Ok(packet) = reader.next_packet() {
-            let buf = decoder.decode(&packet).unwrap();
-            let mut out = SampleBuffer::<f32>::new(buf.capacity() as u64, *buf.spec());
-            out.copy_interleaved_ref(buf);
-            decoded.extend_from_slice(out.samples());
-        }
+        let (rate, decoded) = crate::audio::decode_with_symphonia(mp3);
+        assert_eq!(rate, Some(24000));
         assert_eq!(decoded.len(), n, "the Info tag's delay and padding trim the decoded stream to the input's length");
         let rms = |x: &[f32]| (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
         let db = 20.0 * (rms(&decoded) / rms(&samples)).log10();
