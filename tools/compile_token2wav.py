@@ -26,7 +26,7 @@ and diffusers' `Attention.prepare_attention_mask` by the same per-head repeat wi
 `output_size` argument that pins the batch size. `--check` compares the package with the eager
 reference on random inputs and prints the worst difference.
 
-Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages hift|estimator,hift]
+Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--check]
 """
@@ -293,7 +293,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--stages", default="hift", help="comma-separated: estimator, hift (estimator: compute-sanitizer finds an out-of-bounds read in its package, docs/PERFORMANCE.md)")
+    ap.add_argument("--stages", default="estimator,hift", help="comma-separated: estimator, hift")
     ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS), help="the flow's (estimator)")
     ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
@@ -307,10 +307,6 @@ def main():
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: estimator or hift")
         precision = a.precision if stage == "estimator" else vocoder
-        if stage == "estimator" and device.type == "cuda":
-            print("warning: compute-sanitizer finds an out-of-bounds read in the compiled estimator on the H200 "
-                  "(docs/PERFORMANCE.md, issue 16): with the HiFT package it aborted a worker; use it for measurements only",
-                  file=sys.stderr)
         compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check)
 
 

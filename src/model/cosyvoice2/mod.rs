@@ -95,13 +95,6 @@ fn compiled_stage(dir: &Path, stage: &str, device: Device, precision: Precision,
     match find_package(dir, stage, device, precision, weights) {
         PackageChoice::Compiled(c) => {
             tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, "runs compiled");
-            if stage == "estimator" && device != Device::Cpu {
-                tracing::warn!(
-                    package = %c.package.path.display(),
-                    "compute-sanitizer finds an out-of-bounds read in compiled estimators on CUDA (docs/PERFORMANCE.md, issue 16); \
-                     beside a compiled vocoder it aborted a batch: delete this file to run the estimator eager"
-                );
-            }
             Some(c)
         }
         PackageChoice::Absent { key } => {
