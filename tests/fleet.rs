@@ -92,3 +92,31 @@ async fn a_worker_that_stops_heartbeating_is_stale_in_status_and_its_running_job
     assert_eq!(after.orphaned_running, 0, "nothing orphaned once the broker redelivered");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_broker_address_that_never_answers_is_skipped_for_the_next_after_the_connect_timeout() {
+    // A "node" that accepts TCP connections and never speaks AMQP (a hung host, a half-open
+    // load balancer): connecting must move on to the next address, not wait for ever.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            sockets.push(s);
+        }
+    });
+    let env = TestEnv::new("silent_node").await;
+    let mut cfg = env.cfg.amqp.clone();
+    let real = cfg.urls[0].clone();
+    cfg.urls = vec![voxbatch::config::SecretUrl::new(format!("amqp://guest:guest@127.0.0.1:{port}/%2f")), real];
+    let started = std::time::Instant::now();
+    let conn = tokio::time::timeout(Duration::from_secs(60), voxbatch::queue::connect(&cfg, "test silent node"))
+        .await
+        .expect("connect gives up on the silent address")
+        .expect("and reaches the real broker");
+    let waited = started.elapsed();
+    assert!(waited >= voxbatch::queue::CONNECT_TIMEOUT, "the silent address was tried first ({waited:?})");
+    let _ = conn.close(200, "done".into()).await;
+    held.abort();
+    env.cleanup().await;
+}

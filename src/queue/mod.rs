@@ -44,6 +44,9 @@ pub enum QueueError {
     NotConfirmed { job_id: Uuid },
 }
 
+/// How long one broker address may take to accept a connection before the next is tried.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a publisher waits for one confirm.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -72,22 +75,26 @@ fn amqp(op: &'static str) -> impl FnOnce(lapin::Error) -> QueueError {
 }
 
 /// Opens a connection named `name` (shown in the management UI) to the first of `amqp.urls` that
-/// answers, in order; the error is the last address's (callers retry with back-off). A refusal
+/// answers within [`CONNECT_TIMEOUT`], in order; the error is the last address's (callers retry with back-off). A refusal
 /// of the credentials is returned at once: every node of a cluster shares its users.
 pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, QueueError> {
     use crate::worker::retry::Transience;
     let mut last = None;
     for (i, url) in cfg.urls.iter().enumerate() {
         let props = ConnectionProperties::default().with_connection_name(name.into());
-        match Connection::connect(url.expose(), props).await {
+        let attempt = match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(url.expose(), props)).await {
+            Ok(result) => result.map_err(|source| QueueError::Connect { url: url.redacted(), source }),
+            // A node whose host is gone may drop the SYN: do not wait for TCP to give up.
+            Err(_) => Err(QueueError::Timeout { op: "connect" }),
+        };
+        match attempt {
             Ok(conn) => {
                 if i > 0 {
                     tracing::info!(broker = %url.redacted(), "connected to a later broker address");
                 }
                 return Ok(conn);
             }
-            Err(source) => {
-                let e = QueueError::Connect { url: url.redacted(), source };
+            Err(e) => {
                 if e.is_permanent() {
                     return Err(e);
                 }
