@@ -51,7 +51,6 @@ async fn cluster_env(name: &str) -> TestEnv {
     assert!(urls.contains(":5681/"), "scripts/cluster.sh start first (make test-cluster does)");
     TestEnv::new_with(name, |cfg| {
         cfg.amqp.urls = urls.split(',').map(voxbatch::config::SecretUrl::new).collect();
-        cfg.amqp.url = cfg.amqp.urls[0].clone();
     })
     .await
 }

@@ -16,7 +16,7 @@ use voxbatch::job::Job;
 
 /// A listener's queue bound to every event, and what it has received (routing key, body).
 async fn listen(env: &TestEnv) -> (lapin::Connection, lapin::Consumer) {
-    let conn = lapin::Connection::connect(env.cfg.amqp.url.expose(), lapin::ConnectionProperties::default()).await.unwrap();
+    let conn = lapin::Connection::connect(env.cfg.amqp.url().expose(), lapin::ConnectionProperties::default()).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     let q = format!("{}.listener", env.cfg.amqp.events_exchange);
     ch.queue_declare(q.as_str().into(), QueueDeclareOptions { exclusive: true, auto_delete: true, ..Default::default() }, FieldTable::default()).await.unwrap();

@@ -140,12 +140,18 @@ pub fn encode_wav(samples: &[f32], sample_rate: u32) -> EncodedAudio {
     encode(samples, sample_rate, OutputFormat::Wav, Bitrates::default())
 }
 
-/// 16-bit PCM values of `samples` (clipped to [-1, 1]; NaN is silence).
+/// A sample as every format stores it: clipped to [-1, 1], NaN as silence.
+fn clipped(s: f32) -> f32 {
+    if s.is_nan() {
+        0.0
+    } else {
+        s.clamp(-1.0, 1.0)
+    }
+}
+
+/// 16-bit PCM values of `samples` ([`clipped`]).
 fn pcm16(samples: &[f32]) -> impl Iterator<Item = i16> + '_ {
-    samples.iter().map(|&s| {
-        let s = if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) };
-        (s * 32767.0).round() as i16
-    })
+    samples.iter().map(|&s| (clipped(s) * 32767.0).round() as i16)
 }
 
 /// [`encode`] for many waveforms, each in its format, spread over up to `threads` OS threads (a

@@ -111,7 +111,7 @@ pub fn encode_mp3(samples: &[f32], sample_rate: u32, kbps: u32) -> Result<Vec<u8
         return Err(failed(format!("LAME refused {sample_rate} Hz mono at {kbps} kbit/s (lame_init_params: {init})")));
     }
 
-    let clean: Vec<f32> = samples.iter().map(|&s| if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) }).collect();
+    let clean: Vec<f32> = samples.iter().map(|&s| super::clipped(s)).collect();
     let mut out = Vec::with_capacity(clean.len() / 4 + 8192);
     // LAME's worst case for n samples: 1.25 n + 7200 bytes.
     let mut buf = vec![0u8; CHUNK + CHUNK / 4 + 7200];

@@ -123,7 +123,7 @@ pub fn encode_opus(samples: &[f32], sample_rate: u32, kbps: u32) -> Result<Vec<u
     // The encoder's lookahead delays the output: feed that much silence after the input so its
     // end is encoded, then round up to whole frames.
     let fed = (samples.len() + lookahead as usize).div_ceil(frame).max(1) * frame;
-    let mut pcm: Vec<f32> = samples.iter().map(|&s| if s.is_nan() { 0.0 } else { s.clamp(-1.0, 1.0) }).collect();
+    let mut pcm: Vec<f32> = samples.iter().map(|&s| super::clipped(s)).collect();
     pcm.resize(fed, 0.0);
     let end_granule = pre_skip + samples.len() as u64 * scale;
 

@@ -43,9 +43,8 @@ fn url_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SecretUrl>, D:
 /// Broker connection and queue topology names.
 #[derive(Debug, Clone)]
 pub struct AmqpConfig {
-    /// The first broker address (what messages name when they mention "the broker").
-    pub url: SecretUrl,
-    /// Every broker address, tried in order on each (re)connection: the nodes of a cluster.
+    /// Every broker address, tried in order on each (re)connection: the nodes of a cluster. Never
+    /// empty (validated).
     pub urls: Vec<SecretUrl>,
     pub exchange: String,
     pub routing_key: String,
@@ -80,7 +79,6 @@ impl RawAmqp {
         let prefetch = u16::try_from(self.prefetch)
             .map_err(|_| ConfigError::Invalid { key: "amqp.prefetch", reason: format!("must be 0..=65535, got {}", self.prefetch) })?;
         Ok(AmqpConfig {
-            url: urls[0].clone(),
             urls,
             exchange: name("amqp.exchange", self.exchange)?,
             routing_key: name("amqp.routing_key", self.routing_key)?,
@@ -97,15 +95,9 @@ impl RawAmqp {
 }
 
 impl AmqpConfig {
-    /// One broker address for tests and tools that set `url` alone: `urls` follows it.
-    pub fn set_url(&mut self, url: SecretUrl) {
-        self.urls = vec![url.clone()];
-        self.url = url;
-    }
-
-    /// The broker addresses, redacted, for messages.
-    pub fn redacted_urls(&self) -> String {
-        self.urls.iter().map(SecretUrl::redacted).collect::<Vec<_>>().join(", ")
+    /// The first broker address (a single broker's, or a cluster's first node).
+    pub fn url(&self) -> &SecretUrl {
+        &self.urls[0]
     }
 
     /// Per-consumer prefetch: the configured value, or three batches (one being recorded, one
@@ -135,7 +127,7 @@ mod tests {
         let listed = load(&[("VOXBATCH_AMQP__URLS", "amqp://a:5672/%2f, amqp://b:5672/%2f,amqp://c/%2f")]).unwrap();
         let hosts: Vec<&str> = listed.amqp.urls.iter().map(|u| u.expose()).collect();
         assert_eq!(hosts, ["amqp://a:5672/%2f", "amqp://b:5672/%2f", "amqp://c/%2f"]);
-        assert_eq!(listed.amqp.url.expose(), "amqp://a:5672/%2f");
+        assert_eq!(listed.amqp.url().expose(), "amqp://a:5672/%2f");
         let from_amqp_url = load(&[("AMQP_URL", "amqp://x/%2f,amqps://y/%2f")]).unwrap();
         assert_eq!(from_amqp_url.amqp.urls.len(), 2);
         let err = load(&[("VOXBATCH_AMQP__URLS", "amqp://a/%2f,http://b")]).unwrap_err().to_string();

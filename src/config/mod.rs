@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_match_the_public_contract() {
         let c = Config::defaults().unwrap();
-        assert_eq!(c.amqp.url.expose(), "amqp://guest:guest@127.0.0.1:5672/%2f");
+        assert_eq!(c.amqp.url().expose(), "amqp://guest:guest@127.0.0.1:5672/%2f");
         assert_eq!(c.amqp.exchange, "voxbatch");
         assert_eq!(c.amqp.queue, "voxbatch.jobs");
         assert_eq!(c.amqp.routing_key, "jobs");
@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(c.batching.max_batch, 32);
         assert!(matches!(c.storage.target, StorageTarget::File { .. }));
         assert_eq!(c.database.url.expose(), "postgres://u:pw@db/x");
-        assert_eq!(c.amqp.url.expose(), "amqps://u:pw@mq/%2f");
+        assert_eq!(c.amqp.url().expose(), "amqps://u:pw@mq/%2f");
         assert_eq!(c.storage.endpoint.as_deref(), Some("https://s3.example"));
     }
 

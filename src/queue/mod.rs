@@ -75,8 +75,9 @@ fn amqp(op: &'static str) -> impl FnOnce(lapin::Error) -> QueueError {
 }
 
 /// Opens a connection named `name` (shown in the management UI) to the first of `amqp.urls` that
-/// answers within [`CONNECT_TIMEOUT`], in order; the error is the last address's (callers retry with back-off). A refusal
-/// of the credentials is returned at once: every node of a cluster shares its users.
+/// answers within [`CONNECT_TIMEOUT`], in order; the error is the last address's (callers retry
+/// with back-off). A refusal of the credentials is returned at once: every node of a cluster
+/// shares its users.
 pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, QueueError> {
     use crate::worker::retry::Transience;
     let mut last = None;

@@ -1,5 +1,5 @@
 //! Storage: where finished audio goes. `s3://BUCKET` (the default; SeaweedFS locally) or
-//! `file:///DIR`, both with the key layout `<key_prefix><campaign>/<job_id>.<wav|flac>` and the object
+//! `file:///DIR`, both with the key layout `<key_prefix><campaign>/<job_id>.<wav|flac|mp3|opus>` and the object
 //! metadata job-id, model, voice and sha256.
 //!
 //! Uploads are idempotent (same key, same bytes), so a retried or duplicated upload is harmless;
@@ -67,7 +67,7 @@ impl crate::worker::retry::Transience for StorageError {
     }
 }
 
-/// The object key of a job's audio: `<prefix><campaign>/<job_id>.<ext>` (`wav`, `flac`). The one
+/// The object key of a job's audio: `<prefix><campaign>/<job_id>.<ext>` (the format's extension). The one
 /// place the key layout is written.
 pub fn object_key(prefix: &str, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat) -> String {
     format!("{}{job_id}.{}", campaign_prefix(prefix, campaign), format.extension())

@@ -149,9 +149,9 @@ impl Commit {
                 (key.clone(), enc.bytes.clone(), meta)
             })
             .collect();
-        futures::stream::iter(uploads.into_iter().map(|(key, wav, meta)| {
+        futures::stream::iter(uploads.into_iter().map(|(key, bytes, meta)| {
             let this = self.clone();
-            async move { this.settler.retry.run("upload audio", || this.storage.put(&key, wav.clone(), &meta)).await }
+            async move { this.settler.retry.run("upload audio", || this.storage.put(&key, bytes.clone(), &meta)).await }
         }))
         .buffer_unordered(self.upload_concurrency)
         .try_collect::<Vec<()>>()

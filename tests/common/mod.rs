@@ -217,7 +217,7 @@ where
 
 /// Reads every message of the dead-letter queue: (x-voxbatch-code, reason).
 pub async fn dead_letters(env: &TestEnv, n: usize) -> Vec<(String, String)> {
-    let conn = lapin::Connection::connect(env.cfg.amqp.url.expose(), Default::default()).await.unwrap();
+    let conn = lapin::Connection::connect(env.cfg.amqp.url().expose(), Default::default()).await.unwrap();
     let ch = conn.create_channel().await.unwrap();
     let mut consumer = ch
         .basic_consume(env.cfg.amqp.dead_letter_queue.as_str().into(), "t".into(), lapin::options::BasicConsumeOptions { no_ack: true, ..Default::default() }, lapin::types::FieldTable::default())
