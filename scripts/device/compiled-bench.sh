@@ -11,7 +11,9 @@
 # STAGES (estimator,hift: what the compile stage compiles), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
-# compiled one), PY. A fresh machine has neither model: compile and bench in one call.
+# compiled one), PROFILE (set: after the benches, tools/profile_estimator.py lists the compiled
+# estimator's kernels at batch 256, 504 frames), PY. A fresh machine has neither model: compile and
+# bench in one call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
@@ -59,5 +61,9 @@ for d in ${BENCH_DIRS:-$M/model $C}; do
     log "exit $?; its last lines:"; tail -40 "$OUT/$name-blocking.full.log"
   fi
 done
+if [ -n "${PROFILE:-}" ]; then
+  log "profiling the compiled estimator (batch 256, 504 frames)"
+  $PY tools/profile_estimator.py --model "$C" --out "$OUT/estimator-profile.json" 2>&1 | grep -v -i "warn" | tail -25
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 log "done"

@@ -75,7 +75,9 @@ export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MODEL__DIR="$M/model"
 export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
-export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info}
+# voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
+# summary below adds them up.
+export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model::cosyvoice2::tts=info}
 
 log "corpus, dry run, enqueue"
 $PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"
@@ -127,6 +129,20 @@ summary = {
     "stages": {s["key"]: {"gpu_seconds": s["gpu_hours"] * 3600, "audio_s_per_gpu_s": s["audio_s_per_gpu_s"]} for s in st["rows"]},
     "reference_batch1": ref,
 }
+# token2wav buckets, from the worker log's per-batch lines (tts.rs): how full they were.
+import re
+buckets = {"text_batches": 0, "buckets": 0, "segments": 0, "tokens": 0, "padded_tokens": 0}
+for line in open(f"{out}/worker.log", errors="replace"):
+    if "token2wav buckets" not in line:
+        continue
+    fields = dict(re.findall(r"(\w+)=(\d+)", line))
+    buckets["text_batches"] += 1
+    for k in ("buckets", "segments", "tokens", "padded_tokens"):
+        buckets[k] += int(fields.get(k, 0))
+if buckets["buckets"]:
+    buckets["mean_bucket_size"] = buckets["segments"] / buckets["buckets"]
+    buckets["fill"] = buckets["tokens"] / max(buckets["padded_tokens"], 1)
+summary["token2wav_buckets"] = buckets
 json.dump(summary, open(f"{out}/text-e2e-summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1)[:3000])
 PYEOF

@@ -171,12 +171,16 @@ pub struct CompiledStage {
     pub precision: Precision,
     pub max_batch: i64,
     pub max_frames: i64,
+    /// Lengths it takes are multiples of this (`voxbatch.frame_multiple`: 8 for estimators exported
+    /// since 2026-12-04, whose attention needs aligned rows; 2 for earlier estimators, which took
+    /// even lengths; 1 for the vocoder body), and at least two of them.
+    pub frame_multiple: i64,
 }
 
 impl CompiledStage {
     /// Whether a call of `batch` rows and `frames` mel frames is within the package's shapes.
     pub fn fits(&self, batch: i64, frames: i64) -> bool {
-        batch <= self.max_batch && frames <= self.max_frames
+        batch <= self.max_batch && frames <= self.max_frames && frames >= 2 * self.frame_multiple && frames % self.frame_multiple == 0
     }
 }
 
@@ -239,7 +243,16 @@ pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precisio
             Err(e) => return unusable(format!("metadata: {e}")),
         }
     }
-    PackageChoice::Compiled(CompiledStage { package, precision, max_batch: limits[0], max_frames: limits[1] })
+    // Absent from packages made before it was written: estimators then took even lengths.
+    let frame_multiple = match package.metadata("voxbatch.frame_multiple") {
+        Ok(v) if v.is_empty() => i64::from(stage == "estimator") + 1,
+        Ok(v) => match v.parse::<i64>() {
+            Ok(n) if n > 0 => n,
+            _ => return unusable(format!("its voxbatch.frame_multiple `{v}` is not a positive number: compile it again (tools/compile_token2wav.py)")),
+        },
+        Err(e) => return unusable(format!("metadata: {e}")),
+    };
+    PackageChoice::Compiled(CompiledStage { package, precision, max_batch: limits[0], max_frames: limits[1], frame_multiple })
 }
 
 #[cfg(test)]

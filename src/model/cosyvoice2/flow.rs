@@ -4,7 +4,9 @@
 //! Token embedding → [`Encoder`] → projection to 80 (`mu`) → conditional flow matching: from the
 //! model's fixed noise, `steps` Euler steps on a cosine time schedule, each one estimator call on a
 //! doubled batch (conditioned ‖ unconditioned) for classifier-free guidance. Prompt mel frames
-//! condition the first frames and are cut from the output.
+//! condition the first frames and are cut from the output. The batch's mel is padded to a
+//! multiple of [`FRAME_MULTIPLE`] frames: every layer is causal or masked, so padding changes no
+//! item's frames, and attention bias rows of that length need no aligned copy.
 
 use tch::{Kind, Tensor};
 
@@ -13,6 +15,18 @@ use super::estimator::{Estimator, EstimatorDims};
 use super::layers::{length_mask, Linear, R};
 use super::weights::Weights;
 use crate::model::compiled::{CompiledStage, KernelCounts};
+
+/// The estimator runs on mel lengths that are multiples of this (and at least two of them):
+/// SDPA's memory-efficient kernel copies a bias whose rows are not 8-element aligned (once per
+/// attention call: 56 a step), and estimator packages are exported for these lengths
+/// (tools/compile_token2wav.py `FRAME_MULTIPLE`).
+pub const FRAME_MULTIPLE: i64 = 8;
+
+/// `frames` rounded up to the estimator's multiple, unless that passes `max` (the fixed noise's length).
+pub fn padded_frames(frames: i64, max: i64) -> i64 {
+    let padded = (frames.max(2 * FRAME_MULTIPLE) + FRAME_MULTIPLE - 1) / FRAME_MULTIPLE * FRAME_MULTIPLE;
+    if padded <= max { padded } else { frames }
+}
 
 /// One item of a flow batch.
 pub struct FlowItem<'a> {
@@ -120,8 +134,9 @@ impl Flow {
         let device = self.embedding.device();
         let b = items.len() as i64;
         let (mu, mel_lens) = encoded;
-        let (_, frames, _) = mu.size3()?;
-        let mu_t = mu.f_transpose(1, 2)?.f_contiguous()?;
+        let (_, longest, _) = mu.size3()?;
+        let frames = padded_frames(longest, self.max_frames());
+        let mu_t = mu.f_transpose(1, 2)?.f_constant_pad_nd([0, frames - longest])?.f_contiguous()?;
         // x-vectors: L2-normalised, then affine to 80.
         let embeddings = items.iter().map(|i| i.embedding.f_to_kind(Kind::Float)).collect::<R<Vec<_>>>()?;
         let emb = Tensor::f_stack(&embeddings, 0)?.f_to_device(device)?;
@@ -166,7 +181,7 @@ impl Flow {
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
-            let package = self.compiled.as_ref().filter(|c| c.fits(2 * b, frames) && frames % 2 == 0);
+            let package = self.compiled.as_ref().filter(|c| c.fits(2 * b, frames));
             self.steps_run.count(package.is_some());
             let d = match package {
                 Some(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
@@ -185,5 +200,19 @@ impl Flow {
             }
         }
         Ok(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mel_lengths_are_padded_to_the_estimators_multiple_within_the_noise() {
+        assert_eq!(padded_frames(500, 15000), 504);
+        assert_eq!(padded_frames(504, 15000), 504);
+        assert_eq!(padded_frames(2, 15000), 2 * FRAME_MULTIPLE, "at least two multiples");
+        assert_eq!(padded_frames(14_999, 15000), 15000);
+        assert_eq!(padded_frames(14_995, 14_998), 14_995, "never past the fixed noise");
     }
 }
