@@ -336,31 +336,61 @@ impl From<tch::TchError> for StepError {
     }
 }
 
-/// Buckets' worth of finished segments that wait before one is taken between LLM steps. A bucket
-/// is the longest waiting segments, padded to the longest: taken as soon as one more than a bucket
-/// waits, it spans nearly every length the LLM has finished (measured 2026-12-04: token2wav ran at
-/// 254 audio-s/s inside text batches against 450 on equal lengths); the longest quarter of four
-/// buckets' worth are close in length. The LLM keeps the GPU busy while they gather, and at the
-/// batch's end every waiting segment is taken anyway (`flush`).
-const BUCKET_DEPTH: usize = 4;
+/// Between LLM steps a bucket is taken only when it is this full: its segments' speech tokens over
+/// its size × its longest. Measured 2026-12-04 on the H200 (`scripts/device/text-e2e.sh`):
+/// taking the longest waiting segments as soon as a bucket's worth waited filled buckets to 0.54
+/// (a few long segments padded a hundred short ones) and token2wav ran at 258 audio-s/s inside
+/// text batches against 541 on equal lengths. The LLM keeps the GPU busy while like segments
+/// gather; at the batch's end every waiting segment is taken, longest first (`flush`).
+const MIN_FILL: f64 = 0.9;
 
-/// The next token2wav batch from `ready`: the longest waiting segments first, as many as the
-/// admission rule and `max_batch` allow. Unless `flush`, a bucket is taken only when
-/// [`BUCKET_DEPTH`] buckets of that size wait: a partial one waits for more segments to finish.
+/// The next token2wav batch from `ready`, sorted longest first: a run of consecutive segments as
+/// long as the admission rule and `max_batch` allow for its longest. With `flush`, the longest
+/// run; otherwise the longest run that is complete (one more segment would not be admitted) and
+/// at least [`MIN_FILL`] full, or none: partial and ragged runs wait for more segments to finish.
 fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max_batch: usize, flush: bool) -> Option<Vec<Ready>> {
     if ready.is_empty() {
         return None;
     }
     ready.sort_by_key(|r| std::cmp::Reverse(r.tokens.len()));
-    let longest = ready[0].tokens.len();
-    let mut size = 1;
-    while size < ready.len() && size < max_batch && admission.check(size + 1, longest).is_none() {
-        size += 1;
+    let lengths: Vec<usize> = ready.iter().map(|r| r.tokens.len()).collect();
+    // How many segments from `start` one bucket admits (at least one: a lone segment that does
+    // not fit is the worker's to split). The admission rule is monotone in size: bisect.
+    let admitted = |start: usize| -> usize {
+        let (mut fits, mut refused) = (1, (lengths.len() - start).min(max_batch) + 1);
+        while refused - fits > 1 {
+            let mid = (fits + refused) / 2;
+            if admission.check(mid, lengths[start]).is_none() {
+                fits = mid;
+            } else {
+                refused = mid;
+            }
+        }
+        fits
+    };
+    if flush {
+        let size = admitted(0);
+        return Some(ready.drain(..size).collect());
     }
-    if !flush && ready.len() < BUCKET_DEPTH * size {
-        return None;
+    let mut prefix = Vec::with_capacity(lengths.len() + 1);
+    prefix.push(0usize);
+    for len in &lengths {
+        prefix.push(prefix[prefix.len() - 1] + len);
     }
-    Some(ready.drain(..size).collect())
+    for start in 0..lengths.len() {
+        let size = admitted(start);
+        let complete = size == max_batch || admission.check(size + 1, lengths[start]).is_some();
+        // Shorter runs further down admit at least as many and have fewer segments below them:
+        // none of them is complete either.
+        if !complete || start + size > lengths.len() {
+            return None;
+        }
+        let fill = (prefix[start + size] - prefix[start]) as f64 / (size * lengths[start]) as f64;
+        if fill >= MIN_FILL {
+            return Some(ready.drain(start..start + size).collect());
+        }
+    }
+    None
 }
 
 /// Runs one token2wav batch and files each segment's audio (segments of failed jobs are skipped),
@@ -496,35 +526,41 @@ mod tests {
     }
 
     #[test]
-    fn between_llm_steps_a_bucket_waits_for_four_buckets_worth_and_takes_the_longest_alike() {
+    fn between_llm_steps_a_bucket_is_taken_only_when_like_segments_fill_it() {
         let budget = TokenBudget { max_batch_tokens: 1 << 30 };
-        // Lengths 1..=15 in mixed order: under four buckets of 4.
-        let mut ready = waiting((1..=15).map(|i| (i * 7) % 16));
-        assert!(take_bucket(&mut ready, &budget, 4, false).is_none(), "15 waiting < 4 buckets of 4");
-        assert_eq!(ready.len(), 15, "nothing taken");
-        ready.extend(waiting([16]));
-        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("16 waiting: a bucket");
+        // One long segment among short ones: a bucket led by it would be a third full.
+        let mut ready = waiting(std::iter::once(100).chain([10; 6]));
+        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("four like short segments fill a bucket");
+        assert_eq!(bucket.iter().map(|r| r.tokens.len()).collect::<Vec<_>>(), vec![10; 4]);
+        assert!(take_bucket(&mut ready, &budget, 4, false).is_none(), "100, 10, 10: no complete, full bucket");
+        assert_eq!(ready.len(), 3, "nothing taken");
+        ready.extend(waiting([98, 95, 90]));
+        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("the long one has peers now");
         let lengths: Vec<usize> = bucket.iter().map(|r| r.tokens.len()).collect();
-        assert_eq!(lengths, vec![16, 15, 14, 13], "the longest four, close in length");
+        assert_eq!(lengths, vec![100, 98, 95, 90]);
         let mut stats = BucketStats::default();
         stats.add(lengths.iter().copied());
-        assert_eq!((stats.tokens, stats.padded_tokens), (58, 64));
-        // At the batch's end everything goes, longest first.
+        assert_eq!((stats.tokens, stats.padded_tokens), (383, 400));
+        // At the batch's end everything goes, longest first, full or not.
+        ready.extend(waiting([50, 1, 1]));
         let mut sizes = Vec::new();
         while let Some(b) = take_bucket(&mut ready, &budget, 4, true) {
-            sizes.push(b.len());
+            sizes.push(b.iter().map(|r| r.tokens.len()).collect::<Vec<_>>());
         }
-        assert_eq!(sizes, vec![4, 4, 4]);
+        assert_eq!(sizes, vec![vec![50, 10, 10, 1], vec![1]]);
         assert!(ready.is_empty());
     }
 
     #[test]
-    fn a_memory_limited_bucket_waits_for_four_of_its_own_size() {
-        // 40 padded tokens: two segments of 20, so eight must wait.
+    fn a_memory_limited_bucket_is_complete_at_what_memory_admits() {
+        // 40 padded tokens: two segments of 20.
         let budget = TokenBudget { max_batch_tokens: 40 };
-        let mut ready = waiting([20; 7]);
-        assert!(take_bucket(&mut ready, &budget, 128, false).is_none());
-        ready.extend(waiting([20]));
+        let mut ready = waiting([20]);
+        assert!(take_bucket(&mut ready, &budget, 128, false).is_none(), "one of two");
+        ready.extend(waiting([20, 20]));
         assert_eq!(take_bucket(&mut ready, &budget, 128, false).map(|b| b.len()), Some(2));
+        // A segment past the budget alone still goes (the worker splits what fails).
+        let mut ready = waiting([50]);
+        assert_eq!(take_bucket(&mut ready, &budget, 128, true).map(|b| b.len()), Some(1));
     }
 }
