@@ -5,9 +5,11 @@ flow's Euler steps call it: CFG-doubled batch, mel frames a multiple of the pack
 `voxbatch.frame_multiple`), and lists the CUDA kernels of a few calls by their share of GPU time,
 grouped into attention, matmul, convolution, fused element-wise (Triton) and other.
 
-Usage: profile_estimator.py --model DIR [--key sm90-torch2.11.0-bf16] [--batch 256] [--frames 504]
-                            [--calls 3] [--out FILE.json]
-Random inputs; the figures say where time goes, not how anything sounds.
+Usage: profile_estimator.py --model DIR [--key sm90-torch2.11.0-bf16] [--device cuda:0|cpu] [--batch 256]
+                            [--frames 504] [--calls 3] [--out FILE.json]
+Random inputs; the figures say where time goes, not how anything sounds. On the H200 host on
+2026-12-04 the process ended silently while loading the package into Python (as
+compile_token2wav.py --check did there before); on the CPU it runs (the tiny model's package).
 """
 import argparse
 import collections
@@ -15,6 +17,7 @@ import glob
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -36,6 +39,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--key", help="package key (default: the only estimator package)")
+    ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--frames", type=int, default=504)
     ap.add_argument("--calls", type=int, default=3)
@@ -45,7 +49,8 @@ def main():
     found = sorted(glob.glob(pattern))
     if len(found) != 1:
         sys.exit(f"expected one package at {pattern}, found {found}")
-    device = torch.device("cuda:0")
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
     package = torch._inductor.aoti_load_package(found[0])
     g = torch.Generator().manual_seed(0)
     b, f = a.batch, a.frames
@@ -57,23 +62,25 @@ def main():
     with torch.no_grad():
         for _ in range(3):
             package(*args)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        sync()
+        started = time.perf_counter()
         for _ in range(a.calls):
             package(*args)
-        end.record()
-        torch.cuda.synchronize()
-        per_call_ms = start.elapsed_time(end) / a.calls
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        sync()
+        per_call_ms = (time.perf_counter() - started) * 1000.0 / a.calls
+        activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+        with torch.profiler.profile(activities=[activity]) as prof:
             for _ in range(a.calls):
                 package(*args)
-            torch.cuda.synchronize()
+            sync()
     kernels = collections.Counter()
     counts = collections.Counter()
     for e in prof.key_averages():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
-            kernels[e.key] += e.device_time_total / a.calls / 1000.0
+        # On the GPU the kernels; on the CPU the operators the package calls out to.
+        us = e.device_time_total if cuda else e.self_cpu_time_total
+        if us > 0 and (not cuda or e.device_type == torch.autograd.DeviceType.CUDA):
+            kernels[e.key] += us / a.calls / 1000.0
             counts[e.key] += e.count // a.calls
     total = sum(kernels.values())
     groups = collections.Counter()
@@ -85,7 +92,7 @@ def main():
         "top": [{"kernel": k[:160], "ms": v, "share": v / total, "launches": counts[k]} for k, v in kernels.most_common(25)],
         "launches_per_call": sum(counts.values()),
     }
-    print(f"estimator package, batch {b}, {f} frames: {per_call_ms:.2f} ms a call (CUDA events), "
+    print(f"estimator package, batch {b}, {f} frames: {per_call_ms:.2f} ms a call, "
           f"{total:.2f} ms of kernels, {report['launches_per_call']} launches")
     for k, v in groups.most_common():
         print(f"  {k:32s} {v:8.2f} ms  {100 * v / total:5.1f} %")
