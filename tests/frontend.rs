@@ -138,6 +138,6 @@ fn the_text_dry_run_prints_segments_estimates_and_refusals_as_json() {
     // 17 non-blank characters of normalised Chinese at 4 a second, 23 of English at 14.
     let audio = t["audio_seconds"].as_f64().unwrap();
     assert!((audio - (17.0 / 4.0 + 23.0 / 14.0)).abs() < 1e-9, "{audio}");
-    let cost = audio / 200.0 * 4.0 / 3600.0;
+    let cost = audio / 290.0 * 4.0 / 3600.0;
     assert!((t["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12);
 }

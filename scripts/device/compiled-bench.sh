@@ -11,8 +11,9 @@
 # STAGES (estimator,hift: what the compile stage compiles), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
-# compiled one), PROFILE (set: after the benches, tools/profile_estimator.py lists the compiled
-# estimator's kernels at batch 256, 504 frames), PY. A fresh machine has neither model: compile and
+# compiled one), PROFILE (set: after the benches, Nsight Systems' kernel summary of one compiled
+# batch of 128 where the host has nsys, and tools/profile_estimator.py's kernels of the estimator
+# package at batch 256, 504 frames), PY. A fresh machine has neither model: compile and
 # bench in one call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,8 +63,24 @@ for d in ${BENCH_DIRS:-$M/model $C}; do
   fi
 done
 if [ -n "${PROFILE:-}" ]; then
-  log "profiling the compiled estimator (batch 256, 504 frames)"
+  # Nsight Systems over one compiled batch of 128 from the Rust bench (the kernels by GPU time),
+  # where the host has it; then the Python profile of the estimator package (it ended silently on
+  # the H200 host on 2026-12-04 while loading the package).
+  NSYS=$(ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys /usr/bin/nsys 2>/dev/null | head -n1)
+  if [ -n "$NSYS" ]; then
+    log "nsys over one compiled batch of 128 ($NSYS)"
+    "$NSYS" profile -o "$OUT/token2wav-compiled" --force-overwrite true --trace cuda --stats false \
+      $BIN bench token2wav --model "$C" --device cuda:0 --batches 128 --precisions "$P" --vocoders "${VOCODERS:-tf32}" \
+      --repeats 1 --out "$OUT/nsys-bench" > "$OUT/nsys-bench.log" 2>&1
+    "$NSYS" stats --report cuda_gpu_kern_sum --format csv --output "$OUT/token2wav-compiled" "$OUT/token2wav-compiled.nsys-rep" > /dev/null 2>&1
+    rm -f "$OUT/token2wav-compiled.nsys-rep" "$OUT/token2wav-compiled.sqlite"
+    head -c 4000 "$OUT"/token2wav-compiled*kern_sum*.csv 2>/dev/null | cut -c1-220 | head -32
+  else
+    log "no nsys on this host: $(ls /usr/local/cuda*/bin 2>/dev/null | tr '\n' ' ' | cut -c1-300)"
+  fi
+  log "profiling the compiled estimator in Python (batch 256, 504 frames)"
   $PY tools/profile_estimator.py --model "$C" --out "$OUT/estimator-profile.json" 2>&1 | grep -v -i "warn" | tail -25
+  echo "profile_estimator exit: ${PIPESTATUS[0]}"
 fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 log "done"
