@@ -23,14 +23,19 @@ For export only, two helpers are replaced by exportable equivalents: the referen
 `add_optional_chunk_mask` by its non-streaming meaning without the data-dependent `.item()` check
 (a row with no valid key attends to every key: what the reference does after printing a warning),
 and diffusers' `Attention.prepare_attention_mask` by the same per-head repeat without the
-`output_size` argument that pins the batch size. `--check` compares the package with the eager
+`output_size` argument that pins the batch size. `--attention flex` (experimental, not yet
+measured on a GPU) runs the estimator's self-attention through FlexAttention instead
+(`FlexSelfAttention`): padded keys masked inside the kernel, no bias in memory; its eager module
+equals the SDPA one (4e-6 on the tiny model), but inductor's CPU backend refuses to compile it
+(torch 2.11), so on a CPU it serves only that comparison. `--check` compares the package with the eager
 reference on random inputs and prints the worst difference.
 
-Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift]
+Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention sdpa|flex]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--check]
 """
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -79,6 +84,38 @@ def exportable_prepare_attention_mask(self, attention_mask, target_length, batch
     return attention_mask.unsqueeze(1).expand(b, self.heads, q, k).reshape(b * self.heads, q, k)
 
 
+class FlexSelfAttention:
+    """diffusers' `AttnProcessor2_0` as the estimator's self-attention uses it (no cross-attention,
+    norms, residual or rescale), through FlexAttention (`--attention flex`): padded keys are
+    masked inside the kernel by a score modifier reading each item's key mask — no
+    `B·heads·T²` bias is copied or read — and the compiled kernel is FlashAttention-like. The key
+    mask is the first row of the decoder's bias (every row of a non-streaming bias is the same
+    key-padding mask). Same result as SDPA with the bias: a masked key gets −inf instead of −1e10
+    (identical after softmax: no row is fully masked, exportable_chunk_mask sees to that)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kwargs):
+        from torch.nn.attention.flex_attention import flex_attention
+        assert encoder_hidden_states is None and attn.spatial_norm is None and attn.group_norm is None
+        assert attn.norm_q is None and attn.norm_k is None and not attn.residual_connection
+        b = hidden_states.shape[0]
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        head_dim = key.shape[-1] // attn.heads
+        query, key, value = (x.view(b, -1, attn.heads, head_dim).transpose(1, 2) for x in (query, key, value))
+        if query.device.type == "cpu":  # inductor's CPU template takes dense heads only
+            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+        if attention_mask is None:
+            out = flex_attention(query, key, value)
+        else:
+            valid = attention_mask[:, 0, :] > -1.0
+
+            def padded_keys_out(score, item, head, q_index, kv_index):
+                return torch.where(valid[item, kv_index], score, -float("inf"))
+
+            out = flex_attention(query, key, value, score_mod=padded_keys_out)
+        out = out.transpose(1, 2).reshape(b, -1, attn.heads * head_dim).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
+
+
 def exportable_chunk_mask(xs, masks, use_dynamic_chunk, use_dynamic_left_chunk, decoding_chunk_size,
                           static_chunk_size, num_decoding_left_chunks, enable_full_context=True):
     """`add_optional_chunk_mask` as the non-streaming estimator calls it, without `.item()`."""
@@ -117,7 +154,7 @@ def stage_weights(model_dir, prefix):
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def build_estimator(model_dir, device, precision):
+def build_estimator(model_dir, device, precision, attention="sdpa"):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
     decoder_module.add_optional_chunk_mask = exportable_chunk_mask
@@ -131,6 +168,10 @@ def build_estimator(model_dir, device, precision):
     missing, unexpected = estimator.load_state_dict(stage_weights(model_dir, "flow.decoder.estimator."), strict=False)
     if missing or unexpected:
         sys.exit(f"token2wav.safetensors does not fit the estimator: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if attention == "flex":
+        for module in estimator.modules():
+            if isinstance(module, Attention):
+                module.set_processor(FlexSelfAttention())
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
@@ -262,10 +303,13 @@ STAGES = {
 }
 
 
-def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check):
+def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa"):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
-    between the package and the eager module on two random batches."""
+    between the package and the eager module on two random batches (and, for a FlexAttention
+    estimator, between its eager module and the SDPA one)."""
     build, example, shapes = STAGES[stage]
+    if stage == "estimator":
+        build = functools.partial(build, attention=attention)
     if precision == "tf32" and device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -294,6 +338,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
                     "voxbatch.max_frames": str(max_frames), "voxbatch.max_batch": str(max_batch)}
         if stage == "estimator":
             metadata["voxbatch.frame_multiple"] = str(FRAME_MULTIPLE)
+            metadata["voxbatch.attention"] = attention
         torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs={"aot_inductor.metadata": metadata})
     report = {"package": path, "key": key, "compile_seconds": time.time() - started, "attention_ops": attention_ops, **metadata}
     # Said before the check, which loads the package into this process: a failure there must not
@@ -307,6 +352,14 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
                 args = example(b, f, device, seed=b)
                 worst = max(worst, (loaded(*args) - module(*args)).abs().max().item())
         print(json.dumps({"package": path, "max_abs_difference_vs_eager": worst}), flush=True)
+        if stage == "estimator" and attention != "sdpa":
+            reference = STAGES[stage][0](model_dir, device, precision, attention="sdpa")
+            worst = 0.0
+            with torch.no_grad():
+                for b, f in [(2, 40), (6, 136)]:
+                    args = example(b, f, device, seed=b)
+                    worst = max(worst, (module(*args) - reference(*args)).abs().max().item())
+            print(json.dumps({"attention": attention, "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
 
 
 def main():
@@ -318,6 +371,8 @@ def main():
     ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
     ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
+    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"],
+                    help="the estimator's attention: SDPA with the reference's bias, or FlexAttention masking padded keys in the kernel")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -327,7 +382,7 @@ def main():
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: estimator or hift")
         precision = a.precision if stage == "estimator" else vocoder
-        compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check)
+        compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, a.attention)
 
 
 if __name__ == "__main__":
