@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use tch::{Kind, Tensor};
+use voxbatch::model::cosyvoice2::estimator::FlowAttention;
 use voxbatch::model::cosyvoice2::flow::FlowItem;
 use voxbatch::model::cosyvoice2::hift::{SourceDraws, SAMPLES_PER_FRAME};
 use voxbatch::model::cosyvoice2::layers::relative_error;
@@ -227,6 +228,24 @@ fn each_item_of_a_padded_batch_equals_its_unbatched_result() {
         assert_within(&format!("item{i} waveform, batched vs reference"), &wav, fx.get(&format!("item{i}.wav")), phase_tolerance());
         let tail = out.wav.get(i as i64).narrow(0, f * SAMPLES_PER_FRAME, (t_max - f) * SAMPLES_PER_FRAME);
         assert_eq!(tail.abs().sum(Kind::Double).double_value(&[]), 0.0, "item{i}: audio past its end");
+    }
+}
+
+#[test]
+fn packed_transformer_levels_give_each_item_the_padded_batchs_mel() {
+    // `flow_attention = "packed"`: each level's transformer blocks on the valid frames alone
+    // (block-diagonal SDPA here; FlashAttention varlen on CUDA in bf16/fp16).
+    let fx = Fixtures::load();
+    let mut model = load_model();
+    let items = items(&fx);
+    let lengths: Vec<usize> = items.iter().map(|i| i.tokens.len() + i.prompt.len()).collect();
+    assert!(lengths.iter().any(|&l| l != lengths[0]), "items of different lengths, so that some are padded: {lengths:?}");
+    let padded = tch::no_grad(|| model.flow.forward(&flow_items(&items))).unwrap();
+    model.flow.estimator.set_attention(FlowAttention::Packed);
+    let packed = tch::no_grad(|| model.flow.forward(&flow_items(&items))).unwrap();
+    for i in 0..items.len() {
+        assert_close(&format!("item{i} mel, packed vs padded"), &packed[i], &padded[i]);
+        assert_close(&format!("item{i} mel, packed vs reference"), &packed[i], fx.get(&format!("item{i}.mel")));
     }
 }
 

@@ -15,7 +15,7 @@
 # compiled one), PROFILE (set: after the benches, Nsight Systems' kernel summary of one compiled
 # batch of 128 where the host has nsys, and tools/profile_estimator.py's kernels of the estimator
 # package at batch 256, 504 frames), PY. A fresh machine has neither model: compile and
-# bench in one call.
+# bench in one call. PACKED (set: also the eager model with flow_attention = "packed").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
@@ -45,7 +45,16 @@ $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" -
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -6 | tee "$OUT/compile-${STAGES/,/-}.log"
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
-for d in ${BENCH_DIRS:-$M/model $C}; do
+# PACKED=1: a third directory, the eager model with `flow_attention = "packed"` (the estimator's
+# transformer levels on valid frames only, FlashAttention varlen), benched after the others.
+PK=/tmp/cv2full-packed
+if [ -n "${PACKED:-}" ]; then
+  mkdir -p "$PK"
+  for f in "$M"/model/*; do case "$(basename "$f")" in compiled|model.toml) ;; *) ln -sfn "$f" "$PK/" ;; esac; done
+  sed 's/^\[cosyvoice2\]$/[cosyvoice2]\nflow_attention = "packed"/' "$M/model/model.toml" > "$PK/model.toml"
+  grep -q '^flow_attention = "packed"' "$PK/model.toml" || { log "could not set flow_attention in $PK/model.toml"; exit 1; }
+fi
+for d in ${BENCH_DIRS:-$M/model $C} ${PACKED:+$PK}; do
   name=$(basename "$d"); log "bench token2wav: $name"
   # The whole output is kept (a failure's message and whatever the process printed before an
   # abort); the console gets the summary lines.

@@ -18,7 +18,7 @@
 # token2wav weights are the same seeded build, and a worker uses a package only if its weights
 # digest matches (batches.kernels and the worker log say which ran). COMPILED=none: eager.
 # Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
-# COMPILED, PY.
+# COMPILED, FLOW_ATTENTION (padded | packed), PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -59,6 +59,12 @@ fi
 COMPILED=${COMPILED:-/tmp/cv2full-compiled/compiled}
 rm -f "$M/model/compiled"
 if [ -d "$COMPILED" ]; then ln -sfn "$COMPILED" "$M/model/compiled"; log "compiled packages: $(cd "$COMPILED" && echo */*.pt2)"; fi
+# FLOW_ATTENTION=packed: the eager estimator's transformer levels on valid frames only (model.toml).
+sed -i '/^flow_attention = /d' "$M/model/model.toml"
+if [ "${FLOW_ATTENTION:-padded}" != padded ]; then
+  sed -i "s/^\[cosyvoice2\]\$/[cosyvoice2]\nflow_attention = \"$FLOW_ATTENTION\"/" "$M/model/model.toml"
+  log "flow_attention: $(grep '^flow_attention' "$M/model/model.toml")"
+fi
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 

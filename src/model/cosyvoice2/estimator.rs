@@ -5,12 +5,29 @@
 //! embedding through an MLP conditions every ResNet block. With CosyVoice2's one channel level the
 //! "down" and "up" blocks keep the length (their resampling convolutions are causal stride-1 convs).
 //! Every block is causal in time, and attention masks padded keys, so padded items of a batch give
-//! exactly their unbatched values on their valid frames.
+//! exactly their unbatched values on their valid frames. Between levels the padded frames are
+//! masked before every use, so a level's transformers may also run on the valid frames alone
+//! ([`FlowAttention::Packed`]).
 
 use tch::{Kind, Tensor};
 
 use super::layers::{Conv1d, LayerNorm, Linear, R};
 use super::weights::Weights;
+
+/// How the transformer blocks of each level attend (`[cosyvoice2] flow_attention` in model.toml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowAttention {
+    /// SDPA over the padded batch, padded keys out by a bias (as the reference does).
+    #[default]
+    Padded,
+    /// Experimental (not yet measured on a GPU): each level's transformer blocks run on the
+    /// batch's valid frames only, packed, with FlashAttention's variable-length kernel on CUDA in
+    /// bf16/fp16 — no bias in memory and no work on padding. Elsewhere packed frames attend through
+    /// SDPA with a block-diagonal mask (`[ΣT, ΣT]`: for tests and small batches), and at fp32 on
+    /// CUDA the padded path runs.
+    Packed,
+}
 
 const IN: i64 = 320;
 const MEL: i64 = 80;
@@ -86,19 +103,103 @@ impl TransformerBlock {
             heads,
         }
     }
-    /// `x`: `[B, T, C]`; `bias`: `[B, 1, T, T]` additive attention bias (0 or −1e10).
-    fn forward(&self, x: &Tensor, bias: &Tensor) -> R<Tensor> {
-        let (b, t, _) = x.size3()?;
+    /// `x`: `[B, T, C]` padded (`Frames::Padded`) or `[ΣT, C]` packed.
+    fn forward(&self, x: &Tensor, frames: &Frames) -> R<Tensor> {
         let n = self.norm1.forward(x)?;
-        let split = |y: Tensor| y.f_view([b, t, self.heads, -1])?.f_transpose(1, 2);
-        let q = split(self.to_q.forward(&n)?)?;
-        let k = split(self.to_k.forward(&n)?)?;
-        let v = split(self.to_v.forward(&n)?)?;
-        let bias = bias.f_to_kind(q.kind())?;
-        let a = Tensor::f_scaled_dot_product_attention(&q, &k, &v, Some(&bias), 0.0, false, None, false)?;
-        let a = a.f_transpose(1, 2)?.f_reshape([b, t, -1])?;
+        let (q, k, v) = (self.to_q.forward(&n)?, self.to_k.forward(&n)?, self.to_v.forward(&n)?);
+        let a = frames.attend(&q, &k, &v, self.heads)?;
         let x = x.f_add(&self.to_out.forward(&a)?)?;
         x.f_add(&self.ff_out.forward(&self.ff_in.forward(&self.norm3.forward(&x)?)?.f_gelu("none")?)?)
+    }
+}
+
+/// The frames a level's transformer blocks run on, and how they attend.
+enum Frames {
+    /// `[B, T, C]`; `bias` `[B, 1, T, T]`: 0 for valid keys, −1e10 for padded ones.
+    Padded { bias: Tensor },
+    /// The valid frames of `[B, T, C]` packed to `[ΣT, C]`: flat positions `index` (b·T + t),
+    /// item offsets `cu` (int32, B + 1), the longest item.
+    Packed { index: Tensor, cu: Tensor, longest: i64, mask: Option<Tensor> },
+}
+
+impl Frames {
+    fn new(mask: &Tensor, layout: FlowAttention, kind: Kind) -> R<Frames> {
+        let (_, _, t) = mask.size3()?;
+        let flash = mask.device().is_cuda() && matches!(kind, Kind::BFloat16 | Kind::Half);
+        if layout == FlowAttention::Padded || (mask.device().is_cuda() && !flash) {
+            // Key-padding bias, the same for every query row and head: (1 − mask) · −1e10.
+            let bias = mask.f_unsqueeze(1)?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?.f_mul_scalar(-1.0e10)?.f_expand([-1, -1, t, -1], false)?;
+            return Ok(Frames::Padded { bias });
+        }
+        let lengths: Vec<i64> = Vec::<f32>::try_from(mask.f_sum_dim_intlist([1, 2].as_slice(), false, Kind::Float)?.f_to_device(tch::Device::Cpu)?)?
+            .into_iter()
+            .map(|l| l.round() as i64)
+            .collect();
+        let mut flat = Vec::new();
+        let mut cu = vec![0i32];
+        let mut owner = Vec::new();
+        for (item, &len) in lengths.iter().enumerate() {
+            flat.extend((0..len).map(|f| item as i64 * t + f));
+            owner.extend(std::iter::repeat_n(item as i64, len as usize));
+            cu.push(cu[cu.len() - 1] + len as i32);
+        }
+        let device = mask.device();
+        let index = Tensor::f_from_slice(&flat)?.f_to_device(device)?;
+        // Without FlashAttention: frames of one item see each other only.
+        let mask = if flash {
+            None
+        } else {
+            let owner = Tensor::f_from_slice(&owner)?.f_to_device(device)?;
+            Some(owner.f_unsqueeze(1)?.f_eq_tensor(&owner.f_unsqueeze(0)?)?.f_view([1, 1, flat.len() as i64, flat.len() as i64])?)
+        };
+        Ok(Frames::Packed { index, cu: Tensor::f_from_slice(&cu)?.f_to_device(device)?, longest: lengths.iter().copied().max().unwrap_or(1), mask })
+    }
+
+    /// `[B, T, C]` → what the blocks run on.
+    fn enter(&self, h: &Tensor) -> R<Tensor> {
+        match self {
+            Frames::Padded { .. } => Ok(h.shallow_clone()),
+            Frames::Packed { index, .. } => {
+                let (b, t, c) = h.size3()?;
+                h.f_reshape([b * t, c])?.f_index_select(0, index)
+            }
+        }
+    }
+
+    /// What the blocks made → `[B, T, C]` (padded frames zero: every next use masks them).
+    fn leave(&self, x: &Tensor, like: &Tensor) -> R<Tensor> {
+        match self {
+            Frames::Padded { .. } => Ok(x.shallow_clone()),
+            Frames::Packed { index, .. } => {
+                let (b, t, c) = like.size3()?;
+                Tensor::f_zeros([b * t, c], (x.kind(), x.device()))?.f_index_copy(0, index, x)?.f_view([b, t, c])
+            }
+        }
+    }
+
+    /// Self-attention of projected `q`, `k`, `v` (`[B, T, H·d]` or `[ΣT, H·d]`) → the same shape.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, heads: i64) -> R<Tensor> {
+        match self {
+            Frames::Padded { bias } => {
+                let (b, t, _) = q.size3()?;
+                let split = |y: &Tensor| y.f_view([b, t, heads, -1])?.f_transpose(1, 2);
+                let bias = bias.f_to_kind(q.kind())?;
+                let a = Tensor::f_scaled_dot_product_attention(&split(q)?, &split(k)?, &split(v)?, Some(&bias), 0.0, false, None, false)?;
+                a.f_transpose(1, 2)?.f_reshape([b, t, -1])
+            }
+            Frames::Packed { cu, longest, mask: None, .. } => {
+                let (n, _) = q.size2()?;
+                let split = |y: &Tensor| y.f_view([n, heads, -1])?.f_contiguous();
+                let a = crate::model::shim::flash_attention_varlen(&split(q)?, &split(k)?, &split(v)?, cu, cu, None, *longest, *longest, false)?;
+                a.f_reshape([n, -1])
+            }
+            Frames::Packed { mask: Some(mask), .. } => {
+                let (n, _) = q.size2()?;
+                let split = |y: &Tensor| y.f_view([n, heads, -1])?.f_transpose(0, 1)?.f_unsqueeze(0);
+                let a = Tensor::f_scaled_dot_product_attention(&split(q)?, &split(k)?, &split(v)?, Some(mask), 0.0, false, None, false)?;
+                a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([n, -1])
+            }
+        }
     }
 }
 
@@ -109,12 +210,13 @@ struct Level {
 }
 
 impl Level {
-    fn forward(&self, x: &Tensor, mask: &Tensor, bias: &Tensor, t: &Tensor) -> R<Tensor> {
-        let mut h = self.resnet.forward(x, mask, t)?.f_transpose(1, 2)?;
+    fn forward(&self, x: &Tensor, mask: &Tensor, frames: &Frames, t: &Tensor) -> R<Tensor> {
+        let h = self.resnet.forward(x, mask, t)?.f_transpose(1, 2)?;
+        let mut y = frames.enter(&h)?;
         for block in &self.transformers {
-            h = block.forward(&h, bias)?;
+            y = block.forward(&y, frames)?;
         }
-        h.f_transpose(1, 2)
+        frames.leave(&y, &h)?.f_transpose(1, 2)
     }
 
     /// The level's resampling convolution (length-keeping), or `h` itself.
@@ -134,6 +236,7 @@ pub struct Estimator {
     up: Level,
     final_block: CausalBlock,
     final_proj: Conv1d,
+    attention: FlowAttention,
 }
 
 /// Estimator dimensions (`channels` is CosyVoice2's single U-Net level).
@@ -144,6 +247,7 @@ pub struct EstimatorDims {
     pub mid_blocks: usize,
     pub heads: i64,
     pub head_dim: i64,
+    pub attention: FlowAttention,
 }
 
 impl Estimator {
@@ -165,7 +269,13 @@ impl Estimator {
             up: level(format!("{p}.up_blocks.0"), 2 * c, true),
             final_block: CausalBlock::new(w, &format!("{p}.final_block"), c, c),
             final_proj: Conv1d::new(w, &format!("{p}.final_proj"), c, MEL, 1, 1, 1, (0, 0)),
+            attention: d.attention,
         }
+    }
+
+    /// How the transformer blocks attend from now on (tests compare the layouts).
+    pub fn set_attention(&mut self, attention: FlowAttention) {
+        self.attention = attention;
     }
 
     /// Matcha's `SinusoidalPosEmb(320)` of `t` (scale 1000): `[B]` → `[B, 320]`.
@@ -184,17 +294,18 @@ impl Estimator {
         let (_, _, len) = x.size3()?;
         let spks = spks.f_unsqueeze(-1)?.f_expand([-1, -1, len], false)?;
         let h = Tensor::f_cat(&[x.shallow_clone(), mu.shallow_clone(), spks, cond.shallow_clone()], 1)?;
-        // Key-padding bias, the same for every query row and head: (1 − mask) · −1e10.
-        let bias = mask.f_unsqueeze(1)?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?.f_mul_scalar(-1.0e10)?.f_expand([-1, -1, len, -1], false)?;
+        // The time MLP's output is of the kind the transformer blocks' projections will be
+        // (autocast's, or the weights').
+        let frames = Frames::new(mask, self.attention, t.kind())?;
 
-        let skip = self.down.forward(&h, mask, &bias, &t)?;
+        let skip = self.down.forward(&h, mask, &frames, &t)?;
         let mut h = self.down.resample(&skip, mask)?;
         for level in &self.mid {
-            h = level.forward(&h, mask, &bias, &t)?;
+            h = level.forward(&h, mask, &frames, &t)?;
         }
         let (_, _, skip_len) = skip.size3()?;
         let h = Tensor::f_cat(&[h.f_narrow(2, 0, skip_len)?, skip], 1)?;
-        let h = self.up.forward(&h, mask, &bias, &t)?;
+        let h = self.up.forward(&h, mask, &frames, &t)?;
         let h = self.up.resample(&h, mask)?;
         let h = self.final_block.forward(&h, mask)?;
         self.final_proj.forward(&h.f_mul(mask)?)?.f_mul(mask)

@@ -155,6 +155,7 @@ impl Token2Wav {
                     mid_blocks: dims.decoder_mid_blocks,
                     heads: dims.decoder_heads,
                     head_dim: dims.decoder_head_dim,
+                    attention: dims.flow_attention,
                 },
                 steps: dims.flow_steps,
                 cfg_rate: dims.cfg_rate,
