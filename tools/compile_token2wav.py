@@ -346,20 +346,22 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     print(json.dumps(report), flush=True)
     if check:
         loaded = torch._inductor.aoti_load_package(path)
-        worst = 0.0
-        with torch.no_grad():
-            for b, f in [(2, 40), (6, 136)]:
-                args = example(b, f, device, seed=b)
-                worst = max(worst, (loaded(*args) - module(*args)).abs().max().item())
+        worst = worst_difference(loaded, module, example, device)
         print(json.dumps({"package": path, "max_abs_difference_vs_eager": worst}), flush=True)
         if stage == "estimator" and attention != "sdpa":
             reference = STAGES[stage][0](model_dir, device, precision, attention="sdpa")
-            worst = 0.0
-            with torch.no_grad():
-                for b, f in [(2, 40), (6, 136)]:
-                    args = example(b, f, device, seed=b)
-                    worst = max(worst, (module(*args) - reference(*args)).abs().max().item())
+            worst = worst_difference(module, reference, example, device)
             print(json.dumps({"attention": attention, "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
+
+
+def worst_difference(a, b, example, device):
+    """The largest absolute difference between `a` and `b` on two random batches of `example`."""
+    worst = 0.0
+    with torch.no_grad():
+        for batch, frames in [(2, 40), (6, 136)]:
+            args = example(batch, frames, device, seed=batch)
+            worst = max(worst, (a(*args) - b(*args)).abs().max().item())
+    return worst
 
 
 def main():
