@@ -19,6 +19,7 @@
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
 //! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
 
+pub mod buckets;
 pub mod encoder;
 pub mod estimator;
 pub mod flow;

@@ -10,8 +10,9 @@
 //! Sizes come from a [`TextPlan`] (`sizing::text_plan`: LLM slots from `[llm]` and the memory
 //! budget, token2wav buckets from the token2wav memory model over what the LLM leaves).
 //!
-//! Neighbours: `frontend` (text → segments), `llm` (`SpeechLm::generate_with`, `BatchDecoder`,
-//! `prompt`), `Token2Wav` (this module's parent), `worker::intake` (prepares), `model` (the seam).
+//! Neighbours: `buckets` (which finished segments go through token2wav together), `frontend`
+//! (text → segments), `llm` (`SpeechLm::generate_with`, `BatchDecoder`, `prompt`), `Token2Wav`
+//! (this module's parent), `worker::intake` (prepares), `model` (the seam).
 
 use std::path::Path;
 use std::time::Instant;
@@ -20,6 +21,7 @@ use super::llm::batch::BatchDecoder;
 use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
 use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
+use super::buckets::{take_bucket, BucketCap, BucketStats, Ready};
 use super::Token2Wav;
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, BatchOutcome, TokenBudget};
@@ -117,45 +119,6 @@ impl TextPlan {
     pub fn small(llm: LlmConfig) -> TextPlan {
         TextPlan { llm, slots: 8, token2wav: Box::new(TokenBudget { max_batch_tokens: 16_384 }), token2wav_max_batch: 16 }
     }
-}
-
-/// How full a text batch's token2wav buckets were (logged per batch: `token2wav buckets`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct BucketStats {
-    pub buckets: u64,
-    pub segments: u64,
-    /// Speech tokens the buckets' segments carry.
-    pub tokens: u64,
-    /// Bucket size × its longest segment, summed: what the flow ran on.
-    pub padded_tokens: u64,
-}
-
-impl BucketStats {
-    fn add(&mut self, lengths: impl Iterator<Item = usize>) {
-        let (mut n, mut sum, mut longest) = (0u64, 0u64, 0u64);
-        for len in lengths {
-            n += 1;
-            sum += len as u64;
-            longest = longest.max(len as u64);
-        }
-        self.buckets += 1;
-        self.segments += n;
-        self.tokens += sum;
-        self.padded_tokens += n * longest;
-    }
-
-    /// Real tokens over padded ones (1 with no padding).
-    pub fn fill(&self) -> f64 {
-        if self.padded_tokens == 0 { 1.0 } else { self.tokens as f64 / self.padded_tokens as f64 }
-    }
-}
-
-/// A segment whose speech tokens wait for token2wav.
-struct Ready {
-    item: usize,
-    segment: usize,
-    tokens: Vec<i64>,
-    voice: i64,
 }
 
 pub struct TextToSpeech {
@@ -336,91 +299,6 @@ impl From<tch::TchError> for StepError {
     }
 }
 
-/// Between LLM steps a bucket is taken only when it is this full: its segments' speech tokens over
-/// its size × its longest. Measured 2026-12-04 on the H200 (`scripts/device/text-e2e.sh`):
-/// taking the longest waiting segments as soon as a bucket's worth waited filled buckets to 0.54
-/// (a few long segments padded a hundred short ones) and token2wav ran at 258 audio-s/s inside
-/// text batches against 541 on equal lengths. The LLM keeps the GPU busy while like segments
-/// gather; at the batch's end every waiting segment is taken, longest first (`flush`).
-const MIN_FILL: f64 = 0.9;
-
-/// A token2wav call's fixed cost in padded speech tokens, for splitting the batch-end leftovers.
-/// From the H200 bench with both packages (2026-12-04): 32 ten-second items took 0.609 s and 64
-/// took 1.148 s, i.e. 16.8 ms an item (250 tokens) and 70 ms a call — about 1,000 tokens' worth.
-const BUCKET_OVERHEAD_TOKENS: usize = 1_000;
-
-/// The next token2wav batch from `ready`, sorted longest first: a run of consecutive segments as
-/// long as the admission rule and `max_batch` allow for its longest. With `flush`, the first run of
-/// the split of all of them that costs least ([`cheapest_first_run`]); otherwise the longest run
-/// that is complete (one more segment would not be admitted) and at least [`MIN_FILL`] full, or
-/// none: partial and ragged runs wait for more segments to finish.
-fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max_batch: usize, flush: bool) -> Option<Vec<Ready>> {
-    if ready.is_empty() {
-        return None;
-    }
-    ready.sort_by_key(|r| std::cmp::Reverse(r.tokens.len()));
-    let lengths: Vec<usize> = ready.iter().map(|r| r.tokens.len()).collect();
-    // How many segments from `start` one bucket admits (at least one: a lone segment that does
-    // not fit is the worker's to split). The admission rule is monotone in size: bisect.
-    let admitted = |start: usize| -> usize {
-        let (mut fits, mut refused) = (1, (lengths.len() - start).min(max_batch) + 1);
-        while refused - fits > 1 {
-            let mid = (fits + refused) / 2;
-            if admission.check(mid, lengths[start]).is_none() {
-                fits = mid;
-            } else {
-                refused = mid;
-            }
-        }
-        fits
-    };
-    if flush {
-        let size = cheapest_first_run(&lengths, admitted);
-        return Some(ready.drain(..size).collect());
-    }
-    let mut prefix = Vec::with_capacity(lengths.len() + 1);
-    prefix.push(0usize);
-    for len in &lengths {
-        prefix.push(prefix[prefix.len() - 1] + len);
-    }
-    for start in 0..lengths.len() {
-        let size = admitted(start);
-        let complete = size == max_batch || admission.check(size + 1, lengths[start]).is_some();
-        // Shorter runs further down admit at least as many and have fewer segments below them:
-        // none of them is complete either.
-        if !complete || start + size > lengths.len() {
-            return None;
-        }
-        let fill = (prefix[start + size] - prefix[start]) as f64 / (size * lengths[start]) as f64;
-        if fill >= MIN_FILL {
-            return Some(ready.drain(start..start + size).collect());
-        }
-    }
-    None
-}
-
-/// `lengths` (sorted longest first) split into consecutive runs, each at most `admitted(start)`
-/// long, so that the padded tokens plus [`BUCKET_OVERHEAD_TOKENS`] a run add up to the least: the
-/// first run's length. Segments left waiting for like-length peers (long ones, above all) go
-/// together instead of padding a bucket of short ones. Dynamic programming over suffixes (a run's
-/// cost is set by its first, longest segment): `lengths.len()` × `max_batch` steps.
-fn cheapest_first_run(lengths: &[usize], admitted: impl Fn(usize) -> usize) -> usize {
-    let n = lengths.len();
-    let mut cost = vec![0usize; n + 1];
-    let mut first = vec![1usize; n + 1];
-    for start in (0..n).rev() {
-        cost[start] = usize::MAX;
-        for size in 1..=admitted(start).min(n - start) {
-            let c = size * lengths[start] + BUCKET_OVERHEAD_TOKENS + cost[start + size];
-            if c < cost[start] {
-                cost[start] = c;
-                first[start] = size;
-            }
-        }
-    }
-    first[0]
-}
-
 /// Runs one token2wav batch and files each segment's audio (segments of failed jobs are skipped),
 /// counting it in `stats`.
 /// Out of memory with more than one segment: the bucket cap backs off, the admission rule hears
@@ -464,37 +342,6 @@ fn run_bucket(
     }
 }
 
-/// Clean buckets before the cap grows by one again.
-const RECOVER_AFTER: usize = 4;
-
-/// The token2wav bucket cap, AIMD: half the size of a bucket that ran out of memory, one more
-/// after every `RECOVER_AFTER` clean buckets, never above `[batching] max_batch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketCap {
-    pub cap: usize,
-    max: usize,
-    clean: usize,
-}
-
-impl BucketCap {
-    pub fn new(max: usize) -> BucketCap {
-        BucketCap { cap: max.max(1), max: max.max(1), clean: 0 }
-    }
-
-    pub fn clean(&mut self) {
-        self.clean += 1;
-        if self.clean >= RECOVER_AFTER {
-            self.clean = 0;
-            self.cap = (self.cap + 1).min(self.max);
-        }
-    }
-
-    pub fn out_of_memory(&mut self, size: usize) {
-        self.cap = (size / 2).max(1);
-        self.clean = 0;
-    }
-}
-
 impl Synthesizer for TextToSpeech {
     fn manifest(&self) -> &Manifest {
         Synthesizer::manifest(&self.token2wav)
@@ -523,92 +370,5 @@ impl Synthesizer for TextToSpeech {
         let mut stages = if llm.items > 0 { vec![llm] } else { Vec::new() };
         stages.extend(self.token2wav.take_stages());
         stages
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_bucket_cap_halves_below_an_oom_and_climbs_back_slowly_to_its_maximum() {
-        let mut cap = BucketCap::new(128);
-        cap.out_of_memory(128);
-        assert_eq!(cap.cap, 64);
-        cap.out_of_memory(64);
-        cap.out_of_memory(1);
-        assert_eq!(cap.cap, 1, "never below one");
-        for _ in 0..RECOVER_AFTER * 3 {
-            cap.clean();
-        }
-        assert_eq!(cap.cap, 4, "one more per {RECOVER_AFTER} clean buckets");
-        for _ in 0..RECOVER_AFTER * 1000 {
-            cap.clean();
-        }
-        assert_eq!(cap.cap, 128, "never above max_batch");
-        assert_eq!(BucketCap::new(0).cap, 1);
-    }
-
-    fn waiting(lengths: impl IntoIterator<Item = usize>) -> Vec<Ready> {
-        lengths.into_iter().enumerate().map(|(i, n)| Ready { item: i, segment: 0, tokens: vec![1; n], voice: 0 }).collect()
-    }
-
-    #[test]
-    fn between_llm_steps_a_bucket_is_taken_only_when_like_segments_fill_it() {
-        let budget = TokenBudget { max_batch_tokens: 1 << 30 };
-        // One long segment among short ones: a bucket led by it would be a third full.
-        let mut ready = waiting(std::iter::once(100).chain([10; 6]));
-        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("four like short segments fill a bucket");
-        assert_eq!(bucket.iter().map(|r| r.tokens.len()).collect::<Vec<_>>(), vec![10; 4]);
-        assert!(take_bucket(&mut ready, &budget, 4, false).is_none(), "100, 10, 10: no complete, full bucket");
-        assert_eq!(ready.len(), 3, "nothing taken");
-        ready.extend(waiting([98, 95, 90]));
-        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("the long one has peers now");
-        let lengths: Vec<usize> = bucket.iter().map(|r| r.tokens.len()).collect();
-        assert_eq!(lengths, vec![100, 98, 95, 90]);
-        let mut stats = BucketStats::default();
-        stats.add(lengths.iter().copied());
-        assert_eq!((stats.tokens, stats.padded_tokens), (383, 400));
-        // At the batch's end everything goes, longest first, split where padding plus each
-        // call's overhead costs least: 50 alone (1,050) and the rest together (1,040), not
-        // 50, 10, 10, 1 (1,200) and 1 (1,001).
-        ready.extend(waiting([50, 1, 1]));
-        let mut runs = Vec::new();
-        while let Some(b) = take_bucket(&mut ready, &budget, 4, true) {
-            runs.push(b.iter().map(|r| r.tokens.len()).collect::<Vec<_>>());
-        }
-        assert_eq!(runs, vec![vec![50], vec![10, 10, 1, 1]]);
-        assert!(ready.is_empty());
-    }
-
-    #[test]
-    fn at_the_batchs_end_long_leftovers_go_together_not_in_front_of_short_ones() {
-        let budget = TokenBudget { max_batch_tokens: 1 << 30 };
-        let mut ready = waiting([100, 98, 95].into_iter().chain([10; 200]));
-        let mut runs = Vec::new();
-        while let Some(b) = take_bucket(&mut ready, &budget, 128, true) {
-            runs.push((b.len(), b[0].tokens.len()));
-        }
-        // Longest first would pad 125 short segments to 100 (12,800 tokens for 1,543).
-        assert_eq!(runs[0], (3, 100), "the three long ones alone");
-        assert_eq!(runs.iter().map(|r| r.0).sum::<usize>(), 203);
-        assert!(runs[1..].iter().all(|r| r.1 == 10));
-        // A lone segment past what memory admits still goes (the worker splits what fails).
-        let mut ready = waiting([50, 50]);
-        let tight = TokenBudget { max_batch_tokens: 10 };
-        assert_eq!(take_bucket(&mut ready, &tight, 128, true).map(|b| b.len()), Some(1));
-    }
-
-    #[test]
-    fn a_memory_limited_bucket_is_complete_at_what_memory_admits() {
-        // 40 padded tokens: two segments of 20.
-        let budget = TokenBudget { max_batch_tokens: 40 };
-        let mut ready = waiting([20]);
-        assert!(take_bucket(&mut ready, &budget, 128, false).is_none(), "one of two");
-        ready.extend(waiting([20, 20]));
-        assert_eq!(take_bucket(&mut ready, &budget, 128, false).map(|b| b.len()), Some(2));
-        // A segment past the budget alone still goes (the worker splits what fails).
-        let mut ready = waiting([50]);
-        assert_eq!(take_bucket(&mut ready, &budget, 128, true).map(|b| b.len()), Some(1));
     }
 }
