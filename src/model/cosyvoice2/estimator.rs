@@ -113,8 +113,8 @@ impl TransformerBlock {
     }
 }
 
-/// The frames a level's transformer blocks run on, and how they attend.
-enum Frames {
+/// The frames a level's transformer blocks run on, and how they attend ([`Estimator::frames`]).
+pub enum Frames {
     /// `[B, T, C]`; `bias` `[B, 1, T, T]`: 0 for valid keys, −1e10 for padded ones.
     Padded { bias: Tensor },
     /// The valid frames of `[B, T, C]` packed to `[ΣT, C]`: flat positions `index` (b·T + t),
@@ -287,25 +287,34 @@ impl Estimator {
         Tensor::f_cat(&[emb.f_sin()?, emb.f_cos()?], -1)
     }
 
+    /// How calls with this `mask` attend (the same for every Euler step of a batch: the flow makes
+    /// it once). `mu`'s kind is the projections' (autocast's, or the weights'): FlashAttention
+    /// serves bf16/fp16 only.
+    pub fn frames(&self, mask: &Tensor, mu: &Tensor) -> R<Frames> {
+        Frames::new(mask, self.attention, mu.kind())
+    }
+
     /// `x`, `mu`, `cond`: `[B, 80, T]`; `mask`: `[B, 1, T]`; `t`: `[B]`; `spks`: `[B, 80]` → `[B, 80, T]`.
     pub fn forward(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
+        self.forward_with(x, mask, mu, t, spks, cond, &self.frames(mask, mu)?)
+    }
+
+    /// [`Estimator::forward`] with the `frames` [`Estimator::frames`] made for `mask`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor, frames: &Frames) -> R<Tensor> {
         let t = Self::time_embedding(t)?.f_to_kind(t.kind())?;
         let t = self.time_2.forward(&self.time_1.forward(&t)?.f_silu()?)?;
         let (_, _, len) = x.size3()?;
         let spks = spks.f_unsqueeze(-1)?.f_expand([-1, -1, len], false)?;
         let h = Tensor::f_cat(&[x.shallow_clone(), mu.shallow_clone(), spks, cond.shallow_clone()], 1)?;
-        // The time MLP's output is of the kind the transformer blocks' projections will be
-        // (autocast's, or the weights').
-        let frames = Frames::new(mask, self.attention, t.kind())?;
-
-        let skip = self.down.forward(&h, mask, &frames, &t)?;
+        let skip = self.down.forward(&h, mask, frames, &t)?;
         let mut h = self.down.resample(&skip, mask)?;
         for level in &self.mid {
-            h = level.forward(&h, mask, &frames, &t)?;
+            h = level.forward(&h, mask, frames, &t)?;
         }
         let (_, _, skip_len) = skip.size3()?;
         let h = Tensor::f_cat(&[h.f_narrow(2, 0, skip_len)?, skip], 1)?;
-        let h = self.up.forward(&h, mask, &frames, &t)?;
+        let h = self.up.forward(&h, mask, frames, &t)?;
         let h = self.up.resample(&h, mask)?;
         let h = self.final_block.forward(&h, mask)?;
         self.final_proj.forward(&h.f_mul(mask)?)?.f_mul(mask)

@@ -11,7 +11,7 @@
 use tch::{Kind, Tensor};
 
 use super::encoder::Encoder;
-use super::estimator::{Estimator, EstimatorDims};
+use super::estimator::{Estimator, EstimatorDims, Frames};
 use super::layers::{length_mask, Linear, R};
 use super::weights::Weights;
 use crate::model::compiled::{CompiledStage, KernelCounts};
@@ -178,16 +178,25 @@ impl Flow {
         let spks_in = Tensor::f_cat(&[spks.shallow_clone(), spks.f_zeros_like()?], 0)?;
         let cond_in = Tensor::f_cat(&[cond.shallow_clone(), cond.f_zeros_like()?], 0)?;
         let mut x = z.f_to_kind(Kind::Float)?;
+        // Every step runs on the same shapes: the compiled package or the eager port (whose
+        // attention layout, packed or padded, is made once).
+        enum Runs<'a> {
+            Compiled(&'a CompiledStage),
+            Eager(Frames),
+        }
+        let runs = match self.compiled.as_ref().filter(|c| c.fits(2 * b, frames)) {
+            Some(c) => Runs::Compiled(c),
+            None => Runs::Eager(self.estimator.frames(&mask_in, &mu_in)?),
+        };
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
-            let package = self.compiled.as_ref().filter(|c| c.fits(2 * b, frames));
-            self.steps_run.count(package.is_some());
-            let d = match package {
-                Some(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
+            self.steps_run.count(matches!(runs, Runs::Compiled(_)));
+            let d = match &runs {
+                Runs::Compiled(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
                     tch::TchError::Torch("the compiled estimator returned nothing".into())
                 })?,
-                None => self.estimator.forward(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?,
+                Runs::Eager(layout) => self.estimator.forward_with(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in, layout)?,
             }
             .f_to_kind(Kind::Float)?;
             let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);
