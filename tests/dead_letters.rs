@@ -32,7 +32,7 @@ async fn dead_letters_are_listed_without_being_consumed_requeued_once_after_a_fi
     env.publish(&jobs).await;
     env.publish_raw(&[b"not json at all"]).await;
     env.drain().await;
-    assert_eq!(env.depths().await, (0, 5), "four long jobs and the unparseable body are dead-lettered");
+    assert_eq!(env.depths_settled((0, 5)).await, (0, 5), "four long jobs and the unparseable body are dead-lettered");
 
     // list: everything, with codes and campaigns; nothing consumed.
     let all = commands::dead(&env.cfg, &filter(None, None), DeadAction::List).await.unwrap();
@@ -42,14 +42,14 @@ async fn dead_letters_are_listed_without_being_consumed_requeued_once_after_a_fi
     let first_a = all.rows.iter().find(|r| r.job_id == Some(a_long[0].job_id)).unwrap();
     assert_eq!((first_a.campaign.as_deref(), first_a.rejections), (Some("a"), Some(1)));
     assert!(first_a.reason.contains("20"), "the reason says the limit: {}", first_a.reason);
-    assert_eq!(env.depths().await, (0, 5), "listing consumes nothing");
+    assert_eq!(env.depths_settled((0, 5)).await, (0, 5), "listing consumes nothing");
     let only_b = commands::dead(&env.cfg, &filter(Some("b"), None), DeadAction::List).await.unwrap();
     assert_eq!(only_b.rows.iter().map(|r| r.job_id).collect::<Vec<_>>(), vec![Some(b_long[0].job_id)]);
     let limited = DeadFilter { limit: Some(2), ..filter(None, Some("text_too_long")) };
     assert_eq!(commands::dead(&env.cfg, &limited, DeadAction::List).await.unwrap().rows.len(), 2);
     let dry = commands::dead(&env.cfg, &filter(Some("a"), None), DeadAction::Requeue { dry_run: true }).await.unwrap();
     assert!(dry.rows.len() == 3 && dry.rows.iter().all(|r| r.outcome == "would-requeue"));
-    assert_eq!(env.depths().await, (0, 5), "a dry run changes nothing");
+    assert_eq!(env.depths_settled((0, 5)).await, (0, 5), "a dry run changes nothing");
 
     // An interrupted requeue: the copy published and recorded, the dead copy never acked.
     {
@@ -67,14 +67,14 @@ async fn dead_letters_are_listed_without_being_consumed_requeued_once_after_a_fi
         drop(walk); // the process dies here: the connection goes, unacked messages return
         let _ = conn.close(200, "gone".into()).await;
     }
-    assert_eq!(env.depths().await, (1, 5), "the copy is in both queues");
+    assert_eq!(env.depths_settled((1, 5)).await, (1, 5), "the copy is in both queues");
 
     // The run after it acks that copy instead of publishing it again, and requeues the rest.
     let requeued = commands::dead(&env.cfg, &filter(Some("a"), None), DeadAction::Requeue { dry_run: false }).await.unwrap();
     let outcome = |id| requeued.rows.iter().find(|r| r.job_id == Some(id)).map(|r| r.outcome);
     assert_eq!(outcome(a_long[0].job_id), Some("already-requeued"));
     assert_eq!((outcome(a_long[1].job_id), outcome(a_long[2].job_id)), (Some("requeued"), Some("requeued")));
-    assert_eq!(env.depths().await, (3, 2), "each of campaign a's jobs once in the job queue; b and the bad body stay dead");
+    assert_eq!(env.depths_settled((3, 2)).await, (3, 2), "each of campaign a's jobs once in the job queue; b and the bad body stay dead");
 
     // The fix: the limit raised. The requeued jobs are synthesized, once each.
     let mut fixed = env.cfg.clone();
@@ -89,7 +89,7 @@ async fn dead_letters_are_listed_without_being_consumed_requeued_once_after_a_fi
     let again = commands::dead(&env.cfg, &filter(None, Some("not_json")), DeadAction::Requeue { dry_run: false }).await.unwrap();
     assert_eq!(again.rows.len(), 1);
     env.drain_with(&fixed).await;
-    assert_eq!(env.depths().await, (0, 2));
+    assert_eq!(env.depths_settled((0, 2)).await, (0, 2));
     assert_eq!(env.count("SELECT count(*) FROM rejections WHERE code = 'not_json'").await, 2);
 
     // Purging needs --yes; with it the messages are gone and Postgres keeps their history.
@@ -109,11 +109,11 @@ async fn dead_letters_are_listed_without_being_consumed_requeued_once_after_a_fi
     };
     let refused = purge(false);
     assert!(!refused.status.success() && String::from_utf8_lossy(&refused.stderr).contains("--yes"));
-    assert_eq!(env.depths().await, (0, 2));
+    assert_eq!(env.depths_settled((0, 2)).await, (0, 2));
     let purged = purge(true);
     assert!(purged.status.success(), "{}", String::from_utf8_lossy(&purged.stderr));
     assert!(String::from_utf8_lossy(&purged.stdout).contains("purged"));
-    assert_eq!(env.depths().await, (0, 1), "only campaign b's job was purged");
+    assert_eq!(env.depths_settled((0, 1)).await, (0, 1), "only campaign b's job was purged");
     let kept = env.db.job_histories(&[b_long[0].job_id]).await.unwrap();
     assert_eq!(kept.get(&b_long[0].job_id).map(|h| h.rejections), Some(1), "Postgres keeps a purged job's history");
     env.cleanup().await;

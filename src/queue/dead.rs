@@ -27,6 +27,9 @@ pub const DEAD_AT_HEADER: &str = "x-voxbatch-dead-lettered-at";
 /// Header `dead requeue` stamps on the republished copy: the code it was dead-lettered with.
 pub const REQUEUED_FROM_HEADER: &str = "x-voxbatch-requeued-from";
 
+/// How long [`DeadLetters::give_back`] waits for the queue to count the returned messages.
+const GIVE_BACK_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One message of the dead-letter queue, held (unacknowledged) by the browsing channel.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
@@ -128,6 +131,10 @@ impl DeadLetters {
     }
 
     /// Returns every message this walk holds to the queue and closes the channel.
+    ///
+    /// A quorum queue takes nacked messages back through its log, a moment after the nack: this
+    /// waits (up to [`GIVE_BACK_SETTLE`]) until the queue counts at least as many ready messages as
+    /// were given back, so a command run right after this one sees them all.
     pub async fn give_back(self) -> Result<(), QueueError> {
         if let Some(&last) = self.held.last() {
             // `multiple` nacks every unacknowledged tag up to `last` on this channel: exactly the held ones.
@@ -135,6 +142,15 @@ impl DeadLetters {
                 .basic_nack(last, BasicNackOptions { multiple: true, requeue: true })
                 .await
                 .map_err(amqp("basic.nack"))?;
+            let given_back = self.held.len() as u32;
+            let deadline = std::time::Instant::now() + GIVE_BACK_SETTLE;
+            loop {
+                let (_, ready) = super::queue_depths(&self.channel, &self.cfg).await?;
+                if ready >= given_back || std::time::Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
         }
         let _ = self.channel.close(200, "done".into()).await;
         Ok(())

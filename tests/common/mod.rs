@@ -106,6 +106,20 @@ impl TestEnv {
         d
     }
 
+    /// The depths once they equal `expected`, or the last ones read after 10 s. Messages that a
+    /// nack or a closed channel returns reach a quorum queue through its log, a moment after the
+    /// close is confirmed: read at once, they can still count as held.
+    pub async fn depths_settled(&self, expected: (u32, u32)) -> (u32, u32) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = self.depths().await;
+            if d == expected || std::time::Instant::now() > deadline {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn model(&self) -> ModelHandle {
         self.model_at(&self.cfg.model.dir)
     }
