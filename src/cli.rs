@@ -339,6 +339,10 @@ pub enum BenchCommand {
         /// Timed repetitions per point, after one warm-up (median reported).
         #[arg(long, default_value_t = 3)]
         repeats: usize,
+        /// Let cuDNN time its convolution algorithms per shape and keep the fastest (torch's
+        /// `cudnn.benchmark`; off by default, as the official code runs). The warm-up pays the tuning.
+        #[arg(long)]
+        cudnn_benchmark: bool,
         /// Where results go.
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,

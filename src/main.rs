@@ -339,7 +339,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
             println!("{}", voxbatch::bench::sweetspot::markdown(&report));
             print_written(&paths);
         }
-        Some(BenchCommand::Token2wav { model, device, precisions, vocoders, batches, utterance_seconds, repeats, out }) => {
+        Some(BenchCommand::Token2wav { model, device, precisions, vocoders, batches, utterance_seconds, repeats, cudnn_benchmark, out }) => {
             let opts = voxbatch::bench::token2wav::Token2WavBenchOptions {
                 model_dir: model,
                 device: device.parse().context("--device")?,
@@ -348,6 +348,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
                 batches,
                 utterance_seconds,
                 repeats: repeats.max(1),
+                cudnn_benchmark,
                 seed: 7,
             };
             let (report, paths) = commands::bench_token2wav(opts, &out, |p| {

@@ -91,6 +91,7 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
         batches: vec![1, 2],
         utterance_seconds: 0.4,
         repeats: 1,
+        cudnn_benchmark: false,
         seed: 7,
     };
     let report = run(&opts, |_| {}).unwrap();

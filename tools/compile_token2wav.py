@@ -27,10 +27,13 @@ and diffusers' `Attention.prepare_attention_mask` by the same per-head repeat wi
 measured on a GPU) runs the estimator's self-attention through FlexAttention instead
 (`FlexSelfAttention`): padded keys masked inside the kernel, no bias in memory; its eager module
 equals the SDPA one (4e-6 on the tiny model), but inductor's CPU backend refuses to compile it
-(torch 2.11), so on a CPU it serves only that comparison. `--check` compares the package with the eager
+(torch 2.11), so on a CPU it serves only that comparison. `--attention flash` (experimental, not
+yet measured on a GPU) calls FlashAttention's varlen kernel on the padded layout with each item's
+key count (`FlashSelfAttention`; AOTInductor keeps it as a call to aten's kernel): no bias, padded
+keys never read; on a CPU or in fp32 it is SDPA with a boolean key mask. `--check` compares the package with the eager
 reference on random inputs and prints the worst difference.
 
-Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention sdpa|flex]
+Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention sdpa|flex|flash]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--check]
 """
@@ -116,6 +119,44 @@ class FlexSelfAttention:
         return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
 
 
+class FlashSelfAttention:
+    """diffusers' `AttnProcessor2_0` as the estimator's self-attention uses it, through
+    FlashAttention on the padded layout (`--attention flash`): `[B·T, heads, d]` as B sequences of
+    T frames laid end to end, each reading only its first `length` keys (`seqused_k`) — no bias in
+    memory, no gather of valid frames, padded keys never read. Padded query rows attend to the
+    valid keys as they do in the reference (their output is masked later). Needs CUDA and bf16/fp16
+    (the flow's autocast); elsewhere SDPA with the same key-padding mask as a broadcast boolean, the
+    same result (the CPU's check of this processor against the bias)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kwargs):
+        assert encoder_hidden_states is None and attn.spatial_norm is None and attn.group_norm is None
+        assert attn.norm_q is None and attn.norm_k is None and not attn.residual_connection
+        b, t, _ = hidden_states.shape
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        heads = attn.heads
+        head_dim = key.shape[-1] // heads
+        if attention_mask is None:
+            valid = torch.ones(b, t, dtype=torch.bool, device=query.device)
+        else:
+            valid = attention_mask[:, 0, :] > -1.0
+        lengths = valid.sum(dim=-1, dtype=torch.int32)
+        # An item with no valid frame attends to every key, as exportable_chunk_mask makes the reference do.
+        lengths = torch.where(lengths == 0, torch.full_like(lengths, t), lengths)
+        if query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16):
+            q, k, v = (x.reshape(b * t, heads, head_dim) for x in (query, key, value))
+            offsets = torch.arange(b + 1, device=query.device, dtype=torch.int32) * t
+            out = torch.ops.aten._flash_attention_forward(q, k, v, offsets, offsets, t, t, 0.0, False, False,
+                                                          seqused_k=lengths)[0]
+            out = out.reshape(b, t, heads * head_dim)
+        else:
+            keys = torch.arange(t, device=query.device).unsqueeze(0) < lengths.unsqueeze(1)
+            q, k, v = (x.view(b, -1, heads, head_dim).transpose(1, 2) for x in (query, key, value))
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
+            out = out.transpose(1, 2).reshape(b, -1, heads * head_dim)
+        out = out.to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
+
+
 def exportable_chunk_mask(xs, masks, use_dynamic_chunk, use_dynamic_left_chunk, decoding_chunk_size,
                           static_chunk_size, num_decoding_left_chunks, enable_full_context=True):
     """`add_optional_chunk_mask` as the non-streaming estimator calls it, without `.item()`."""
@@ -168,10 +209,11 @@ def build_estimator(model_dir, device, precision, attention="sdpa"):
     missing, unexpected = estimator.load_state_dict(stage_weights(model_dir, "flow.decoder.estimator."), strict=False)
     if missing or unexpected:
         sys.exit(f"token2wav.safetensors does not fit the estimator: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if attention == "flex":
+    if attention != "sdpa":
+        processor = {"flex": FlexSelfAttention, "flash": FlashSelfAttention}[attention]
         for module in estimator.modules():
             if isinstance(module, Attention):
-                module.set_processor(FlexSelfAttention())
+                module.set_processor(processor())
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
@@ -345,13 +387,15 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     # hide that (and what) the compile wrote.
     print(json.dumps(report), flush=True)
     if check:
-        loaded = torch._inductor.aoti_load_package(path)
-        worst = worst_difference(loaded, module, example, device)
-        print(json.dumps({"package": path, "max_abs_difference_vs_eager": worst}), flush=True)
+        # The eager comparison first: loading the package into Python has ended this process
+        # silently on the H200 host.
         if stage == "estimator" and attention != "sdpa":
             reference = STAGES[stage][0](model_dir, device, precision, attention="sdpa")
             worst = worst_difference(module, reference, example, device)
             print(json.dumps({"attention": attention, "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
+        loaded = torch._inductor.aoti_load_package(path)
+        worst = worst_difference(loaded, module, example, device)
+        print(json.dumps({"package": path, "max_abs_difference_vs_eager": worst}), flush=True)
 
 
 def worst_difference(a, b, example, device):
@@ -373,8 +417,9 @@ def main():
     ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
     ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
-    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"],
-                    help="the estimator's attention: SDPA with the reference's bias, or FlexAttention masking padded keys in the kernel")
+    ap.add_argument("--attention", default="sdpa", choices=["sdpa", "flex", "flash"],
+                    help="the estimator's attention: SDPA with the reference's bias, FlexAttention masking padded keys in "
+                         "the kernel, or FlashAttention reading each item's valid keys only (CUDA, bf16/fp16)")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     device = torch.device(a.device)

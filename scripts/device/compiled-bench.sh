@@ -8,14 +8,16 @@
 # Carry: .whl .t2w/voxbatch.xz (pack-gpu.sh). Env: OUT, STAGE (all | compile | bench: compiling the
 # full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
-# STAGES (estimator,hift: what the compile stage compiles), ATTENTION (sdpa | flex: the estimator's
+# STAGES (estimator,hift: what the compile stage compiles), ATTENTION (sdpa | flex | flash: the estimator's
 # attention, tools/compile_token2wav.py --attention), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
 # compiled one), PROFILE (set: after the benches, Nsight Systems' kernel summary of one compiled
 # batch of 128 where the host has nsys, and tools/profile_estimator.py's kernels of the estimator
 # package at batch 256, 504 frames), PY. A fresh machine has neither model: compile and
-# bench in one call. PACKED (set: also the eager model with flow_attention = "packed").
+# bench in one call. EAGER_ATTENTION ("packed flash": also the eager model with each of these
+# flow_attention values; PACKED=1 means packed), CUDNN_BENCHMARK (set: the compiled directory again
+# with `--cudnn-benchmark`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
@@ -45,21 +47,29 @@ $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" -
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -6 | tee "$OUT/compile-${STAGES/,/-}.log"
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
-# PACKED=1: a third directory, the eager model with `flow_attention = "packed"` (the estimator's
-# transformer levels on valid frames only, FlashAttention varlen), benched after the others.
-PK=/tmp/cv2full-packed
-if [ -n "${PACKED:-}" ]; then
-  mkdir -p "$PK"
-  for f in "$M"/model/*; do case "$(basename "$f")" in compiled|model.toml) ;; *) ln -sfn "$f" "$PK/" ;; esac; done
-  sed 's/^\[cosyvoice2\]$/[cosyvoice2]\nflow_attention = "packed"/' "$M/model/model.toml" > "$PK/model.toml"
-  grep -q '^flow_attention = "packed"' "$PK/model.toml" || { log "could not set flow_attention in $PK/model.toml"; exit 1; }
-fi
-for d in ${BENCH_DIRS:-$M/model $C} ${PACKED:+$PK}; do
-  name=$(basename "$d"); log "bench token2wav: $name"
+# EAGER_ATTENTION="packed flash": one more directory per value, the eager model with that
+# `flow_attention` (packed: the estimator's transformer levels on valid frames only, FlashAttention
+# varlen; flash: the padded batch through FlashAttention with each item's key count), benched after
+# the others. PACKED=1 is EAGER_ATTENTION=packed.
+EAGER_ATTENTION=${EAGER_ATTENTION:-${PACKED:+packed}}
+EXTRA_DIRS=
+for a in $EAGER_ATTENTION; do
+  D=/tmp/cv2full-$a; mkdir -p "$D"
+  for f in "$M"/model/*; do case "$(basename "$f")" in compiled|model.toml) ;; *) ln -sfn "$f" "$D/" ;; esac; done
+  sed "s/^\[cosyvoice2\]\$/[cosyvoice2]\nflow_attention = \"$a\"/" "$M/model/model.toml" > "$D/model.toml"
+  grep -q "^flow_attention = \"$a\"" "$D/model.toml" || { log "could not set flow_attention in $D/model.toml"; exit 1; }
+  EXTRA_DIRS="$EXTRA_DIRS $D"
+done
+# CUDNN_BENCHMARK=1: the compiled directory once more with cuDNN's per-shape algorithm search.
+[ -n "${CUDNN_BENCHMARK:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:cudnn-benchmark"
+for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
+  d=${entry%%:*}; flag=; name=$(basename "$d")
+  [ "$entry" != "$d" ] && { flag=--${entry#*:}; name=$name-${entry#*:}; }
+  log "bench token2wav: $name"
   # The whole output is kept (a failure's message and whatever the process printed before an
   # abort); the console gets the summary lines.
   RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
-    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
+    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
   rc=$?
   grep -E "audio-s/s|compiled|eager|failed|^\| " "$OUT/$name.full.log" | tee "$OUT/$name.log"
   [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/$name.full.log"; }

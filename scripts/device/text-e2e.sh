@@ -18,7 +18,7 @@
 # token2wav weights are the same seeded build, and a worker uses a package only if its weights
 # digest matches (batches.kernels and the worker log say which ran). COMPILED=none: eager.
 # Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
-# COMPILED, FLOW_ATTENTION (padded | packed), PY.
+# COMPILED, FLOW_ATTENTION (padded | packed | flash), PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD

@@ -30,6 +30,8 @@ pub struct Token2WavBenchOptions {
     pub batches: Vec<usize>,
     pub utterance_seconds: f64,
     pub repeats: usize,
+    /// cuDNN's per-shape algorithm search (`cudnn.benchmark`), for the whole process.
+    pub cudnn_benchmark: bool,
     pub seed: u64,
 }
 
@@ -71,6 +73,7 @@ pub struct Token2WavReport {
     pub utterance_seconds: f64,
     pub tokens_per_utterance: usize,
     pub repeats: usize,
+    pub cudnn_benchmark: bool,
     pub created_at: String,
     pub points: Vec<Point>,
     pub quality: Vec<Quality>,
@@ -82,6 +85,7 @@ const QUALITY_ITEMS: usize = 8;
 /// Runs the sweep; `progress` gets one line per point.
 pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Result<Token2WavReport, ModelError> {
     let manifest = Manifest::load(&opts.model_dir)?;
+    tch::Cuda::cudnn_set_benchmark(opts.cudnn_benchmark);
     let tokens = (opts.utterance_seconds * 25.0).round().max(1.0) as usize;
     let vocab = manifest.vocab_size();
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
@@ -199,6 +203,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         utterance_seconds: tokens as f64 / 25.0,
         tokens_per_utterance: tokens,
         repeats: opts.repeats,
+        cudnn_benchmark: opts.cudnn_benchmark,
         created_at: chrono::Utc::now().to_rfc3339(),
         points,
         quality,
@@ -208,10 +213,16 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
 /// The Markdown table (one row per precision and batch).
 pub fn table(r: &Token2WavReport) -> String {
     let mut s = format!(
-        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}\n\n\
+        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}{}\n\n\
          | flow | HiFT | batch | s/batch | audio-s/s | encoder % | flow steps % | HiFT % | peak GiB |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
-        r.model, r.gpu, r.device, r.utterance_seconds, r.tokens_per_utterance, r.repeats
+        r.model,
+        r.gpu,
+        r.device,
+        r.utterance_seconds,
+        r.tokens_per_utterance,
+        r.repeats,
+        if r.cudnn_benchmark { ", cuDNN benchmark mode" } else { "" }
     );
     for p in &r.points {
         let peak = p.peak_memory_bytes.map_or("-".to_string(), |b| format!("{:.2}", b as f64 / (1u64 << 30) as f64));

@@ -84,8 +84,8 @@ pub struct Cosyvoice2Dims {
     /// Before `vocoder_precision`: `true` = `fp32`; `false` (or absent) now means the default, `tf32`.
     #[serde(default)]
     pub vocoder_fp32: bool,
-    /// How the eager flow estimator attends: `padded` (the default) or `packed` (experimental;
-    /// see [`super::cosyvoice2::estimator::FlowAttention`]). Compiled packages are not affected.
+    /// How the eager flow estimator attends: `padded` (the default), `packed` or `flash`
+    /// (experimental; see [`super::cosyvoice2::estimator::FlowAttention`]). Compiled packages are not affected.
     #[serde(default)]
     pub flow_attention: super::cosyvoice2::estimator::FlowAttention,
     /// The speech-token LM (`llm.safetensors`), when the model has one.

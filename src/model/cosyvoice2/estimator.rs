@@ -27,6 +27,11 @@ pub enum FlowAttention {
     /// SDPA with a block-diagonal mask (`[ΣT, ΣT]`: for tests and small batches), and at fp32 on
     /// CUDA the padded path runs.
     Packed,
+    /// Experimental (not yet measured on a GPU): the padded batch as B sequences of T frames laid
+    /// end to end, FlashAttention's variable-length kernel reading only each item's valid keys
+    /// (`seqused_k`) — no bias in memory, no gather, no device-to-host read. CUDA in bf16/fp16;
+    /// elsewhere the padded path runs.
+    Flash,
 }
 
 const IN: i64 = 320;
@@ -120,13 +125,24 @@ pub enum Frames {
     /// The valid frames of `[B, T, C]` packed to `[ΣT, C]`: flat positions `index` (b·T + t),
     /// item offsets `cu` (int32, B + 1), the longest item.
     Packed { index: Tensor, cu: Tensor, longest: i64, mask: Option<Tensor> },
+    /// `[B, T, C]` read as B sequences of T frames end to end: item offsets `cu` (int32, B + 1,
+    /// b·T) and each item's valid keys `used` (int32, B).
+    PaddedFlash { cu: Tensor, used: Tensor },
 }
 
 impl Frames {
     fn new(mask: &Tensor, layout: FlowAttention, kind: Kind) -> R<Frames> {
         let (_, _, t) = mask.size3()?;
         let flash = mask.device().is_cuda() && matches!(kind, Kind::BFloat16 | Kind::Half);
-        if layout == FlowAttention::Padded || (mask.device().is_cuda() && !flash) {
+        if layout == FlowAttention::Flash && flash {
+            let b = mask.size()[0];
+            let used = mask.f_sum_dim_intlist([1, 2].as_slice(), false, Kind::Float)?.f_round()?.f_to_kind(Kind::Int)?;
+            // An item with no valid frame attends to every key, as the bias makes the padded path do.
+            let used = used.f_where_scalarother(&used.f_gt(0)?, t)?;
+            let cu = Tensor::f_arange_start_step(0i64, (b + 1) * t, t, (Kind::Int, mask.device()))?;
+            return Ok(Frames::PaddedFlash { cu, used });
+        }
+        if layout != FlowAttention::Packed || (mask.device().is_cuda() && !flash) {
             // Key-padding bias, the same for every query row and head: (1 − mask) · −1e10.
             let bias = mask.f_unsqueeze(1)?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?.f_mul_scalar(-1.0e10)?.f_expand([-1, -1, t, -1], false)?;
             return Ok(Frames::Padded { bias });
@@ -158,7 +174,7 @@ impl Frames {
     /// `[B, T, C]` → what the blocks run on.
     fn enter(&self, h: &Tensor) -> R<Tensor> {
         match self {
-            Frames::Padded { .. } => Ok(h.shallow_clone()),
+            Frames::Padded { .. } | Frames::PaddedFlash { .. } => Ok(h.shallow_clone()),
             Frames::Packed { index, .. } => {
                 let (b, t, c) = h.size3()?;
                 h.f_reshape([b * t, c])?.f_index_select(0, index)
@@ -169,7 +185,7 @@ impl Frames {
     /// What the blocks made → `[B, T, C]` (padded frames zero: every next use masks them).
     fn leave(&self, x: &Tensor, like: &Tensor) -> R<Tensor> {
         match self {
-            Frames::Padded { .. } => Ok(x.shallow_clone()),
+            Frames::Padded { .. } | Frames::PaddedFlash { .. } => Ok(x.shallow_clone()),
             Frames::Packed { index, .. } => {
                 let (b, t, c) = like.size3()?;
                 Tensor::f_zeros([b * t, c], (x.kind(), x.device()))?.f_index_copy(0, index, x)?.f_view([b, t, c])
@@ -186,6 +202,12 @@ impl Frames {
                 let bias = bias.f_to_kind(q.kind())?;
                 let a = Tensor::f_scaled_dot_product_attention(&split(q)?, &split(k)?, &split(v)?, Some(&bias), 0.0, false, None, false)?;
                 a.f_transpose(1, 2)?.f_reshape([b, t, -1])
+            }
+            Frames::PaddedFlash { cu, used } => {
+                let (b, t, _) = q.size3()?;
+                let split = |y: &Tensor| y.f_reshape([b * t, heads, -1])?.f_contiguous();
+                let a = crate::model::shim::flash_attention_varlen(&split(q)?, &split(k)?, &split(v)?, cu, cu, Some(used), t, t, false)?;
+                a.f_reshape([b, t, -1])
             }
             Frames::Packed { cu, longest, mask: None, .. } => {
                 let (n, _) = q.size2()?;
