@@ -89,11 +89,12 @@ if [ ! -f models/cosyvoice2-llm-parity/tokenizer_parity.json ] || [ tools/make_l
   LLM_BUILT=1
 fi
 if [ "$LLM_BUILT" = 1 ] || [ ! -f models/cosyvoice2-tiny-parity/parity.safetensors ] || [ ! -f models/cosyvoice2-tiny/llm.safetensors ] \
+   || [ ! -f models/cosyvoice2-tiny-parity/parity-bf16-cpu.safetensors ] \
    || [ tools/make_parity_fixtures.py -nt models/cosyvoice2-tiny-parity/parity.safetensors ] \
    || [ tools/convert_cosyvoice.py -nt models/cosyvoice2-tiny/token2wav.safetensors ] || [ ! -f models/cosyvoice2-tiny/fsts/zh/tn/tagger.fst ] \
    || [ ! -f models/cosyvoice2-tiny/campplus.onnx ]; then
   log "building the CosyVoice2 parity fixtures (tiny) and converting them"
-  .venv/bin/python tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity > /dev/null
+  .venv/bin/python tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity --precisions bf16 > /dev/null
   # The LLM fixture's llm.pt and Qwen2 config make the tiny model a whole CosyVoice2 directory.
   cp -r models/cosyvoice2-llm-parity/official/. models/cosyvoice2-tiny-parity/official/
   # The speech tokenizer's and CAM++'s random stand-ins (64 speech tokens, the tiny model's) make

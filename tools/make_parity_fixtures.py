@@ -10,7 +10,13 @@ seed, and writes:
   OUT/parity.safetensors  inputs (tokens, prompt, x-vector, the fixed flow noise, the vocoder's random
                           draws) and the reference outputs of each stage, per item, run the way the
                           official code runs (batch 1, fp32, CPU, non-streaming);
-  OUT/parity.json         the items' lengths and the config.
+  OUT/parity.json         the items' lengths and the config;
+  OUT/parity-<precision>-<cpu|cuda>.safetensors  (with --precisions) the reference's outputs of the
+                          same items per stage at a reduced precision, run as the official code runs
+                          it: the flow under that autocast, HiFT outside autocast with torch's default
+                          flags (cuDNN convolutions in TF32 on a GPU), the vocoder's draws replayed.
+                          Stages: `encoder_out` and `mel` (the whole flow), `est.out` (one estimator
+                          call on the fp32 fixtures' recorded inputs), `wav` (HiFT on this mel).
 
 `tools/convert_cosyvoice.py OUT/official OUT` then writes the model directory voxbatch loads, and
 `tests/cosyvoice2_parity.rs` compares the Rust port with the reference outputs.
@@ -18,9 +24,10 @@ seed, and writes:
 Only the token2wav half of the package is imported; its LLM, CLI and training helpers (which pull in
 transformers, torchaudio, lightning, hydra) are stubbed out of sys.modules before the import.
 
-Usage: make_parity_fixtures.py --config tiny|full --out DIR [--seed N]
+Usage: make_parity_fixtures.py --config tiny|full --out DIR [--seed N] [--precisions bf16,fp16 --device cpu|cuda:0]
 """
 import argparse
+import copy
 import importlib.util
 import json
 import os
@@ -122,6 +129,50 @@ def record_calls(module, name, store):
     return module.register_forward_hook(hook, with_kwargs=True)
 
 
+class ReplayedDraws:
+    """Makes torch.rand / torch.randn_like return recorded draws, in order, on `device`."""
+    def __init__(self, draws, device):
+        self.draws, self.device = list(draws), device
+
+    def __enter__(self):
+        self._rand, self._randn_like = torch.rand, torch.randn_like
+        def next_draw(kind, *_a, **_k):
+            got, tensor = self.draws.pop(0)
+            assert got == kind, (got, kind)
+            return tensor.to(self.device)
+        torch.rand = lambda *a, **k: next_draw("rand")
+        torch.randn_like = lambda *a, **k: next_draw("randn_like")
+        return self
+
+    def __exit__(self, *exc):
+        torch.rand, torch.randn_like = self._rand, self._randn_like
+
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def precision_fixtures(flow, hift, recorded, precision, device):
+    """The reference's per-stage outputs of the recorded items at `precision` on `device`, as the
+    official code runs it (see the module doc): {name: tensor}."""
+    dtype, kind = AUTOCAST[precision], device.type
+    flow, hift = copy.deepcopy(flow).to(device), copy.deepcopy(hift).to(device)
+    on = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    out = {}
+    for i, r in enumerate(recorded):
+        calls = {}
+        hook = record_calls(flow.encoder_proj, "encoder_proj", calls)
+        with torch.inference_mode(), torch.autocast(kind, dtype=dtype):
+            mel, _ = flow.inference(**{k: on(v) for k, v in r["flow"].items()}, streaming=False, finalize=True)
+            args, kwargs = r["estimator"]
+            est = flow.decoder.estimator(*(on(a) for a in args), **{k: on(v) for k, v in kwargs.items()})
+        hook.remove()
+        with torch.inference_mode(), ReplayedDraws(r["draws"], device):
+            wav, _ = hift.inference(speech_feat=mel.float())
+        p = f"item{i}."
+        out.update({p + "encoder_out": calls["encoder_proj"][2][0], p + "est.out": est, p + "mel": mel[0], p + "wav": wav[0]})
+    return {k: v.float().cpu().contiguous() for k, v in out.items()}
+
+
 class RandomDraws:
     """Records what torch.rand / torch.randn_like return while active (the HiFT source's draws)."""
     def __init__(self):
@@ -150,6 +201,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--no-fixtures", action="store_true", help="write only the official directory (for benches)")
+    ap.add_argument("--precisions", default="", help="also the reference's outputs at these precisions (bf16, fp16)")
+    ap.add_argument("--device", default="cpu", help="where the --precisions fixtures run (cpu, cuda:0)")
     args = ap.parse_args()
     from safetensors.torch import save_file
 
@@ -197,7 +250,7 @@ def main():
     if args.no_fixtures:
         return
 
-    tensors, meta = {}, {"config": args.config, "seed": args.seed, "items": []}
+    tensors, meta, recorded = {}, {"config": args.config, "seed": args.seed, "items": []}, []
     # The fixed flow noise of CausalConditionalCFM (seeded 0 in its constructor).
     tensors["flow.rand_noise"] = flow.decoder.rand_noise.contiguous()
     for i, (n_tok, n_prompt) in enumerate(ITEMS):
@@ -224,6 +277,10 @@ def main():
             h.remove()
         kinds = [k for k, _ in draws.draws]
         assert kinds == ["rand", "randn_like", "randn_like"], kinds
+        recorded.append({"flow": dict(token=token, token_len=torch.tensor([n_tok]), prompt_token=prompt_token,
+                                      prompt_token_len=torch.tensor([n_prompt]), prompt_feat=prompt_feat,
+                                      prompt_feat_len=torch.tensor([2 * n_prompt]), embedding=embedding),
+                         "estimator": (est_args, est_kwargs), "draws": draws.draws})
         p = f"item{i}."
         tensors.update({
             p + "token": token[0], p + "prompt_token": prompt_token[0], p + "prompt_feat": prompt_feat[0],
@@ -245,6 +302,13 @@ def main():
     save_file(tensors, os.path.join(args.out, "parity.safetensors"))
     with open(os.path.join(args.out, "parity.json"), "w") as f:
         json.dump(meta, f, indent=1)
+    device = torch.device(args.device)
+    for precision in filter(None, args.precisions.split(",")):
+        if precision not in AUTOCAST:
+            sys.exit(f"--precisions: {precision!r} is not one of {sorted(AUTOCAST)}")
+        path = os.path.join(args.out, f"parity-{precision}-{device.type}.safetensors")
+        save_file(precision_fixtures(flow, hift, recorded, precision, device), path)
+        meta.setdefault("precision_fixtures", []).append(os.path.basename(path))
     print(json.dumps(meta))
 
 

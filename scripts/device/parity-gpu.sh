@@ -15,7 +15,8 @@ export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
-$PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity 2>&1 | tail -1
+# The fp32 fixtures on the CPU as always; the reference at bf16 and fp16 on the GPU as upstream runs it.
+$PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity --precisions bf16,fp16 --device cuda:0 2>&1 | tail -1
 $PY tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny | tail -1
 xz -dc .t2w/cosyvoice2_parity.xz > /tmp/cosyvoice2_parity && chmod +x /tmp/cosyvoice2_parity || exit 1
-VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^test |test result|panicked"
+VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^PRECISION|^test |test result|panicked"

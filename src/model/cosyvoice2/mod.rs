@@ -277,21 +277,18 @@ impl Token2Wav {
             })
             .collect();
         let t0 = Instant::now();
-        let vocoder_precision = self.vocoder_precision;
         let failed = |e: tch::TchError| classify(e, items.len());
-        let (mels, wav, frames, t1, t2) = {
-            let flow_autocast = AutocastGuard::enter(self.device, self.precision)?;
-            let encoded = self.flow.encode(&flow_items).map_err(failed)?;
+        let (mels, t1, t2) = self.in_flow_precision(|flow| {
+            let encoded = flow.encode(&flow_items).map_err(failed)?;
             sync();
             let t1 = t0.elapsed();
-            let mels = self.flow.sample(&flow_items, &encoded).map_err(failed)?;
+            let mels = flow.sample(&flow_items, &encoded).map_err(failed)?;
             sync();
-            let t2 = t0.elapsed();
-            drop(flow_autocast);
-            let _vocoder_tf32 = Tf32Scope::enter(self.device, vocoder_precision == Precision::Tf32, self.precision == Precision::Tf32)?;
-            let _vocoder_autocast = AutocastGuard::enter(self.device, vocoder_precision)?;
-            let frames: Vec<i64> = mels.iter().map(|m| m.size().get(1).copied().unwrap_or(0)).collect();
-            let t_max = frames.iter().copied().max().unwrap_or(1);
+            Ok((mels, t1, t0.elapsed()))
+        })?;
+        let frames: Vec<i64> = mels.iter().map(|m| m.size().get(1).copied().unwrap_or(0)).collect();
+        let t_max = frames.iter().copied().max().unwrap_or(1);
+        let wav = self.in_vocoder_precision(|hift| {
             let vocode = || -> layers::R<Tensor> {
                 let mel = Tensor::f_zeros([items.len() as i64, 80, t_max], (Kind::Float, dev))?;
                 for (row, m) in mels.iter().enumerate() {
@@ -306,11 +303,10 @@ impl Token2Wav {
                         &fresh
                     }
                 };
-                Ok(self.hift.forward(&mel, &frames, draws)?.wav)
+                Ok(hift.forward(&mel, &frames, draws)?.wav)
             };
-            let wav = vocode().map_err(failed)?;
-            (mels, wav, frames, t1, t2)
-        };
+            vocode().map_err(failed)
+        })?;
         let wav = wav.f_to_kind(Kind::Float).and_then(|w| w.f_to_device(tch::Device::Cpu)).map_err(failed)?;
         let t3 = t0.elapsed();
         let result = mels
@@ -324,6 +320,21 @@ impl Token2Wav {
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok((result, StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2 }))
+    }
+
+    /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;
+    /// stage-by-stage checks call it too.
+    pub fn in_flow_precision<T>(&self, f: impl FnOnce(&Flow) -> Result<T, ModelError>) -> Result<T, ModelError> {
+        let _autocast = AutocastGuard::enter(self.device, self.precision)?;
+        f(&self.flow)
+    }
+
+    /// Runs `f` on the vocoder at its own precision (`vocoder_precision`: TF32 or not, its
+    /// autocast), outside the flow's, as [`Token2Wav::run`] does.
+    pub fn in_vocoder_precision<T>(&self, f: impl FnOnce(&Hift) -> Result<T, ModelError>) -> Result<T, ModelError> {
+        let _tf32 = Tf32Scope::enter(self.device, self.vocoder_precision == Precision::Tf32, self.precision == Precision::Tf32)?;
+        let _autocast = AutocastGuard::enter(self.device, self.vocoder_precision)?;
+        f(&self.hift)
     }
 
     fn voice(&self, index: i64) -> Result<&Voice, ModelError> {
