@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CosyVoice2 parity tests on the GPU: builds the tiny fixtures there from the reference code
-# (carried wheels in .whl), converts them, and runs the carried test binary
-# (.t2w/cosyvoice2_parity.xz: target/debug/deps/cosyvoice2_parity-*, stripped) on cuda:0.
+# (carried wheels in .whl; the reduced-precision ones at bf16 and fp16 on the GPU), converts them,
+# and runs the carried test binary (.t2w/cosyvoice2_parity.xz: target/debug/deps/cosyvoice2_parity-*,
+# stripped) on cuda:0; then compiles the tiny model's packages there and runs tests/compiled.rs's
+# GPU test (.t2w/compiled.xz): each compiled stage against the eager port at the same precision.
 # .whl and .t2w are made by scripts/device/pack-gpu.sh.
 # The binary finds its files under the path it was built in (/work/main): linked to here.
 set -uo pipefail
@@ -20,3 +22,11 @@ $PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-par
 $PY tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny | tail -1
 xz -dc .t2w/cosyvoice2_parity.xz > /tmp/cosyvoice2_parity && chmod +x /tmp/cosyvoice2_parity || exit 1
 VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^PRECISION|^test |test result|panicked"
+# Compiled vs eager at the same precision (issue 16): the tiny model's packages compiled on this GPU
+# (flow bf16, vocoder tf32), then tests/compiled.rs's GPU test (.t2w/compiled.xz).
+G=models/cosyvoice2-tiny-compiled-gpu; rm -rf "$G"; mkdir -p "$G"
+for f in models/cosyvoice2-tiny/*; do ln -s "$PWD/$f" "$G/"; done
+$PY tools/compile_token2wav.py --model "$G" --device "${DEVICE:-cuda:0}" --precision bf16 --max-frames 400 --max-batch 16 2>&1 \
+  | grep -v -i "warn\|deprecat\|__new__" | cut -c1-300
+xz -dc .t2w/compiled.xz > /tmp/compiled_test && chmod +x /tmp/compiled_test || exit 1
+VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/compiled_test --ignored --test-threads 1 --nocapture 2>&1 | grep -E "^COMPILED|^test |test result|panicked"

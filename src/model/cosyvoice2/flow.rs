@@ -49,6 +49,13 @@ pub struct FlowDims {
     pub cfg_rate: f64,
 }
 
+/// What runs the estimator's calls on one batch's shapes: the compiled package, or the eager port
+/// with its attention layout made once.
+enum Runs<'a> {
+    Compiled(&'a CompiledStage),
+    Eager(Frames),
+}
+
 pub struct Flow {
     embedding: Tensor,
     spk_affine: Linear,
@@ -165,6 +172,37 @@ impl Flow {
             .collect()
     }
 
+    /// One estimator call as a step of [`Flow::sample`] makes it — through the compiled package
+    /// when it has one for these shapes, the eager port otherwise — fp32 out. (Stage checks.)
+    pub fn estimate(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
+        let (b, _, frames) = mu.size3()?;
+        let runs = self.runs(b, frames, mask, mu)?;
+        self.estimate_with(&runs, x, mask, mu, t, spks, cond)
+    }
+
+    /// What runs the estimator on a batch of `b` items of `frames` frames.
+    fn runs(&self, b: i64, frames: i64, mask: &Tensor, mu: &Tensor) -> R<Runs<'_>> {
+        Ok(match self.compiled.as_ref().filter(|c| c.fits(b, frames)) {
+            Some(c) => Runs::Compiled(c),
+            None => Runs::Eager(self.estimator.frames(mask, mu)?),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn estimate_with(&self, runs: &Runs, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
+        self.steps_run.count(matches!(runs, Runs::Compiled(_)));
+        match runs {
+            Runs::Compiled(c) => c
+                .package
+                .run(&[x, mask, mu, t, spks, cond])?
+                .into_iter()
+                .next()
+                .ok_or_else(|| tch::TchError::Torch("the compiled estimator returned nothing".into()))?,
+            Runs::Eager(layout) => self.estimator.forward_with(x, mask, mu, t, spks, cond, layout)?,
+        }
+        .f_to_kind(Kind::Float)
+    }
+
     /// `ConditionalCFM.solve_euler` with classifier-free guidance as one doubled batch.
     fn solve_euler(&self, z: Tensor, mask: &Tensor, mu: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
         let device = mu.device();
@@ -180,25 +218,11 @@ impl Flow {
         let mut x = z.f_to_kind(Kind::Float)?;
         // Every step runs on the same shapes: the compiled package or the eager port (whose
         // attention layout, packed or padded, is made once).
-        enum Runs<'a> {
-            Compiled(&'a CompiledStage),
-            Eager(Frames),
-        }
-        let runs = match self.compiled.as_ref().filter(|c| c.fits(2 * b, frames)) {
-            Some(c) => Runs::Compiled(c),
-            None => Runs::Eager(self.estimator.frames(&mask_in, &mu_in)?),
-        };
+        let runs = self.runs(2 * b, frames, &mask_in, &mu_in)?;
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
-            self.steps_run.count(matches!(runs, Runs::Compiled(_)));
-            let d = match &runs {
-                Runs::Compiled(c) => c.package.run(&[&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in])?.into_iter().next().ok_or_else(|| {
-                    tch::TchError::Torch("the compiled estimator returned nothing".into())
-                })?,
-                Runs::Eager(layout) => self.estimator.forward_with(&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in, layout)?,
-            }
-            .f_to_kind(Kind::Float)?;
+            let d = self.estimate_with(&runs, &x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?;
             let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);
             let d = d.f_mul_scalar(1.0 + self.cfg_rate)?.f_sub(&cfg.f_mul_scalar(self.cfg_rate)?)?;
             // A new tensor, not in place: x starts as an expanded (broadcast) view of the fixed noise.
