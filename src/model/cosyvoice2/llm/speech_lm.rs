@@ -14,8 +14,10 @@
 //! (a replayed CUDA graph on CUDA) advances all active slots; finished slots are refilled from the
 //! pending requests, the newly admitted prefilled together in one unpadded pass — at once with up
 //! to 16 slots, else as soon as a sixteenth of the slots are free — so the batch never drains to
-//! its slowest member. Each sequence samples from its own seeded stream, so it gets the same
-//! tokens batched or alone.
+//! its slowest member. Requests are admitted longest first (their step limit: the forced length, or
+//! `max_len` from the text's length), so the batch's tail is short and sequences end in waves of
+//! like length. Each sequence samples from its own seeded stream, so it gets the same tokens
+//! batched or alone, in any order.
 //!
 //! Neighbours: `qwen2` (the decoder), `sampler`, `batch` (cache, step buffers, graphs);
 //! `weights` loads `llm.safetensors`.
@@ -250,6 +252,11 @@ impl SpeechLm {
                 pending.push_back(i);
             }
         }
+        // Longest first (a stable sort: like lengths keep their order). The longest sequences
+        // then do not start last and hold the batch's tail on a few busy slots, and sequences end
+        // in waves of like length, which token2wav's buckets take full. Each sequence draws from
+        // its own seeded stream: the order changes when it ends, not what it says.
+        pending.make_contiguous().sort_by_key(|&i| std::cmp::Reverse(max_steps(&requests[i], ratios)));
         for slot in 0..dec.slots() {
             dec.cache.free(slot);
         }
@@ -582,6 +589,35 @@ mod tests {
             }
         }
         assert!(batched.iter().filter(|r| r.is_ok()).count() == 4);
+    }
+
+    #[test]
+    fn the_longest_requests_are_admitted_first_and_the_batch_ends_sooner() {
+        let dir = tempfile::tempdir().unwrap();
+        let lm = random_lm(dir.path());
+        // Forced lengths 2, 9, 3, 8 on two slots (the prefill draws each sequence's first token,
+        // a decode step each next one). In arrival order 2 and 9 start, then 3, then 8 (admitted
+        // after step 3, done after step 10); longest first 9 and 8 start, 3 and 2 fill in behind
+        // them and everything is done after step 9.
+        let forced = [2usize, 9, 3, 8];
+        let reqs: Vec<LmRequest> = forced
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| LmRequest { text: vec![3, 4, 5, 6], prompt_text: vec![], prompt_speech: vec![], seed: i as u64, forced_len: Some(n) })
+            .collect();
+        let mut dec = BatchDecoder::new(&lm, 2, 256, SamplingParams::default(), false).unwrap();
+        let mut finished = Vec::new();
+        tch::no_grad(|| {
+            lm.generate_with(&mut dec, &reqs, LengthRatios::default(), |i, out| -> Result<(), TchError> {
+                // Its forced steps (a drawn skip id is a step that emits nothing).
+                assert!(out.as_ref().is_ok_and(|o| o.tokens.len() <= forced[i] && !o.tokens.is_empty()), "request {i}: {out:?}");
+                finished.push(i);
+                Ok(())
+            })
+        })
+        .unwrap();
+        assert_eq!(&finished[..2], &[3, 1], "the two longest ran first: {finished:?}");
+        assert_eq!(dec.stats().steps, 9, "{:?}", dec.stats());
     }
 
     #[test]
