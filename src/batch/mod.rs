@@ -8,8 +8,10 @@
 //! [`LengthBucketing`]: serve the highest priority, oldest job first; fill its batch with the
 //! jobs of the same priority closest to it in length (sorted by length, minimal spread, so little
 //! padding); cap by `max_batch` and by an [`Admission`] rule; a partial batch waits at most
-//! `max_wait`. Two admission rules: [`TokenBudget`] (padded tokens ≤ `max_batch_tokens`) and
-//! [`memory::MemoryBudget`] (predicted peak memory ≤ budget, with AIMD after out-of-memory errors).
+//! `max_wait`. Three admission rules: [`TokenBudget`] (padded tokens ≤ `max_batch_tokens`),
+//! [`WorkBudget`] (the jobs' tokens added up: text batches, whose padding the model thread
+//! handles) and [`memory::MemoryBudget`] (predicted peak memory ≤ budget, with AIMD after
+//! out-of-memory errors).
 //!
 //! Neighbours: `worker` feeds it parsed jobs and runs what it flushes on `model`.
 
@@ -114,6 +116,12 @@ pub enum BatchOutcome {
 pub trait Admission: Send {
     /// `None` when admitted, else why not.
     fn check(&self, batch: usize, max_tokens: usize) -> Option<FlushReason>;
+    /// The same for a batch whose jobs' tokens add up to `total_tokens`: rules that count the
+    /// work jobs bring rather than their padding ([`WorkBudget`]) look at it; the others at
+    /// [`Admission::check`].
+    fn check_jobs(&self, batch: usize, max_tokens: usize, _total_tokens: usize) -> Option<FlushReason> {
+        self.check(batch, max_tokens)
+    }
     /// Predicted peak memory in bytes, when the rule has a memory model.
     fn predicted_peak(&self, _batch: usize, _max_tokens: usize) -> Option<f64> {
         None
@@ -130,6 +138,24 @@ pub struct TokenBudget {
 impl Admission for TokenBudget {
     fn check(&self, batch: usize, max_tokens: usize) -> Option<FlushReason> {
         (batch * max_tokens > self.max_batch_tokens).then_some(FlushReason::Tokens)
+    }
+}
+
+/// The jobs' tokens added up at most `max_tokens` (kind `cosyvoice2` text batches: the model thread
+/// segments and buckets them itself, so a batch's work is the sum of its jobs', not its size × its
+/// longest). Without the sum ([`Admission::check`]) it assumes every job is the longest.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkBudget {
+    pub max_tokens: usize,
+}
+
+impl Admission for WorkBudget {
+    fn check(&self, batch: usize, max_tokens: usize) -> Option<FlushReason> {
+        (batch * max_tokens > self.max_tokens).then_some(FlushReason::Tokens)
+    }
+
+    fn check_jobs(&self, _batch: usize, _max_tokens: usize, total_tokens: usize) -> Option<FlushReason> {
+        (total_tokens > self.max_tokens).then_some(FlushReason::Tokens)
     }
 }
 
@@ -242,7 +268,8 @@ impl<T, A: Admission> LengthBucketing<T, A> {
         let mut limited_by: Option<FlushReason> = None;
         while window.len() > 1 {
             let max_len = window.iter().map(|&i| self.pool[i].tokens).max().unwrap_or(0);
-            let Some(reason) = self.admission.check(window.len(), max_len) else {
+            let total = window.iter().map(|&i| self.pool[i].tokens).sum();
+            let Some(reason) = self.admission.check_jobs(window.len(), max_len, total) else {
                 break;
             };
             limited_by = Some(reason);
@@ -291,7 +318,8 @@ impl<T: Send, A: Admission> BatchPolicy<T> for LengthBucketing<T, A> {
         }
         // Enough held that the anchor's batch is already capped by the admission rule.
         let max_len = self.pool.iter().map(|p| p.tokens).max().unwrap_or(0);
-        if self.pool.len() > 1 && self.admission.check(self.pool.len(), max_len).is_some() {
+        let total = self.pool.iter().map(|p| p.tokens).sum();
+        if self.pool.len() > 1 && self.admission.check_jobs(self.pool.len(), max_len, total).is_some() {
             let flush = self.select(closing);
             if matches!(flush.reason, FlushReason::Tokens | FlushReason::Memory) {
                 return Decision::Flush(flush);
@@ -400,6 +428,36 @@ mod tests {
         assert_eq!(ids(&f), vec![1], "the oldest first");
         let f = flush(b.decide(t0, true));
         assert_eq!((ids(&f), f.reason), (vec![3], FlushReason::Drain), "over budget alone: runs alone");
+    }
+
+    #[test]
+    fn a_work_budget_counts_the_jobs_tokens_added_up_not_their_padding() {
+        let t0 = Instant::now();
+        // A chapter (30,000 tokens) and fifty lines of 100: 35,000 tokens of work, 1.53 million
+        // padded. A padded cap of 40,000 runs the chapter alone; the work budget takes them all.
+        let mut padded = LengthBucketing::new(64, Duration::from_secs(10), 40_000).with_max_length_ratio(f64::INFINITY);
+        let mut work = LengthBucketing::with_admission(64, Duration::from_secs(10), WorkBudget { max_tokens: 40_000 })
+            .with_max_length_ratio(f64::INFINITY);
+        for b in [&mut padded as &mut dyn BatchPolicy<u64>, &mut work] {
+            b.push(job(0, 30_000, 0, t0));
+            for seq in 1..=50 {
+                b.push(job(seq, 100, 0, t0));
+            }
+        }
+        let f = flush(padded.decide(t0, true));
+        assert_eq!((ids(&f), f.reason), (vec![0], FlushReason::Tokens));
+        let f = flush(work.decide(t0, true));
+        assert_eq!(f.items.len(), 51, "{:?}", f.reason);
+        // Past the budget the jobs farthest in length from the oldest go first: here the chapter.
+        let mut tight = LengthBucketing::with_admission(64, Duration::from_secs(10), WorkBudget { max_tokens: 20_000 })
+            .with_max_length_ratio(f64::INFINITY);
+        for seq in 1..=50 {
+            tight.push(job(seq, 100, 0, t0));
+        }
+        tight.push(job(51, 30_000, 0, t0 + Duration::from_millis(1)));
+        let f = flush(tight.decide(t0, false));
+        assert_eq!((f.items.len(), f.reason), (50, FlushReason::Tokens), "the fifty lines now, the chapter next");
+        assert_eq!(ids(&flush(tight.decide(t0, true))), vec![51]);
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub mod profile;
 use tracing::{info, warn};
 
 use crate::batch::memory::{MemoryBudget, Profile};
-use crate::batch::{BatchPolicy, LengthBucketing, TokenBudget};
+use crate::batch::{BatchPolicy, LengthBucketing, TokenBudget, WorkBudget};
 use crate::config::{Config, SizingPolicy};
 use crate::frontend::SpeakingRates;
 use crate::model::cosyvoice2::tts::TextPlan;
@@ -39,9 +39,9 @@ pub enum SizingError {
 }
 
 /// Kind `cosyvoice2`: a batch of text jobs may hold up to this many fills of the LLM's slots
-/// (segments of [`SEGMENT_SPEECH_TOKENS`], counted as padded tokens — batch × longest job, about
-/// twice the jobs' sum), so that slots are refilled from the batch's own backlog rather than
-/// idling at its tail.
+/// (segments of [`SEGMENT_SPEECH_TOKENS`]; the jobs' estimated speech tokens added up), so that
+/// slots are refilled from the batch's own backlog rather than idling at its tail, and finished
+/// segments find like-length peers for token2wav's buckets.
 pub const TEXT_BATCH_FILLS: usize = 8;
 
 /// A typical segment's speech tokens (10 s of audio) for [`TEXT_BATCH_FILLS`].
@@ -80,7 +80,9 @@ pub fn worker_policy<T: Send + 'static>(
         info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their estimated speech tokens (LLM slots × {TEXT_BATCH_FILLS}, within worker.max_hold)");
         // No length buckets: the model thread buckets segments itself, and a job's length says
         // nothing about padding.
-        let policy = LengthBucketing::new(max_jobs, b.max_wait, max_tokens).with_max_length_ratio(f64::INFINITY);
+        // The work a batch holds is its jobs' tokens added up (`WorkBudget`), not its size × its
+        // longest job: with a chapter in a batch that counted several times the real work.
+        let policy = LengthBucketing::with_admission(max_jobs, b.max_wait, WorkBudget { max_tokens }).with_max_length_ratio(f64::INFINITY);
         return Ok(Sizing { policy: Box::new(policy), prefetch: cfg.amqp.effective_prefetch(max_jobs) });
     }
     match cfg.memory.policy {
@@ -99,8 +101,9 @@ pub fn worker_policy<T: Send + 'static>(
     }
 }
 
-/// The padded speech tokens a batch of text jobs may hold: [`TEXT_BATCH_FILLS`] fills of `slots`,
-/// and no more than `max_hold` of work at `audio_seconds_per_second`.
+/// The speech tokens (the jobs' estimates added up) a batch of text jobs may hold:
+/// [`TEXT_BATCH_FILLS`] fills of `slots`, and no more than `max_hold` of work at
+/// `audio_seconds_per_second`.
 pub fn text_batch_tokens(slots: usize, max_hold: std::time::Duration, audio_seconds_per_second: f64) -> usize {
     let fills = slots * SEGMENT_SPEECH_TOKENS * TEXT_BATCH_FILLS;
     let hold = max_hold.as_secs_f64() * audio_seconds_per_second * SpeakingRates::TOKENS_PER_SECOND;
