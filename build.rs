@@ -7,10 +7,12 @@
 //! `LD_LIBRARY_PATH` (which still takes precedence, e.g. on the GPU machine).
 use std::path::PathBuf;
 
-/// Compiles `csrc/torch_shim.cpp` against the headers of the libtorch tch links.
+/// Compiles `csrc/torch_shim.cpp`, `aoti.cpp` and `profiler.cpp` against the headers of the
+/// libtorch tch links.
 fn build_shim(lib: &std::path::Path) {
     println!("cargo:rerun-if-changed=csrc/torch_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/aoti.cpp");
+    println!("cargo:rerun-if-changed=csrc/profiler.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     let include = lib.join("..").join("include");
     let mut build = cc::Build::new();
@@ -18,6 +20,7 @@ fn build_shim(lib: &std::path::Path) {
         .cpp(true)
         .file("csrc/torch_shim.cpp")
         .file("csrc/aoti.cpp")
+        .file("csrc/profiler.cpp")
         .include(&include)
         .include(include.join("torch").join("csrc").join("api").join("include"))
         .flag("-std=c++17")

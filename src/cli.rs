@@ -343,6 +343,10 @@ pub enum BenchCommand {
         /// `cudnn.benchmark`; off by default, as the official code runs). The warm-up pays the tuning.
         #[arg(long)]
         cudnn_benchmark: bool,
+        /// After the first setting's sweep, one run of its largest batch under libtorch's
+        /// profiler: time by kernel category and the longest kernels (on a GPU; operators on a CPU).
+        #[arg(long)]
+        profile: bool,
         /// Where results go.
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,

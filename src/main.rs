@@ -339,7 +339,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
             println!("{}", voxbatch::bench::sweetspot::markdown(&report));
             print_written(&paths);
         }
-        Some(BenchCommand::Token2wav { model, device, precisions, vocoders, batches, utterance_seconds, repeats, cudnn_benchmark, out }) => {
+        Some(BenchCommand::Token2wav { model, device, precisions, vocoders, batches, utterance_seconds, repeats, cudnn_benchmark, profile, out }) => {
             let opts = voxbatch::bench::token2wav::Token2WavBenchOptions {
                 model_dir: model,
                 device: device.parse().context("--device")?,
@@ -349,6 +349,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
                 utterance_seconds,
                 repeats: repeats.max(1),
                 cudnn_benchmark,
+                profile,
                 seed: 7,
             };
             let (report, paths) = commands::bench_token2wav(opts, &out, |p| {

@@ -92,6 +92,7 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
         utterance_seconds: 0.4,
         repeats: 1,
         cudnn_benchmark: false,
+        profile: true,
         seed: 7,
     };
     let report = run(&opts, |_| {}).unwrap();
@@ -111,4 +112,11 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
     let paths = write(&report, dir.path()).unwrap();
     assert!(paths.iter().all(|p| p.is_file()));
     assert!(table(&report).contains("| bf16 | tf32 | 2 |") && table(&report).contains("| bf16 | bf16 | 2 |"), "{}", table(&report));
+    // `profile`: the first setting's largest batch once under the profiler, by category and by event
+    // (operators on a CPU: the estimator's linear layers are matmuls).
+    let profile = report.profile.as_ref().expect("a profile");
+    assert!(profile.error.is_none(), "{:?}", profile.error);
+    assert_eq!((profile.precision.as_str(), profile.vocoder.as_str(), profile.batch), ("bf16", "tf32", 2));
+    assert!(profile.by_category.iter().any(|(c, s)| c == "matmul" && *s > 0.0), "{:?}", profile.by_category);
+    assert!(!profile.top.is_empty() && table(&report).contains("Where one run's time went"));
 }

@@ -12,9 +12,9 @@
 # attention, tools/compile_token2wav.py --attention), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
-# compiled one), PROFILE (set: after the benches, Nsight Systems' kernel summary of one compiled
-# batch of 128 where the host has nsys, and tools/profile_estimator.py's kernels of the estimator
-# package at batch 256, 504 frames), PY. A fresh machine has neither model: compile and
+# compiled one), PROFILE (set: each bench ends with one run of its largest batch under libtorch's
+# profiler — `bench token2wav --profile`: time by kernel category and the longest kernels), PY.
+# A fresh machine has neither model: compile and
 # bench in one call. EAGER_ATTENTION ("packed flash": also the eager model with each of these
 # flow_attention values; PACKED=1 means packed), CUDNN_BENCHMARK (set: the compiled directory again
 # with `--cudnn-benchmark`).
@@ -69,7 +69,7 @@ for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
   # The whole output is kept (a failure's message and whatever the process printed before an
   # abort); the console gets the summary lines.
   RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
-    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
+    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
   rc=$?
   grep -E "audio-s/s|compiled|eager|failed|^\| " "$OUT/$name.full.log" | tee "$OUT/$name.log"
   [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/$name.full.log"; }
@@ -82,25 +82,5 @@ for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
     log "exit $?; its last lines:"; tail -40 "$OUT/$name-blocking.full.log"
   fi
 done
-if [ -n "${PROFILE:-}" ]; then
-  # Nsight Systems over one compiled batch of 128 from the Rust bench (the kernels by GPU time),
-  # where the host has it; then the Python profile of the estimator package (it ended silently on
-  # the H200 host on 2026-12-04 while loading the package).
-  NSYS=$(ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys /usr/bin/nsys 2>/dev/null | head -n1)
-  if [ -n "$NSYS" ]; then
-    log "nsys over one compiled batch of 128 ($NSYS)"
-    "$NSYS" profile -o "$OUT/token2wav-compiled" --force-overwrite true --trace cuda --stats false \
-      $BIN bench token2wav --model "$C" --device cuda:0 --batches 128 --precisions "$P" --vocoders "${VOCODERS:-tf32}" \
-      --repeats 1 --out "$OUT/nsys-bench" > "$OUT/nsys-bench.log" 2>&1
-    "$NSYS" stats --report cuda_gpu_kern_sum --format csv --output "$OUT/token2wav-compiled" "$OUT/token2wav-compiled.nsys-rep" > /dev/null 2>&1
-    rm -f "$OUT/token2wav-compiled.nsys-rep" "$OUT/token2wav-compiled.sqlite"
-    head -c 4000 "$OUT"/token2wav-compiled*kern_sum*.csv 2>/dev/null | cut -c1-220 | head -32
-  else
-    log "no nsys on this host: $(ls /usr/local/cuda*/bin 2>/dev/null | tr '\n' ' ' | cut -c1-300)"
-  fi
-  log "profiling the compiled estimator in Python (batch 256, 504 frames)"
-  $PY tools/profile_estimator.py --model "$C" --out "$OUT/estimator-profile.json" 2>&1 | grep -v -i "warn" | tail -25
-  echo "profile_estimator exit: ${PIPESTATUS[0]}"
-fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 log "done"

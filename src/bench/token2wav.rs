@@ -32,6 +32,9 @@ pub struct Token2WavBenchOptions {
     pub repeats: usize,
     /// cuDNN's per-shape algorithm search (`cudnn.benchmark`), for the whole process.
     pub cudnn_benchmark: bool,
+    /// After the first measured setting's sweep: one run of its largest batch under the
+    /// profiler, its kernels by time ([`KernelProfile`]).
+    pub profile: bool,
     pub seed: u64,
 }
 
@@ -77,7 +80,28 @@ pub struct Token2WavReport {
     pub created_at: String,
     pub points: Vec<Point>,
     pub quality: Vec<Quality>,
+    pub profile: Option<KernelProfile>,
 }
+
+/// One run under libtorch's profiler (`--profile`): where its device time went.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelProfile {
+    pub precision: String,
+    pub vocoder: String,
+    pub batch: usize,
+    /// The run's wall time under the profiler (longer than unprofiled).
+    pub wall_seconds: f64,
+    /// The profiled events' time added up (on a GPU: kernels and copies).
+    pub event_seconds: f64,
+    /// (category, seconds), longest first.
+    pub by_category: Vec<(String, f64)>,
+    /// The longest events.
+    pub top: Vec<crate::model::profiler::ProfileRow>,
+    pub error: Option<String>,
+}
+
+/// Events kept in [`KernelProfile::top`].
+const PROFILE_TOP: usize = 40;
 
 /// Items of the quality check: the first few of the sweep's, with fixed vocoder draws.
 const QUALITY_ITEMS: usize = 8;
@@ -115,6 +139,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
     }
     let measured = |setting: &(Precision, Precision)| opts.precisions.contains(&setting.0) && vocoders.contains(&setting.1);
     let mut reference: Option<Vec<Vec<f32>>> = None;
+    let mut profile: Option<KernelProfile> = None;
     for setting @ &(precision, vocoder) in &settings {
         let mut model = Token2Wav::load(&opts.model_dir, manifest.clone(), opts.device, precision)?;
         model.set_vocoder_precision(vocoder);
@@ -195,6 +220,12 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
             progress(&point);
             points.push(point);
         }
+        if opts.profile && profile.is_none() {
+            let ran = |b: usize| points.iter().any(|p| p.batch == b && p.error.is_none() && p.precision == precision.to_string() && p.vocoder == vocoder.to_string());
+            if let Some(&batch) = opts.batches.iter().filter(|&&b| ran(b)).max() {
+                profile = Some(profile_run(&mut model, &items[..batch], opts.device, precision, vocoder));
+            }
+        }
     }
     Ok(Token2WavReport {
         model: manifest.name.clone(),
@@ -207,7 +238,37 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         created_at: chrono::Utc::now().to_rfc3339(),
         points,
         quality,
+        profile,
     })
+}
+
+/// One run of `items` under the profiler.
+fn profile_run(model: &mut Token2Wav, items: &[SynthItem], device: Device, precision: Precision, vocoder: Precision) -> KernelProfile {
+    use crate::model::profiler;
+    let table = std::env::temp_dir().join(format!("voxbatch-kernels-{}.tsv", std::process::id()));
+    let started = Instant::now();
+    let outcome = profiler::profile(device, &table, || model.run(items, None));
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(&table);
+    let mut p = KernelProfile {
+        precision: precision.to_string(),
+        vocoder: vocoder.to_string(),
+        batch: items.len(),
+        wall_seconds,
+        event_seconds: 0.0,
+        by_category: Vec::new(),
+        top: Vec::new(),
+        error: None,
+    };
+    match outcome {
+        Ok((_, rows)) => {
+            p.event_seconds = rows.iter().map(|r| r.seconds).sum();
+            p.by_category = profiler::by_category(&rows).into_iter().map(|(c, s)| (c.to_string(), s)).collect();
+            p.top = rows.into_iter().take(PROFILE_TOP).collect();
+        }
+        Err(e) => p.error = Some(e.to_string()),
+    }
+    p
 }
 
 /// The Markdown table (one row per precision and batch).
@@ -253,6 +314,30 @@ pub fn table(r: &Token2WavReport) -> String {
         for q in &r.quality {
             s += &format!("| {} | {} | {:.1} | {:.1} | {:.3} |\n", q.precision, q.vocoder, q.snr_db_mean, q.snr_db_min, q.lsd_db_mean);
         }
+    }
+    if let Some(p) = &r.profile {
+        s += &profile_table(p);
+    }
+    s
+}
+
+/// The profile's Markdown: time by category, then the longest events.
+fn profile_table(p: &KernelProfile) -> String {
+    let mut s = format!(
+        "\n### Where one run's time went (flow {}, HiFT {}, batch {}; profiled run {:.3} s wall, events {:.3} s)\n\n",
+        p.precision, p.vocoder, p.batch, p.wall_seconds, p.event_seconds
+    );
+    if let Some(e) = &p.error {
+        return s + &format!("profile failed: {e}\n");
+    }
+    s += "| category | seconds | share |\n|---|---:|---:|\n";
+    for (c, secs) in &p.by_category {
+        s += &format!("| {c} | {secs:.4} | {:.1} % |\n", 100.0 * secs / p.event_seconds.max(f64::MIN_POSITIVE));
+    }
+    s += "\n| event | category | calls | seconds | share |\n|---|---|---:|---:|---:|\n";
+    for r in p.top.iter().take(25) {
+        let name: String = r.name.chars().take(90).collect();
+        s += &format!("| `{name}` | {} | {} | {:.4} | {:.1} % |\n", r.category, r.count, r.seconds, 100.0 * r.seconds / p.event_seconds.max(f64::MIN_POSITIVE));
     }
     s
 }

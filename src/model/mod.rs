@@ -17,6 +17,7 @@ pub mod cosyvoice2;
 mod manifest;
 pub mod memory;
 pub mod cuda_graph;
+pub mod profiler;
 pub(crate) mod shim;
 mod torchscript;
 
