@@ -44,8 +44,8 @@ pub struct ProfileRow {
 }
 
 /// Runs `work` under the profiler and returns its result and the events by total time, longest
-/// first (the device's events where there are any: on a GPU its kernels and copies, on a CPU the
-/// operators). The table is written to `table` (tab-separated: device, activity, count, ns, name).
+/// first (the device's events: on a GPU its kernels and copies — or its CPU operators where no
+/// kernel was recorded, as without CUPTI —, on a CPU the operators). The table is written to `table` (tab-separated: device, activity, count, ns, name).
 pub fn profile<T, E: std::fmt::Display>(device: Device, table: &Path, work: impl FnOnce() -> Result<T, E>) -> Result<(T, Vec<ProfileRow>), ProfileError> {
     let path = CString::new(table.to_string_lossy().as_bytes()).map_err(|e| ProfileError::Table { path: table.display().to_string(), source: std::io::Error::other(e) })?;
     let cuda = matches!(device, Device::Cuda(_));
@@ -59,7 +59,9 @@ pub fn profile<T, E: std::fmt::Display>(device: Device, table: &Path, work: impl
     checked("profiler stop", |err, len| unsafe { voxbatch_profiler_stop(path.as_ptr(), err, len) })?;
     let out = result.map_err(|e| ProfileError::Work(e.to_string()))?;
     let text = std::fs::read_to_string(table).map_err(|source| ProfileError::Table { path: table.display().to_string(), source })?;
-    Ok((out, rows(&text, cuda)))
+    // Without CUPTI a GPU profile has no kernel events: then its operators say at least which ran.
+    let device_rows = rows(&text, cuda);
+    Ok((out, if device_rows.is_empty() && cuda { rows(&text, false) } else { device_rows }))
 }
 
 /// c10's DeviceType of CUDA.
