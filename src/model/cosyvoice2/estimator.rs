@@ -83,9 +83,9 @@ impl ResnetBlock {
 /// bias) and a GELU feed-forward (×4).
 struct TransformerBlock {
     norm1: LayerNorm,
-    to_q: Linear,
-    to_k: Linear,
-    to_v: Linear,
+    /// `attn1.to_q`, `to_k` and `to_v` as one projection (outputs side by side).
+    to_qkv: Linear,
+    inner: i64,
     to_out: Linear,
     norm3: LayerNorm,
     ff_in: Linear,
@@ -98,9 +98,8 @@ impl TransformerBlock {
         let inner = heads * head_dim;
         TransformerBlock {
             norm1: LayerNorm::new(w, &format!("{p}.norm1"), dim, 1e-5),
-            to_q: Linear::new(w, &format!("{p}.attn1.to_q"), dim, inner, false),
-            to_k: Linear::new(w, &format!("{p}.attn1.to_k"), dim, inner, false),
-            to_v: Linear::new(w, &format!("{p}.attn1.to_v"), dim, inner, false),
+            to_qkv: Linear::fused(w, &[&format!("{p}.attn1.to_q"), &format!("{p}.attn1.to_k"), &format!("{p}.attn1.to_v")], dim, inner),
+            inner,
             to_out: Linear::new(w, &format!("{p}.attn1.to_out.0"), inner, dim, true),
             norm3: LayerNorm::new(w, &format!("{p}.norm3"), dim, 1e-5),
             ff_in: Linear::new(w, &format!("{p}.ff.net.0.proj"), dim, dim * 4, true),
@@ -111,7 +110,9 @@ impl TransformerBlock {
     /// `x`: `[B, T, C]` padded (`Frames::Padded`) or `[ΣT, C]` packed.
     fn forward(&self, x: &Tensor, frames: &Frames) -> R<Tensor> {
         let n = self.norm1.forward(x)?;
-        let (q, k, v) = (self.to_q.forward(&n)?, self.to_k.forward(&n)?, self.to_v.forward(&n)?);
+        let qkv = self.to_qkv.forward(&n)?;
+        let last = qkv.dim() as i64 - 1;
+        let (q, k, v) = (qkv.f_narrow(last, 0, self.inner)?, qkv.f_narrow(last, self.inner, self.inner)?, qkv.f_narrow(last, 2 * self.inner, self.inner)?);
         let a = frames.attend(&q, &k, &v, self.heads)?;
         let x = x.f_add(&self.to_out.forward(&a)?)?;
         x.f_add(&self.ff_out.forward(&self.ff_in.forward(&self.norm3.forward(&x)?)?.f_gelu("none")?)?)

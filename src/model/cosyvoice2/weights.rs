@@ -56,6 +56,26 @@ impl Weights {
         }
     }
 
+    /// The tensors `names`, each of `shape`, concatenated along their first dimension (the weights
+    /// of projections of one input, run as one matmul). A missing or misshapen part is recorded as
+    /// [`Weights::get`] records it, and the result is zeros of the concatenated shape.
+    pub fn get_concatenated(&self, names: &[String], shape: &[i64]) -> Tensor {
+        let before = self.problems.borrow().len();
+        let parts: Vec<Tensor> = names.iter().map(|n| self.get(n, shape)).collect();
+        let mut total = shape.to_vec();
+        if let Some(first) = total.first_mut() {
+            *first *= names.len() as i64;
+        }
+        let device = parts.first().map_or(Device::Cpu, Tensor::device);
+        if self.problems.borrow().len() > before {
+            return Tensor::zeros(total.as_slice(), (Kind::Float, device));
+        }
+        Tensor::f_cat(&parts, 0).unwrap_or_else(|e| {
+            self.problems.borrow_mut().push(format!("{}: {e}", names.join(" + ")));
+            Tensor::zeros(total.as_slice(), (Kind::Float, device))
+        })
+    }
+
     /// The 1-D integer tensor `name` as ids, or `None` when the file has no such tensor.
     pub fn get_ids(&self, name: &str) -> Option<Vec<i64>> {
         let t = self.tensors.get(name)?;
@@ -98,5 +118,34 @@ impl Weights {
                 shown.join("; ")
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weights(tensors: Vec<(&str, Tensor)>) -> Weights {
+        let dir = std::env::temp_dir().join(format!("voxbatch-weights-{}-{}", std::process::id(), tensors.len()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.safetensors");
+        Tensor::write_safetensors(&tensors, &path).unwrap();
+        let w = Weights::load(&path, Device::Cpu).unwrap();
+        let _ = std::fs::remove_dir_all(dir);
+        w
+    }
+
+    #[test]
+    fn concatenated_projections_are_their_parts_in_order_and_a_missing_part_is_reported() {
+        let (a, b) = (Tensor::ones([2, 3], (Kind::Float, Device::Cpu)), Tensor::ones([2, 3], (Kind::Float, Device::Cpu)) * 2.0);
+        let w = weights(vec![("a.weight", a.shallow_clone()), ("b.weight", b.shallow_clone())]);
+        let both = w.get_concatenated(&["a.weight".into(), "b.weight".into()], &[2, 3]);
+        assert!(both.equal(&Tensor::cat(&[a, b], 0)));
+        assert!(w.finish().is_ok(), "both parts used");
+        let w = weights(vec![("a.weight", Tensor::ones([2, 3], (Kind::Float, Device::Cpu)))]);
+        let missing = w.get_concatenated(&["a.weight".into(), "c.weight".into()], &[2, 3]);
+        assert_eq!(missing.size(), [4, 3]);
+        let e = w.finish().unwrap_err().to_string();
+        assert!(e.contains("c.weight: missing"), "{e}");
     }
 }
