@@ -133,10 +133,9 @@ pub enum Frames {
 
 impl Frames {
     fn new(mask: &Tensor, layout: FlowAttention, kind: Kind) -> R<Frames> {
-        let (_, _, t) = mask.size3()?;
+        let (b, _, t) = mask.size3()?;
         let flash = mask.device().is_cuda() && matches!(kind, Kind::BFloat16 | Kind::Half);
         if layout == FlowAttention::Flash && flash {
-            let b = mask.size()[0];
             let used = mask.f_sum_dim_intlist([1, 2].as_slice(), false, Kind::Float)?.f_round()?.f_to_kind(Kind::Int)?;
             // An item with no valid frame attends to every key, as the bias makes the padded path do.
             let used = used.f_where_scalarother(&used.f_gt(0)?, t)?;
