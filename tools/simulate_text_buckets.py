@@ -7,14 +7,15 @@ or longest first as now), with each segment decoding its forced length (`[llm] f
 characters ÷ the speaking rate × 25).
 
 Input: `voxbatch text CORPUS --format json` (segments per job). Text batches are the jobs in
-order, cut into `--batches` equal runs (the worker's batches are its own: the measured run on
-2026-12-04 had 8). Time model, calibrated on that run (docs/PERFORMANCE.md "Like-length
+order cut into `--batches` equal runs, or with `--work-budget N` cut as the worker's policy cuts
+them (src/batch `WorkBudget`: the oldest job anchors a batch, the jobs farthest from its length
+are dropped until the jobs' tokens add up to at most N; N = 8 fills × slots × 250). Time model, calibrated on that run (docs/PERFORMANCE.md "Like-length
 token2wav buckets"): an LLM step costs 2.0 + 2.5 × active/512 ms (the CUDA-graph step times at
 64–512 slots), token2wav 93 µs per padded speech token plus the call overhead (eager port).
 With the rule of that run (FIFO admission, batch end taken longest first in full buckets) it gives
 fill 0.778 and 77 buckets where the run measured 0.800 and 74.
 
-Usage: simulate_text_buckets.py DRY_RUN.json [--batches 8] [--slots 512] [--cap 128]
+Usage: simulate_text_buckets.py DRY_RUN.json [--batches 8 | --work-budget N] [--slots 512] [--cap 128]
        [--min-fill 0.9] [--admission fifo|longest] [--flush split|full]
 """
 import argparse
@@ -65,6 +66,21 @@ def take(ready, cap, min_fill, flush):
     return bucket
 
 
+def work_batches(jobs, budget):
+    """The worker's text batches under a work budget (see the module doc)."""
+    pool, batches = list(range(len(jobs))), []
+    while pool:
+        anchor = sum(jobs[pool[0]])
+        window = sorted(pool, key=lambda i: abs(sum(jobs[i]) - anchor))
+        total = sum(sum(jobs[i]) for i in window)
+        while len(window) > 1 and total > budget:
+            total -= sum(jobs[window.pop()])
+        chosen = set(window)
+        batches.append([jobs[i] for i in sorted(chosen)])
+        pool = [i for i in pool if i not in chosen]
+    return batches
+
+
 def simulate(batches, a):
     tokens = padded = buckets = steps = 0
     llm_seconds = 0.0
@@ -103,6 +119,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dry_run")
     ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--work-budget", type=int, help="cut batches as the worker's policy does, at this many tokens")
     ap.add_argument("--slots", type=int, default=512)
     ap.add_argument("--cap", type=int, default=128)
     ap.add_argument("--min-fill", type=float, default=0.9)
@@ -112,8 +129,11 @@ def main():
     with open(a.dry_run) as f:
         report = json.load(f)
     jobs = [[speech_tokens(s["text"], j["lang"]) for s in j["segments"]] for j in report["jobs"] if j.get("segments")]
-    per = math.ceil(len(jobs) / a.batches)
-    batches = [jobs[i:i + per] for i in range(0, len(jobs), per)]
+    if a.work_budget:
+        batches = work_batches(jobs, a.work_budget)
+    else:
+        per = math.ceil(len(jobs) / a.batches)
+        batches = [jobs[i:i + per] for i in range(0, len(jobs), per)]
     tokens, padded, buckets, steps, llm, t2w = simulate(batches, a)
     audio = tokens / TOKENS_PER_SECOND
     print(json.dumps({"jobs": len(jobs), "segments": sum(map(len, jobs)), "speech_tokens": tokens, "text_batches": len(batches),

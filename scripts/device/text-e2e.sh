@@ -89,6 +89,10 @@ log "corpus, dry run, enqueue"
 $PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"
 $BIN migrate || exit 1
 $BIN text "$E/corpus.jsonl" --gpu H200 --format json > "$OUT/dry-run.json" 2> "$OUT/dry-run.err" || tail -3 "$OUT/dry-run.err"
+# What tools/simulate_text_buckets.py predicts for this corpus (batches as the worker's work budget
+# cuts them: 8 fills of the slots), to set against the measured fill and buckets below.
+$PY tools/simulate_text_buckets.py "$OUT/dry-run.json" --slots "${SLOTS:-512}" --cap "${T2W_BATCH:-128}" \
+  --work-budget $(( ${SLOTS:-512} * 250 * 8 )) > "$OUT/simulated.json" 2>&1 && log "simulated: $(cat "$OUT/simulated.json")"
 CAMPAIGN=text-e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 
