@@ -87,74 +87,68 @@ def exportable_prepare_attention_mask(self, attention_mask, target_length, batch
     return attention_mask.unsqueeze(1).expand(b, self.heads, q, k).reshape(b * self.heads, q, k)
 
 
-class FlexSelfAttention:
+class SelfAttention:
     """diffusers' `AttnProcessor2_0` as the estimator's self-attention uses it (no cross-attention,
-    norms, residual or rescale), through FlexAttention (`--attention flex`): padded keys are
-    masked inside the kernel by a score modifier reading each item's key mask — no
-    `B·heads·T²` bias is copied or read — and the compiled kernel is FlashAttention-like. The key
-    mask is the first row of the decoder's bias (every row of a non-streaming bias is the same
-    key-padding mask). Same result as SDPA with the bias: a masked key gets −inf instead of −1e10
-    (identical after softmax: no row is fully masked, exportable_chunk_mask sees to that)."""
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kwargs):
-        from torch.nn.attention.flex_attention import flex_attention
-        assert encoder_hidden_states is None and attn.spatial_norm is None and attn.group_norm is None
-        assert attn.norm_q is None and attn.norm_k is None and not attn.residual_connection
-        b = hidden_states.shape[0]
-        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        head_dim = key.shape[-1] // attn.heads
-        query, key, value = (x.view(b, -1, attn.heads, head_dim).transpose(1, 2) for x in (query, key, value))
-        if query.device.type == "cpu":  # inductor's CPU template takes dense heads only
-            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
-        if attention_mask is None:
-            out = flex_attention(query, key, value)
-        else:
-            valid = attention_mask[:, 0, :] > -1.0
-
-            def padded_keys_out(score, item, head, q_index, kv_index):
-                return torch.where(valid[item, kv_index], score, -float("inf"))
-
-            out = flex_attention(query, key, value, score_mod=padded_keys_out)
-        out = out.transpose(1, 2).reshape(b, -1, attn.heads * head_dim).to(query.dtype)
-        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
-
-
-class FlashSelfAttention:
-    """diffusers' `AttnProcessor2_0` as the estimator's self-attention uses it, through
-    FlashAttention on the padded layout (`--attention flash`): `[B·T, heads, d]` as B sequences of
-    T frames laid end to end, each reading only its first `length` keys (`seqused_k`) — no bias in
-    memory, no gather of valid frames, padded keys never read. Padded query rows attend to the
-    valid keys as they do in the reference (their output is masked later). Needs CUDA and bf16/fp16
-    (the flow's autocast); elsewhere SDPA with the same key-padding mask as a broadcast boolean, the
-    same result (the CPU's check of this processor against the bias)."""
+    norms, residual or rescale), with the attention itself left to `attend`: query, key and value
+    `[B, T, heads·d]` and each item's valid keys `[B, T]` (the first row of the decoder's bias:
+    every row of a non-streaming bias is the same key-padding mask) → `[B, T, heads·d]`."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kwargs):
         assert encoder_hidden_states is None and attn.spatial_norm is None and attn.group_norm is None
         assert attn.norm_q is None and attn.norm_k is None and not attn.residual_connection
         b, t, _ = hidden_states.shape
         query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        heads = attn.heads
-        head_dim = key.shape[-1] // heads
         if attention_mask is None:
             valid = torch.ones(b, t, dtype=torch.bool, device=query.device)
         else:
             valid = attention_mask[:, 0, :] > -1.0
+        out = self.attend(query, key, value, valid, attn.heads).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
+
+
+class FlexSelfAttention(SelfAttention):
+    """Through FlexAttention (`--attention flex`): padded keys are masked inside the kernel by a
+    score modifier reading each item's key mask — no `B·heads·T²` bias is copied or read — and the
+    compiled kernel is FlashAttention-like. Same result as SDPA with the bias: a masked key gets
+    −inf instead of −1e10 (identical after softmax: no row is fully masked, exportable_chunk_mask
+    sees to that)."""
+
+    def attend(self, query, key, value, valid, heads):
+        from torch.nn.attention.flex_attention import flex_attention
+        b, t, inner = query.shape
+        query, key, value = (x.view(b, t, heads, inner // heads).transpose(1, 2) for x in (query, key, value))
+        if query.device.type == "cpu":  # inductor's CPU template takes dense heads only
+            query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+
+        def padded_keys_out(score, item, head, q_index, kv_index):
+            return torch.where(valid[item, kv_index], score, -float("inf"))
+
+        return flex_attention(query, key, value, score_mod=padded_keys_out).transpose(1, 2).reshape(b, t, inner)
+
+
+class FlashSelfAttention(SelfAttention):
+    """Through FlashAttention on the padded layout (`--attention flash`): `[B·T, heads, d]` as B
+    sequences of T frames laid end to end, each reading only its first `length` keys
+    (`seqused_k`) — no bias in memory, no gather of valid frames, padded keys never read. Padded
+    query rows attend to the valid keys as they do in the reference (their output is masked later).
+    Needs CUDA and bf16/fp16 (the flow's autocast); elsewhere SDPA with the same key-padding mask
+    as a broadcast boolean, the same result (the CPU's check of this processor against the bias)."""
+
+    def attend(self, query, key, value, valid, heads):
+        b, t, inner = query.shape
         lengths = valid.sum(dim=-1, dtype=torch.int32)
         # An item with no valid frame attends to every key, as exportable_chunk_mask makes the reference do.
         lengths = torch.where(lengths == 0, torch.full_like(lengths, t), lengths)
         if query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16):
-            q, k, v = (x.reshape(b * t, heads, head_dim) for x in (query, key, value))
+            q, k, v = (x.reshape(b * t, heads, inner // heads) for x in (query, key, value))
             offsets = torch.arange(b + 1, device=query.device, dtype=torch.int32) * t
             out = torch.ops.aten._flash_attention_forward(q, k, v, offsets, offsets, t, t, 0.0, False, False,
                                                           seqused_k=lengths)[0]
-            out = out.reshape(b, t, heads * head_dim)
-        else:
-            keys = torch.arange(t, device=query.device).unsqueeze(0) < lengths.unsqueeze(1)
-            q, k, v = (x.view(b, -1, heads, head_dim).transpose(1, 2) for x in (query, key, value))
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
-            out = out.transpose(1, 2).reshape(b, -1, heads * head_dim)
-        out = out.to(query.dtype)
-        return attn.to_out[1](attn.to_out[0](out)) / attn.rescale_output_factor
+            return out.reshape(b, t, inner)
+        keys = torch.arange(t, device=query.device).unsqueeze(0) < lengths.unsqueeze(1)
+        q, k, v = (x.view(b, t, heads, inner // heads).transpose(1, 2) for x in (query, key, value))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keys[:, None, None, :])
+        return out.transpose(1, 2).reshape(b, t, inner)
 
 
 def exportable_chunk_mask(xs, masks, use_dynamic_chunk, use_dynamic_left_chunk, decoding_chunk_size,

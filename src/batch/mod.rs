@@ -151,7 +151,7 @@ pub struct WorkBudget {
 
 impl Admission for WorkBudget {
     fn check(&self, batch: usize, max_tokens: usize) -> Option<FlushReason> {
-        (batch * max_tokens > self.max_tokens).then_some(FlushReason::Tokens)
+        TokenBudget { max_batch_tokens: self.max_tokens }.check(batch, max_tokens)
     }
 
     fn check_jobs(&self, _batch: usize, _max_tokens: usize, total_tokens: usize) -> Option<FlushReason> {

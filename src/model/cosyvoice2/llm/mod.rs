@@ -8,6 +8,8 @@
 //!   the step captured as CUDA graphs per (rows, span) bucket and replayed (eager as the fallback).
 //! - [`speech_lm`]: `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules) with
 //!   continuous refill; each sequence gets the same tokens batched or alone.
+//! - [`request`]: what the LM is asked and answers per sequence (`LmRequest`, `LmOutput`,
+//!   `LmError`, the length ratios).
 //! - [`prompt`]: a job's segments as LLM requests per CosyVoice2 mode (zero-shot, cross-lingual,
 //!   instruct), each segment seeded by job id and index.
 //!
@@ -21,5 +23,6 @@ pub mod batch;
 pub mod cache;
 pub mod prompt;
 pub mod qwen2;
+pub mod request;
 pub mod sampler;
 pub mod speech_lm;

@@ -8,7 +8,7 @@
 //! decodes the requests; `job::Mode` is the job's choice.
 
 use super::sampler::sequence_seed;
-use super::speech_lm::LmRequest;
+use super::request::LmRequest;
 use crate::job::Mode;
 use crate::model::cosyvoice2::Voice;
 

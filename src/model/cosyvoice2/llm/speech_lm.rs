@@ -32,6 +32,8 @@ use super::super::weights::Weights;
 use super::batch::{rows_for, BatchDecoder, StepInput, StepOutputs};
 use super::cache::SlotCache;
 use super::qwen2::{span_for, Qwen2, Qwen2Dims, Rows};
+use super::request::{max_steps, MAX_TRIALS};
+pub use super::request::{LengthRatios, LmError, LmOutput, LmRequest};
 use super::sampler::{choose, draw, ras_sample, uniforms_tensor, SamplingParams, SequenceRng};
 
 /// The LM's weights in a converted model directory.
@@ -39,55 +41,6 @@ pub const LLM_FILE: &str = "llm.safetensors";
 
 /// Positions prefilled in one call at most (a call's attention reads its rows' slots whole).
 const PREFILL_POSITIONS: i64 = 4096;
-
-/// Draws of an end-of-speech token before `min_len` tolerated per step.
-const MAX_TRIALS: usize = 100;
-
-/// One sequence to decode.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LmRequest {
-    pub text: Vec<i64>,
-    pub prompt_text: Vec<i64>,
-    pub prompt_speech: Vec<i64>,
-    /// Seed of the sequence's draws (e.g. from job id and segment index).
-    pub seed: u64,
-    /// Benchmarks only: exactly this many steps, end-of-speech refused until then (random
-    /// weights end at random).
-    pub forced_len: Option<usize>,
-}
-
-/// `min_len` / `max_len` as multiples of the text's token count.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LengthRatios {
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Default for LengthRatios {
-    fn default() -> Self {
-        LengthRatios { min: 2.0, max: 20.0 }
-    }
-}
-
-/// A decoded sequence.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LmOutput {
-    pub tokens: Vec<i64>,
-    /// True when it stopped at `max_len` rather than at an end-of-speech token.
-    pub hit_max_len: bool,
-}
-
-/// Why one sequence could not be decoded (the others are unaffected).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LmError {
-    #[error("the text has no tokens")]
-    EmptyText,
-    #[error("{needed} positions do not fit the cache's {limit} per sequence")]
-    TooLong { needed: i64, limit: i64 },
-    #[error("sampling drew only end-of-speech {MAX_TRIALS} times before min_len")]
-    OnlyEndOfSpeech,
-}
 
 /// CosyVoice2's speech-token LM: Qwen2 plus its embeddings and output layer.
 pub struct SpeechLm {
@@ -97,11 +50,6 @@ pub struct SpeechLm {
     decoder: Linear,
     /// 6561: the end-of-speech id; ids above it are skipped.
     speech_tokens: i64,
-}
-
-/// The reference's `max_len`: 20× (`ratios.max`) the text's tokens, or the forced length.
-fn max_steps(r: &LmRequest, ratios: LengthRatios) -> usize {
-    r.forced_len.unwrap_or((r.text.len() as f64 * ratios.max) as usize)
 }
 
 /// What a sequence is fed next.
