@@ -2,7 +2,8 @@
 // - the autocast dtype (tch only toggles autocast, always fp16, through deprecated calls);
 // - the TF32 switch;
 // - CUDA caching-allocator statistics (peak allocated, reset), emptying the cache, and
-//   used by calibration and the memory-aware batch policy.
+//   used by calibration and the memory-aware batch policy;
+// - FlashAttention's varlen forward; device-to-host copies into pinned memory.
 // Autocast state is thread-local in libtorch: call those on the inference thread.
 // The CUDA functions go through c10's device-agnostic DeviceAllocator interface, so no CUDA
 // headers are needed; where no CUDA allocator is registered (CPU-only libtorch) or no device
@@ -108,6 +109,20 @@ int voxbatch_flash_varlen(void* q, void* k, void* v, void* cu_q, void* cu_k, voi
                                                *static_cast<at::Tensor*>(cu_q), *static_cast<at::Tensor*>(cu_k), max_q, max_k, 0.0,
                                                causal != 0, false, std::nullopt, std::nullopt, std::nullopt, used);
     *out = new at::Tensor(std::get<0>(result));
+  }, err, err_len);
+}
+
+// A copy of `src` in page-locked host memory from libtorch's caching host allocator (its blocks
+// are reused, so pinning is paid once per size class): a device-to-host copy then runs at the
+// link's speed, where one into pageable memory ran at ≈ 2 GB/s (65 ms for a batch of 128 × 10 s
+// of audio on the H200, 2026-12-04). Returns when the copy is done. Throws (caught) where no
+// CUDA device can pin memory.
+int voxbatch_to_host_pinned(void* src, void** out, char* err, size_t err_len) {
+  return guarded([&] {
+    const auto& tensor = *static_cast<at::Tensor*>(src);
+    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(tensor);
+    *out = new at::Tensor(std::move(host));
   }, err, err_len);
 }
 

@@ -10,7 +10,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
 # Wheel by wheel: a binary wheel built for another Python is skipped (the machine's own copy serves).
-for w in .whl/*.whl; do
+# The LLM reference's transformers/huggingface_hub/tokenizers are left out: diffusers needs the
+# machine's newer huggingface_hub (resolve_revision), which that pinned one would shadow.
+rm -rf /tmp/site
+for w in $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-); do
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" 2>/dev/null || echo "skipped $(basename "$w")"
 done
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}

@@ -307,7 +307,8 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let wav = wav.f_to_kind(Kind::Float).and_then(|w| w.f_to_device(tch::Device::Cpu)).map_err(failed)?;
+        let wav = wav.f_to_kind(Kind::Float).map_err(failed)?;
+        let wav = crate::model::shim::to_host(&wav).map_err(|e| failed(e.into()))?;
         let t3 = t0.elapsed();
         let result = mels
             .into_iter()
