@@ -88,10 +88,12 @@ export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model::cosyvoic
 log "corpus, dry run, enqueue"
 $PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"
 $BIN migrate || exit 1
-$BIN text "$E/corpus.jsonl" --gpu H200 --format json > "$OUT/dry-run.json" 2> "$OUT/dry-run.err" || tail -3 "$OUT/dry-run.err"
+# The dry run (3.5 MB for the full corpus) stays on the machine: the device tool returns at most 8
+# files from $OUT (alphabetically first), and the worker log and summary must come back.
+$BIN text "$E/corpus.jsonl" --gpu H200 --format json > "$E/dry-run.json" 2> "$E/dry-run.err" || tail -3 "$E/dry-run.err"
 # What tools/simulate_text_buckets.py predicts for this corpus (batches as the worker's work budget
 # cuts them: 8 fills of the slots), to set against the measured fill and buckets below.
-$PY tools/simulate_text_buckets.py "$OUT/dry-run.json" --slots "${SLOTS:-512}" --cap "${T2W_BATCH:-128}" \
+$PY tools/simulate_text_buckets.py "$E/dry-run.json" --slots "${SLOTS:-512}" --cap "${T2W_BATCH:-128}" \
   --work-budget $(( ${SLOTS:-512} * 250 * 8 )) > "$OUT/simulated.json" 2>&1 && log "simulated: $(cat "$OUT/simulated.json")"
 CAMPAIGN=text-e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
