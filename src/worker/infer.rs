@@ -21,6 +21,7 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 use uuid::Uuid;
 
 use super::delivery::Settler;
+use super::gate::InferenceGate;
 use super::intake::{Assembled, Received};
 use super::{Counters, WorkerClock};
 use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
@@ -69,6 +70,8 @@ pub struct Infer {
     pub counters: Arc<Counters>,
     pub settler: Arc<Settler>,
     pub stop: CancellationToken,
+    /// Text models: told when a batch is done with (`gate`'s module doc).
+    pub gate: Option<Arc<InferenceGate>>,
 }
 
 impl Infer {
@@ -88,15 +91,24 @@ impl Infer {
             if self.stop.is_cancelled() {
                 // Not started: back to the queue.
                 self.settler.outbox.give_back(items.into_iter().map(|r| r.delivery).collect()).await;
+                self.gate_finished();
                 continue;
             }
             let span = info_span!("batch", %batch_id, size = items.len(), reason);
             let batch = self.run_batch(batch_id, reason, oldest, items, predicted_peak, &outcomes, &returns).instrument(span.clone()).await;
+            // The GPU is free: the intake may form the next text batch while this one commits.
+            self.gate_finished();
             if let Some(batch) = batch {
                 if post.send(batch).await.is_err() {
                     error!(parent: &span, "commit stage stopped; the batch's messages go back to the queue");
                 }
             }
+        }
+    }
+
+    fn gate_finished(&self) {
+        if let Some(g) = &self.gate {
+            g.finished();
         }
     }
 

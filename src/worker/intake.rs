@@ -3,8 +3,8 @@
 //! Connects (reconnecting with back-off), checks each job's voice against the worker's
 //! `VoiceBook` (a voice it does not know sends it to Postgres once before the job is refused, so a
 //! voice added a moment ago is found), feeds each valid job to the batch policy and hands a
-//! batch to the inference stage only when that stage has room, so each batch is chosen from
-//! everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
+//! batch to the inference stage only when that stage has room (text batches: only when it is
+//! idle, `gate`), so each batch is chosen from everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
 //! a `cosyvoice2` model goes through the text frontend first, on the blocking pool (text that
 //! says nothing is rejected there, before it takes a place in a batch), and joins the policy with
 //! its estimated speech tokens (characters at the speaking rate) as its length, the unit of
@@ -13,8 +13,8 @@
 //! it stops consuming, gives back every job not started, and waits for the other stages to
 //! settle what they hold before closing the connection.
 //!
-//! Neighbours: `mod.rs` wires it; `infer` receives its batches; `delivery` settles messages;
-//! `batch` decides; `job` validates.
+//! Neighbours: `mod.rs` wires it; `infer` receives its batches; `gate` says when the inference
+//! stage is idle; `delivery` settles messages; `batch` decides; `job` validates.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::delivery::{Delivery, HeldCount, Outbox, Settler};
+use super::gate::InferenceGate;
 use super::retry::{backoff, Fatal, Transience};
 use super::WorkerError;
 use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, Pending};
@@ -107,6 +108,8 @@ pub struct IntakeChannels {
     pub returns: mpsc::UnboundedReceiver<Received>,
     /// Where prepared text jobs are sent (into `returns`).
     pub prepared: mpsc::UnboundedSender<Received>,
+    /// Text models: a batch is formed only when the inference stage is idle (`gate`'s module doc).
+    pub gate: Option<Arc<InferenceGate>>,
 }
 
 /// How a connected session ended.
@@ -171,14 +174,18 @@ impl Intake {
             while let Ok(outcome) = ch.outcomes.try_recv() {
                 policy.observe(&outcome);
             }
-            // Form a batch only when the inference stage can take it: until then the pool keeps
-            // absorbing deliveries.
-            let room = ch.batches.capacity() > 0;
+            // Form a batch only when the inference stage can take it (text models: when it is
+            // idle): until then the pool keeps absorbing deliveries.
+            let queue_free = ch.batches.capacity() > 0;
+            let room = queue_free && ch.gate.as_ref().is_none_or(|g| g.is_idle());
             let deadline = if room {
                 match policy.decide(Instant::now(), false) {
                     Decision::Flush(flush) => {
                         let max_tokens = flush.items.iter().map(|p| p.tokens).max().unwrap_or(0);
                         let predicted_peak = policy.predicted_peak(flush.items.len(), max_tokens);
+                        if let Some(g) = &ch.gate {
+                            g.sent();
+                        }
                         send(&ch.batches, Assembled { flush, predicted_peak }).await?;
                         continue;
                     }
@@ -190,9 +197,12 @@ impl Intake {
             tokio::select! {
                 _ = shutdown.as_mut() => return Ok(SessionEnd::Stop),
                 _ = self.fatal.raised() => return Ok(SessionEnd::Stop),
-                permit = ch.batches.reserve(), if !room => {
+                permit = ch.batches.reserve(), if !queue_free => {
                     // The inference stage took the queued batch: decide again with a full view.
                     drop(permit.map_err(|_| WorkerError::Stage("inference stage stopped".into()))?);
+                }
+                _ = idled(ch.gate.as_deref()), if queue_free && !room => {
+                    // The inference stage finished its batch: decide again with a full view.
                 }
                 Some(r) = ch.returns.recv() => self.push(policy, r, seq),
                 delivery = consumer.next() => match delivery {
@@ -434,6 +444,13 @@ impl TextPrep {
                 Err(e) => settler.fail(id, &format!("text frontend stopped: {e}"), delivery).await,
             }
         });
+    }
+}
+
+async fn idled(gate: Option<&InferenceGate>) {
+    match gate {
+        Some(g) => g.idled().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -23,6 +23,7 @@
 mod commit;
 mod delivery;
 pub mod events;
+mod gate;
 mod infer;
 mod intake;
 pub mod retry;
@@ -263,6 +264,8 @@ pub async fn run(
     });
 
     let (batch_tx, batch_rx) = mpsc::channel(1);
+    // Text models form each batch when the inference stage is idle (gate.rs says why).
+    let gate = frontend.is_some().then(|| Arc::new(gate::InferenceGate::default()));
     let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
     let (return_tx, return_rx) = mpsc::unbounded_channel();
     let (post_tx, post_rx) = mpsc::channel(1);
@@ -277,6 +280,7 @@ pub async fn run(
         counters: counters.clone(),
         settler: settler.clone(),
         stop: stop.clone(),
+        gate: gate.clone(),
     };
     let events_wake = Arc::new(tokio::sync::Notify::new());
     let events_storage = storage.clone();
@@ -335,7 +339,7 @@ pub async fn run(
     let heartbeat = tokio::spawn(heartbeat_loop(db.clone(), worker_id.clone(), clock.clone(), cfg.worker.heartbeat));
     let voice_poll = tokio::spawn(voice_poll_loop(voices, cfg.voices.refresh));
 
-    let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx, prepared };
+    let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx, prepared, gate };
     let intake_result = intake.run(sizing.policy, channels, shutdown).await;
 
     // The intake has stopped and dropped its sender: the stages finish what they hold.
