@@ -38,9 +38,15 @@ process, because loading one into Python has killed the process on the H200 host
 which then cost the stages after it their compile): a crash there is reported and the next stage
 still compiles.
 
+`--tuning` (not yet measured on a GPU) asks inductor to search kernel configurations at compile
+time: `coordinate-descent` tunes each generated kernel's block sizes (the fused element-wise kernels
+took 41 % of the compiled token2wav's time on the H200, 2026-12-04), `max-autotune` also tries
+Triton matmul templates, which can take the FF's GELU into the matmul's epilogue. Both lengthen
+the compile; `none` (default) is what every measured package used.
+
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
-                            [--max-frames 3000] [--max-batch 1024] [--check]
+                            [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune] [--check]
 """
 import argparse
 import functools
@@ -359,7 +365,15 @@ def resolve_attention(attention, device, precision):
     return "flash" if device.type == "cuda" and precision in ("bf16", "fp16") else "sdpa"
 
 
-def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa"):
+# inductor settings per `--tuning`.
+TUNINGS = {
+    "none": {},
+    "coordinate-descent": {"coordinate_descent_tuning": True},
+    "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
+}
+
+
+def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa", tuning="none"):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
     between the package and the eager module on two random batches (and, for a FlexAttention
     estimator, between its eager module and the SDPA one)."""
@@ -390,7 +404,9 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         if stage == "estimator":
             metadata["voxbatch.frame_multiple"] = str(FRAME_MULTIPLE)
             metadata["voxbatch.attention"] = attention
-        torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs={"aot_inductor.metadata": metadata})
+        metadata["voxbatch.tuning"] = tuning
+        configs = {"aot_inductor.metadata": metadata, **TUNINGS[tuning]}
+        torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
     report = {"package": path, "key": key, "compile_seconds": time.time() - started, "attention_ops": attention_ops, **metadata}
     # Said before the check: a failure there must not hide that (and what) the compile wrote.
     print(json.dumps(report), flush=True)
@@ -452,6 +468,8 @@ def main():
                     help="the estimator's attention: SDPA with the reference's bias, FlexAttention masking padded keys in "
                          "the kernel, or FlashAttention reading each item's valid keys only (CUDA, bf16/fp16); "
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
+    ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
+                    help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
@@ -466,7 +484,7 @@ def main():
         if a.check_package:
             check_package(stage, a.model, device, precision, attention, a.check_package)
         else:
-            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention)
+            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention, a.tuning)
 
 
 if __name__ == "__main__":
