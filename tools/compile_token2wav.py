@@ -351,6 +351,14 @@ STAGES = {
 }
 
 
+def stage_parts(stage, attention):
+    """A stage's (build, example inputs, dynamic shapes), the estimator built with `attention`."""
+    build, example, shapes = STAGES[stage]
+    if stage == "estimator":
+        build = functools.partial(build, attention=attention)
+    return build, example, shapes
+
+
 def set_tf32(device, precision):
     """TF32 matmuls and convolutions on for precision tf32 on CUDA, off otherwise."""
     on = precision == "tf32" and device.type == "cuda"
@@ -377,9 +385,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
     between the package and the eager module on two random batches (and, for a FlexAttention
     estimator, between its eager module and the SDPA one)."""
-    build, example, shapes = STAGES[stage]
-    if stage == "estimator":
-        build = functools.partial(build, attention=attention)
+    build, example, shapes = stage_parts(stage, attention)
     set_tf32(device, precision)
     key = package_key(device, precision)
     module = build(model_dir, device, precision)
@@ -414,7 +420,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         # Another attention's eager module against the reference's SDPA one, then the package
         # against the eager module (in a child process).
         if stage == "estimator" and attention != "sdpa":
-            reference = STAGES[stage][0](model_dir, device, precision, attention="sdpa")
+            reference = stage_parts(stage, "sdpa")[0](model_dir, device, precision)
             worst = worst_difference(module, reference, example, device)
             print(json.dumps({"attention": attention, "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
         check_package_in_child(stage, model_dir, device, precision, attention, path)
@@ -435,9 +441,7 @@ def check_package_in_child(stage, model_dir, device, precision, attention, path)
 
 def check_package(stage, model_dir, device, precision, attention, path):
     """Loads the package at `path` and prints its worst difference from the eager module."""
-    build, example, _ = STAGES[stage]
-    if stage == "estimator":
-        build = functools.partial(build, attention=attention)
+    build, example, _ = stage_parts(stage, attention)
     set_tf32(device, precision)
     module = build(model_dir, device, precision)
     loaded = torch._inductor.aoti_load_package(path)

@@ -266,20 +266,21 @@ impl<T, A: Admission> LengthBucketing<T, A> {
         }
         // Enforce the admission rule by dropping the job farthest in length from the anchor.
         let mut limited_by: Option<FlushReason> = None;
+        let mut total: usize = window.iter().map(|&i| self.pool[i].tokens).sum();
         while window.len() > 1 {
             let max_len = window.iter().map(|&i| self.pool[i].tokens).max().unwrap_or(0);
-            let total = window.iter().map(|&i| self.pool[i].tokens).sum();
             let Some(reason) = self.admission.check_jobs(window.len(), max_len, total) else {
                 break;
             };
             limited_by = Some(reason);
-            let (far, _) = window
+            let (far, job) = window
                 .iter()
                 .enumerate()
                 .filter(|(_, &i)| self.pool[i].seq != anchor_seq)
                 .max_by_key(|(_, &i)| self.pool[i].tokens.abs_diff(anchor_tokens))
                 .map(|(w, &i)| (w, i))
                 .unwrap_or((0, window[0]));
+            total -= self.pool[job].tokens;
             window.remove(far);
         }
         let reason = if let Some(reason) = limited_by {
