@@ -44,9 +44,18 @@ took 41 % of the compiled token2wav's time on the H200, 2026-12-04), `max-autotu
 Triton matmul templates, which can take the FF's GELU into the matmul's epilogue. Both lengthen
 the compile; `none` (default) is what every measured package used.
 
+`--layout time-major` (not yet measured on a GPU) keeps every stage's activations time-major — each
+frame's channels contiguous: the estimator as tools/time_major_estimator.py computes it (no
+transposes around its layer norms and transformer levels, causal convolutions as matmuls), the
+vocoder body on channels-last `[B, C, 1, T]` tensors (no cuDNN layout conversions around its
+convolutions). Same inputs, outputs and weights as `reference` (default); `--check` prints the
+eager module's difference from the reference layout (CPU, tiny model: estimator 4e-6, HiFT 7e-7 in
+fp32).
+
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
-                            [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune] [--check]
+                            [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
+                            [--layout reference|time-major] [--check]
 """
 import argparse
 import functools
@@ -201,7 +210,7 @@ def stage_weights(model_dir, prefix):
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def build_estimator(model_dir, device, precision, attention="sdpa"):
+def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference"):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
     decoder_module.add_optional_chunk_mask = exportable_chunk_mask
@@ -220,6 +229,9 @@ def build_estimator(model_dir, device, precision, attention="sdpa"):
         for module in estimator.modules():
             if isinstance(module, Attention):
                 module.set_processor(processor())
+    if layout == "time-major":
+        from time_major_estimator import TimeMajorDecoder
+        estimator = TimeMajorDecoder(estimator)
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
@@ -256,16 +268,25 @@ class HiftBody(torch.nn.Module):
     mel `[B, 80, T]`, the source's STFT `[B, 18, 120·T + 1]` and each item's mel frames `[B]` (int64)
     → conv_post's 18 channels `[B, 18, 120·T + 1]`, fp32. After every convolution the positions
     past an item's length are zeroed, as the eager port does, so a padded batch equals unbatched
-    runs. Weights are the model's `hift.*` (weight norm already folded by the converter)."""
+    runs. Weights are the model's `hift.*` (weight norm already folded by the converter).
 
-    def __init__(self, weights, channels, device_type, dtype):
+    `time_major` (`--layout time-major`): the same computation on `[B, C, 1, T]` tensors in
+    channels-last memory (each frame's channels contiguous, the layout cuDNN's convolution kernels
+    take), the convolutions as 2-D ones of height 1 — so cuDNN does not convert every convolution's
+    input and output between layouts (≈ 0.1 s of the compiled vocoder's 0.48 s per batch of 128 on
+    the H200, 2026-12-04). Inputs and output keep the channel-major `[B, C, T]` interface."""
+
+    def __init__(self, weights, channels, device_type, dtype, time_major=False):
         super().__init__()
         self.names = {}
         for k, v in weights.items():
             name = k.replace(".", "__")
-            self.register_buffer(name, v.float())
+            v = v.float()
+            if time_major and v.dim() == 3:  # convolution weights as 2-D kernels of height 1
+                v = v.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+            self.register_buffer(name, v)
             self.names[k] = name
-        self.channels, self.device_type, self.dtype = channels, device_type, dtype
+        self.channels, self.device_type, self.dtype, self.time_major = channels, device_type, dtype, time_major
 
     def w(self, key):
         return getattr(self, self.names[key])
@@ -274,11 +295,18 @@ class HiftBody(torch.nn.Module):
         weight = self.w(f"{prefix}.weight")
         if padding is None:
             padding = dilation * (weight.shape[-1] - 1) // 2
+        if self.time_major:
+            return torch.nn.functional.conv2d(x, weight, self.w(f"{prefix}.bias"), (1, stride), (0, padding), (1, dilation))
         return torch.nn.functional.conv1d(x, weight, self.w(f"{prefix}.bias"), stride, padding, dilation)
 
-    @staticmethod
-    def snake(x, alpha):
-        alpha = alpha.view(1, -1, 1)
+    def upsample(self, x, i, stride, kernel):
+        weight, bias, padding = self.w(f"ups.{i}.weight"), self.w(f"ups.{i}.bias"), (kernel - stride) // 2
+        if self.time_major:
+            return torch.nn.functional.conv_transpose2d(x, weight, bias, (1, stride), (0, padding))
+        return torch.nn.functional.conv_transpose1d(x, weight, bias, stride, padding)
+
+    def snake(self, x, alpha):
+        alpha = alpha.view(1, -1, 1, 1) if self.time_major else alpha.view(1, -1, 1)
         return x + (alpha + 1e-9).reciprocal() * torch.sin(x * alpha).pow(2)
 
     def resblock(self, x, prefix, mask):
@@ -289,22 +317,23 @@ class HiftBody(torch.nn.Module):
         return x
 
     def body(self, mel, s_stft, frames):
-        t = mel.shape[2]
+        t = mel.shape[-1]
 
         def mask(scale, extra):
             positions = torch.arange(t * scale + extra, device=mel.device).unsqueeze(0)
-            return (positions < (frames * scale + extra).unsqueeze(1)).float().unsqueeze(1)
+            valid = (positions < (frames * scale + extra).unsqueeze(1)).float().unsqueeze(1)
+            return valid.unsqueeze(2) if self.time_major else valid
 
         mel_mask = mask(1, 0)
         x = self.conv(mel * mel_mask, "conv_pre") * mel_mask
         scale = 1
         for i, (u, k) in enumerate(zip(UPSAMPLE, UP_KERNELS)):
             x = torch.maximum(x, x * 0.1)
-            x = torch.nn.functional.conv_transpose1d(x, self.w(f"ups.{i}.weight"), self.w(f"ups.{i}.bias"), u, (k - u) // 2)
+            x = self.upsample(x, i, u, k)
             scale *= u
             extra = 1 if i == 2 else 0
             if i == 2:
-                x = torch.nn.functional.pad(x, (1, 0), mode="reflect")
+                x = torch.nn.functional.pad(x, (1, 0, 0, 0) if self.time_major else (1, 0), mode="reflect")
             m = mask(scale, extra)
             x = x * m
             r = SOURCE_DOWN_RATES[i]
@@ -314,18 +343,22 @@ class HiftBody(torch.nn.Module):
             for j in (1, 2):
                 xs = xs + self.resblock(x, f"resblocks.{3 * i + j}", m)
             x = xs / 3.0
-        return self.conv(torch.nn.functional.leaky_relu(x), "conv_post").float()
+        out = self.conv(torch.nn.functional.leaky_relu(x), "conv_post").float()
+        return out.squeeze(2).contiguous() if self.time_major else out
 
     def forward(self, mel, s_stft, frames):
+        if self.time_major:
+            mel, s_stft = (x.unsqueeze(2).contiguous(memory_format=torch.channels_last) for x in (mel, s_stft))
         if self.dtype is None:
             return self.body(mel, s_stft, frames)
         with torch.autocast(self.device_type, dtype=self.dtype):
             return self.body(mel, s_stft, frames)
 
 
-def build_hift(model_dir, device, precision):
+def build_hift(model_dir, device, precision, layout="reference"):
     _, d = read_dims(model_dir)
-    return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision]).eval().to(device)
+    return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision],
+                    time_major=layout == "time-major").eval().to(device)
 
 
 def hift_inputs(batch, frames, device, seed=0):
@@ -351,11 +384,12 @@ STAGES = {
 }
 
 
-def stage_parts(stage, attention):
-    """A stage's (build, example inputs, dynamic shapes), the estimator built with `attention`."""
+def stage_parts(stage, attention, layout="reference"):
+    """A stage's (build, example inputs, dynamic shapes), the estimator built with `attention` and
+    `layout`."""
     build, example, shapes = STAGES[stage]
-    if stage == "estimator":
-        build = functools.partial(build, attention=attention)
+    build = functools.partial(build, attention=attention, layout=layout) if stage == "estimator" \
+        else functools.partial(build, layout=layout)
     return build, example, shapes
 
 
@@ -381,11 +415,12 @@ TUNINGS = {
 }
 
 
-def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa", tuning="none"):
+def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa", tuning="none",
+                  layout="reference"):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
-    between the package and the eager module on two random batches (and, for a FlexAttention
-    estimator, between its eager module and the SDPA one)."""
-    build, example, shapes = stage_parts(stage, attention)
+    between the package and the eager module on two random batches (and, for an estimator with
+    another attention or layout, between its eager module and the reference's SDPA one)."""
+    build, example, shapes = stage_parts(stage, attention, layout)
     set_tf32(device, precision)
     key = package_key(device, precision)
     module = build(model_dir, device, precision)
@@ -410,6 +445,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         if stage == "estimator":
             metadata["voxbatch.frame_multiple"] = str(FRAME_MULTIPLE)
             metadata["voxbatch.attention"] = attention
+        metadata["voxbatch.layout"] = layout
         metadata["voxbatch.tuning"] = tuning
         configs = {"aot_inductor.metadata": metadata, **TUNINGS[tuning]}
         torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
@@ -417,20 +453,21 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     # Said before the check: a failure there must not hide that (and what) the compile wrote.
     print(json.dumps(report), flush=True)
     if check:
-        # Another attention's eager module against the reference's SDPA one, then the package
-        # against the eager module (in a child process).
-        if stage == "estimator" and attention != "sdpa":
+        # Another attention's or layout's eager module against the reference's SDPA one, then the
+        # package against the eager module (in a child process).
+        if layout != "reference" or (stage == "estimator" and attention != "sdpa"):
             reference = stage_parts(stage, "sdpa")[0](model_dir, device, precision)
             worst = worst_difference(module, reference, example, device)
-            print(json.dumps({"attention": attention, "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
-        check_package_in_child(stage, model_dir, device, precision, attention, path)
+            print(json.dumps({"attention": attention, "layout": layout, "max_abs_difference_vs_sdpa_eager": worst}),
+                  flush=True)
+        check_package_in_child(stage, model_dir, device, precision, attention, layout, path)
 
 
-def check_package_in_child(stage, model_dir, device, precision, attention, path):
+def check_package_in_child(stage, model_dir, device, precision, attention, layout, path):
     """Runs this script's `--check-package` in a child process (see the module doc: a package
     loaded into Python has killed the process on the H200 host) and says how it ended."""
     args = [sys.executable, os.path.abspath(__file__), "--model", model_dir, "--device", str(device), "--stages", stage,
-            "--precision", precision, "--vocoder-precision", precision, "--attention", attention, "--check-package", path]
+            "--precision", precision, "--vocoder-precision", precision, "--attention", attention, "--layout", layout, "--check-package", path]
     done = subprocess.run(args, check=False)
     if done.returncode != 0:
         how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
@@ -439,9 +476,9 @@ def check_package_in_child(stage, model_dir, device, precision, attention, path)
                           "(tests/compiled.rs)"}), flush=True)
 
 
-def check_package(stage, model_dir, device, precision, attention, path):
+def check_package(stage, model_dir, device, precision, attention, layout, path):
     """Loads the package at `path` and prints its worst difference from the eager module."""
-    build, example, _ = stage_parts(stage, attention)
+    build, example, _ = stage_parts(stage, attention, layout)
     set_tf32(device, precision)
     module = build(model_dir, device, precision)
     loaded = torch._inductor.aoti_load_package(path)
@@ -474,6 +511,9 @@ def main():
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
+    ap.add_argument("--layout", default="reference", choices=["reference", "time-major"],
+                    help="the estimator's activations: channel-major as the reference computes them (default), or "
+                         "time-major throughout (tools/time_major_estimator.py: no transposes, convolutions as matmuls)")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
@@ -486,9 +526,10 @@ def main():
         precision = a.precision if stage == "estimator" else vocoder
         attention = resolve_attention(a.attention, device, precision)
         if a.check_package:
-            check_package(stage, a.model, device, precision, attention, a.check_package)
+            check_package(stage, a.model, device, precision, attention, a.layout, a.check_package)
         else:
-            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention, a.tuning)
+            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention, a.tuning,
+                          a.layout)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,108 @@
+"""The flow estimator in a time-major layout, for compiling (issue 16): the reference
+`CausalConditionalDecoder` (PyPI `token2wav-cosyvoice`, cosyvoice/flow/decoder.py) computed on
+`[B, T, C]` from its first layer to its last, with the reference module's own weights and
+submodules. tools/compile_token2wav.py exports this forward (`--layout time-major`) in place of the
+reference's.
+
+Why: the reference keeps its ResNet blocks channel-major (`[B, C, T]`, cuDNN convolutions) and
+turns every block's activations around twice — a transpose into and out of each LayerNorm over
+channels, and a `rearrange(...).contiguous()` around each level's transformer blocks. Compiled on
+the H200 (2026-12-04, batch 128), the kernels that fuse those layer norms with the transposes took
+≈ 0.4 s of the flow's 1.35 s, and cuDNN added layout conversions around every bf16 convolution.
+Here the layer norms run over each frame's contiguous channels, the transformer blocks take the
+activations as they are, and each causal convolution (kernel 3, left padding 2) is one matmul over
+the three frames it sees laid side by side (`[B, T, 3·C]`), so no transpose remains between the
+input and the output.
+
+Same computation, same precisions under autocast (matmuls in the autocast dtype, layer norms in
+fp32, the residual stream fp32 as in the reference): tools/compile_token2wav.py `--check` prints
+its difference from the reference module. Only the estimator CosyVoice2 ships is covered — one
+channel level (its down- and up-sampling are causal convolutions); another shape is refused.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_conv(conv, x):
+    """`conv` (a `CausalConv1d`, padded on the left by kernel−1, or a kernel-1 `Conv1d`) over the
+    time-major `x` `[B, T, C_in]` → `[B, T, C_out]`: frames t−k+1 … t side by side, one matmul."""
+    kernel = conv.kernel_size[0]
+    weight = conv.weight  # [C_out, C_in, kernel]
+    if kernel == 1:
+        return F.linear(x, weight[:, :, 0], conv.bias)
+    assert getattr(conv, "causal_padding", None) == kernel - 1 and conv.stride == (1,) and conv.dilation == (1,)
+    frames = x.shape[1]
+    padded = F.pad(x, (0, 0, kernel - 1, 0))
+    window = torch.cat([padded[:, k:k + frames] for k in range(kernel)], dim=-1)  # [B, T, kernel·C_in]
+    # Column k·C_in + c of the window holds input channel c at tap k.
+    return F.linear(window, weight.permute(0, 2, 1).reshape(weight.shape[0], -1), conv.bias)
+
+
+def causal_block(block, x, mask):
+    """`CausalBlock1D`: convolution, LayerNorm over channels, Mish, masked before and after."""
+    conv, _, norm, _, mish = block.block
+    return mish(norm(causal_conv(conv, x * mask))) * mask
+
+
+def causal_resnet(resnet, x, mask, time_emb):
+    """`CausalResnetBlock1D` (matcha's `ResnetBlock1D.forward`)."""
+    h = causal_block(resnet.block1, x, mask)
+    h = h + resnet.mlp(time_emb).unsqueeze(1)
+    h = causal_block(resnet.block2, h, mask)
+    return h + causal_conv(resnet.res_conv, x * mask)
+
+
+class TimeMajorDecoder(torch.nn.Module):
+    """`CausalConditionalDecoder.forward(x, mask, mu, t, spks, cond, streaming=False)` on
+    time-major activations: same arguments (`[B, 80, T]` in and out), same weights."""
+
+    def __init__(self, reference):
+        super().__init__()
+        from cosyvoice.flow.decoder import CausalConv1d
+        if len(reference.down_blocks) != 1 or not isinstance(reference.down_blocks[0][2], CausalConv1d) \
+                or not isinstance(reference.up_blocks[0][2], CausalConv1d):
+            raise ValueError("the time-major estimator covers CosyVoice2's one channel level only")
+        self.reference = reference
+
+    def attention_bias(self, mask, frames, dtype):
+        """The reference's non-streaming bias for a level's transformer blocks (its `[B, T, T]`
+        key-padding bias, through the same helpers, so compile_token2wav.py's replacements apply)."""
+        import cosyvoice.flow.decoder as decoder_module
+        keys = decoder_module.add_optional_chunk_mask(None, mask.bool(), False, False, 0, 0, -1).repeat(1, frames, 1)
+        return decoder_module.mask_to_bias(keys, dtype)
+
+    def transformers(self, blocks, x, bias, time_emb):
+        for block in blocks:
+            x = block(hidden_states=x, attention_mask=bias, timestep=time_emb)
+        return x
+
+    def forward(self, x, mask, mu, t, spks=None, cond=None, streaming=False):
+        assert not streaming, "only the non-streaming path is compiled"
+        ref = self.reference
+        time_emb = ref.time_mlp(ref.time_embeddings(t).to(t.dtype))
+        frames = x.shape[-1]
+        parts = [x, mu] + ([spks.unsqueeze(-1).expand(-1, -1, frames)] if spks is not None else []) \
+            + ([cond] if cond is not None else [])
+        h = torch.cat(parts, dim=1).transpose(1, 2)  # [B, T, 320]
+        time_mask = mask.transpose(1, 2)  # [B, T, 1]
+
+        resnet, blocks, downsample = ref.down_blocks[0]
+        h = causal_resnet(resnet, h, time_mask, time_emb)
+        h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
+        skip = h
+        h = causal_conv(downsample, h * time_mask)
+
+        for resnet, blocks in ref.mid_blocks:
+            h = causal_resnet(resnet, h, time_mask, time_emb)
+            h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
+
+        resnet, blocks, upsample = ref.up_blocks[0]
+        h = torch.cat([h[:, :skip.shape[1]], skip], dim=-1)
+        h = causal_resnet(resnet, h, time_mask, time_emb)
+        h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
+        h = causal_conv(upsample, h * time_mask)
+
+        h = causal_block(ref.final_block, h, time_mask)
+        out = causal_conv(ref.final_proj, h * time_mask)
+        return (out * time_mask).transpose(1, 2)
