@@ -38,19 +38,24 @@ process, because loading one into Python has killed the process on the H200 host
 which then cost the stages after it their compile): a crash there is reported and the next stage
 still compiles.
 
-`--tuning` (not yet measured on a GPU) asks inductor to search kernel configurations at compile
-time: `coordinate-descent` tunes each generated kernel's block sizes (the fused element-wise kernels
-took 41 % of the compiled token2wav's time on the H200, 2026-12-04), `max-autotune` also tries
-Triton matmul templates, which can take the FF's GELU into the matmul's epilogue. Both lengthen
-the compile; `none` (default) is what every measured package used.
+`--tuning` asks inductor to search kernel configurations at compile time: `coordinate-descent`
+tunes each generated kernel's block sizes, `max-autotune` also tries Triton matmul templates (not
+yet measured), which can take the FF's GELU into the matmul's epilogue. Both lengthen the compile.
+Measured on the H200 (2026-12-04, time-major, batch 128): coordinate-descent made token2wav
+*slower*, 744.6 against 840.5 — the FF's GELU kernel took 0.35 s instead of 0.11 (the search tunes
+at the export's small example shapes, the package runs at batch 256 × 500 frames) — so `none`
+stays the default.
 
-`--layout time-major` (not yet measured on a GPU) keeps every stage's activations time-major — each
-frame's channels contiguous: the estimator as tools/time_major_estimator.py computes it (no
-transposes around its layer norms and transformer levels, causal convolutions as matmuls), the
-vocoder body on channels-last `[B, C, 1, T]` tensors (no cuDNN layout conversions around its
-convolutions). Same inputs, outputs and weights as `reference` (default); `--check` prints the
-eager module's difference from the reference layout (CPU, tiny model: estimator 4e-6, HiFT 7e-7 in
-fp32).
+`--layout time-major` (the default) keeps every stage's activations time-major — each frame's
+channels contiguous: the estimator as tools/time_major_estimator.py computes it (no transposes
+around its layer norms and transformer levels, causal convolutions as matmuls), the vocoder body on
+channels-last `[B, C, 1, T]` tensors (no cuDNN layout conversions around its convolutions). Same
+inputs, outputs and weights as `--layout reference` (the reference's channel-major modules, what
+every package before 2026-12-04 session 11 used); `--check` prints the eager module's difference
+from the reference layout (CPU, tiny model: estimator 4e-6, HiFT 7e-7 in fp32; H200, full model:
+estimator 0.064 at bf16 with FlashAttention, as flash alone gave, HiFT 1.2e-3 at tf32). Measured on
+the H200 (2026-12-04, batch 128, same call as eager): token2wav 840.5 audio-s/s against 664.6 with
+the reference layout (flow steps 1.35 → 1.10 s, HiFT 0.48 → 0.33 s).
 
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
@@ -511,9 +516,10 @@ def main():
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
-    ap.add_argument("--layout", default="reference", choices=["reference", "time-major"],
-                    help="the estimator's activations: channel-major as the reference computes them (default), or "
-                         "time-major throughout (tools/time_major_estimator.py: no transposes, convolutions as matmuls)")
+    ap.add_argument("--layout", default="time-major", choices=["reference", "time-major"],
+                    help="each stage's activations: time-major throughout (default; the estimator as "
+                         "tools/time_major_estimator.py computes it, the vocoder body channels-last), or channel-major "
+                         "as the reference computes them")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()

@@ -10,7 +10,7 @@
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
 # STAGES (estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash: the estimator's
-# attention, tools/compile_token2wav.py --attention), LAYOUT (reference | time-major: the estimator's
+# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | reference: each stage's
 # activations, tools/compile_token2wav.py --layout), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
@@ -46,7 +46,7 @@ if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
-  --layout "${LAYOUT:-reference}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
+  --layout "${LAYOUT:-time-major}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -6 | tee "$OUT/compile-${STAGES/,/-}.log"
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
