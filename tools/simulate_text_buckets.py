@@ -9,7 +9,8 @@ characters ÷ the speaking rate × 25).
 Input: `voxbatch text CORPUS --format json` (segments per job). Text batches are the jobs in
 order cut into `--batches` equal runs, or with `--work-budget N` cut as the worker's policy cuts
 them (src/batch `WorkBudget`: the oldest job anchors a batch, the jobs farthest from its length
-are dropped until the jobs' tokens add up to at most N; N = 8 fills × slots × 250). Time model, calibrated on that run (docs/PERFORMANCE.md "Like-length
+are dropped until the jobs' tokens add up to at most N, unless what would stay behind is at
+most N/4; N = 8 fills × slots × 250). Time model, calibrated on that run (docs/PERFORMANCE.md "Like-length
 token2wav buckets"): an LLM step costs 2.0 + 2.5 × active/512 ms (the CUDA-graph step times at
 64–512 slots), token2wav 93 µs per padded speech token plus the call overhead (eager port).
 With the rule of that run (FIFO admission, batch end taken longest first in full buckets) it gives
@@ -73,8 +74,12 @@ def work_batches(jobs, budget):
         anchor = sum(jobs[pool[0]])
         window = sorted(pool, key=lambda i: abs(sum(jobs[i]) - anchor))
         total = sum(sum(jobs[i]) for i in window)
+        left = sum(sum(jobs[i]) for i in pool) - total
         while len(window) > 1 and total > budget:
             total -= sum(jobs[window.pop()])
+            left = sum(sum(jobs[i]) for i in pool) - total
+        if left <= budget // 4:  # a small remainder rides along (WorkBudget::remainder_allowance)
+            window = list(pool)
         chosen = set(window)
         batches.append([jobs[i] for i in sorted(chosen)])
         pool = [i for i in pool if i not in chosen]

@@ -127,6 +127,11 @@ pub trait Admission: Send {
         None
     }
     fn observe(&mut self, _outcome: &BatchOutcome) {}
+    /// How many tokens of jobs a batch cut by this rule may still take when they are all that
+    /// would stay behind (a soft budget: no batch of leftovers after a full one); 0 = none.
+    fn remainder_allowance(&self) -> usize {
+        0
+    }
 }
 
 /// Padded tokens (batch size × longest input) at most `max_batch_tokens`.
@@ -143,7 +148,10 @@ impl Admission for TokenBudget {
 
 /// The jobs' tokens added up at most `max_tokens` (kind `cosyvoice2` text batches: the model thread
 /// segments and buckets them itself, so a batch's work is the sum of its jobs', not its size × its
-/// longest). Without the sum ([`Admission::check`]) it assumes every job is the longest.
+/// longest). Without the sum ([`Admission::check`]) it assumes every job is the longest. A soft
+/// budget: a batch takes the jobs past it when they are all that is left and add at most a quarter
+/// of it ([`Admission::remainder_allowance`]) — on the H200 such a leftover (one chapter after a
+/// full batch) ran alone at a fraction of the GPU (docs/PERFORMANCE.md, 2026-12-04, session 11).
 #[derive(Debug, Clone, Copy)]
 pub struct WorkBudget {
     pub max_tokens: usize,
@@ -156,6 +164,10 @@ impl Admission for WorkBudget {
 
     fn check_jobs(&self, _batch: usize, _max_tokens: usize, total_tokens: usize) -> Option<FlushReason> {
         (total_tokens > self.max_tokens).then_some(FlushReason::Tokens)
+    }
+
+    fn remainder_allowance(&self) -> usize {
+        self.max_tokens / 4
     }
 }
 
@@ -282,6 +294,14 @@ impl<T, A: Admission> LengthBucketing<T, A> {
                 .unwrap_or((0, window[0]));
             total -= self.pool[job].tokens;
             window.remove(far);
+        }
+        // A soft budget takes a small remainder rather than leave it for a batch of its own.
+        if limited_by.is_some() && class.len() == self.pool.len() && class.len() <= self.max_batch {
+            let left: usize = self.pool.iter().map(|p| p.tokens).sum::<usize>() - total;
+            if left <= self.admission.remainder_allowance() {
+                // Still a batch the budget filled: it runs now.
+                window = class.clone();
+            }
         }
         let reason = if let Some(reason) = limited_by {
             reason
@@ -459,6 +479,42 @@ mod tests {
         let f = flush(tight.decide(t0, false));
         assert_eq!((f.items.len(), f.reason), (50, FlushReason::Tokens), "the fifty lines now, the chapter next");
         assert_eq!(ids(&flush(tight.decide(t0, true))), vec![51]);
+    }
+
+    #[test]
+    fn a_work_budget_takes_a_small_remainder_rather_than_leave_it_for_a_batch_of_its_own() {
+        let t0 = Instant::now();
+        let budget = || {
+            LengthBucketing::with_admission(64, Duration::from_secs(10), WorkBudget { max_tokens: 40_000 })
+                .with_max_length_ratio(f64::INFINITY)
+        };
+        // Nine lines of 4,000 and a chapter of 8,000: 44,000, over the budget by a chapter that
+        // is under a quarter of it — one batch, not a batch of nine and the chapter alone.
+        let mut b = budget();
+        for seq in 0..9 {
+            b.push(job(seq, 4_000, 0, t0));
+        }
+        b.push(job(9, 8_000, 0, t0));
+        let f = flush(b.decide(t0, false));
+        assert_eq!((f.items.len(), f.reason), (10, FlushReason::Tokens), "a full batch runs at once");
+        assert!(b.is_empty());
+        // A chapter of 12,000 (over a quarter) stays behind for the next batch.
+        let mut b = budget();
+        for seq in 0..9 {
+            b.push(job(seq, 4_000, 0, t0));
+        }
+        b.push(job(9, 12_000, 0, t0));
+        let f = flush(b.decide(t0, false));
+        assert_eq!((f.items.len(), f.reason), (9, FlushReason::Tokens));
+        assert_eq!(ids(&flush(b.decide(t0, true))), vec![9]);
+        // A hard rule (padded tokens) never goes over.
+        let mut hard = LengthBucketing::new(64, Duration::from_secs(10), 40_000).with_max_length_ratio(f64::INFINITY);
+        for seq in 0..9 {
+            hard.push(job(seq, 400, 0, t0));
+        }
+        hard.push(job(9, 4_100, 0, t0));
+        let f = flush(hard.decide(t0, true));
+        assert_eq!((f.items.len(), f.reason), (9, FlushReason::Tokens));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub struct RawFrontend {
     pub zh_chars_per_second: f64,
     pub en_chars_per_second: f64,
     pub estimate_audio_seconds_per_gpu_second: f64,
+    pub threads: i64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +28,23 @@ pub struct FrontendConfig {
     pub en_chars_per_second: f64,
     /// Throughput the dry run prices GPU time with.
     pub estimate_audio_seconds_per_gpu_second: f64,
+    /// Text jobs a worker prepares at once; 0: half the host's cores (see [`FrontendConfig::threads`]).
+    pub threads: usize,
+}
+
+/// Most frontend threads `threads = 0` picks.
+const AUTO_THREADS_MAX: usize = 8;
+
+impl FrontendConfig {
+    /// Text jobs a worker prepares at once: `threads`, or for 0 half the host's cores, between 1
+    /// and 8 (the model thread, the intake and uploads need the rest).
+    pub fn threads(&self) -> usize {
+        if self.threads > 0 {
+            return self.threads;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / 2).clamp(1, AUTO_THREADS_MAX)
+    }
 }
 
 fn rate(key: &'static str, v: f64) -> Result<f64, ConfigError> {
@@ -46,6 +64,7 @@ impl RawFrontend {
             zh_chars_per_second: rate("frontend.zh_chars_per_second", self.zh_chars_per_second)?,
             en_chars_per_second: rate("frontend.en_chars_per_second", self.en_chars_per_second)?,
             estimate_audio_seconds_per_gpu_second: rate("frontend.estimate_audio_seconds_per_gpu_second", self.estimate_audio_seconds_per_gpu_second)?,
+            threads: usize::try_from(self.threads).map_err(|_| ConfigError::Invalid { key: "frontend.threads", reason: "must be >= 0".into() })?,
         };
         if c.segment_min_tokens >= c.segment_max_tokens {
             return Err(ConfigError::Invalid { key: "frontend.segment_min_tokens", reason: "must be below segment_max_tokens".into() });

@@ -2,7 +2,7 @@
 //! with their token ids, as CosyVoice's `frontend.text_normalize` + `tokenizer.encode` do it.
 //!
 //! Stages, a file each: `normalize` (WeTextProcessing's grammars and the reference's clean-ups,
-//! prices read right), `segment` (the reference's `split_paragraph`, plus a hard cap), `tokenizer`
+//! prices read right; its grammars in `pool`s of copies for parallel callers), `segment` (the reference's `split_paragraph`, plus a hard cap), `tokenizer`
 //! (the Qwen2 tokenizer the converter writes), `english` (numbers in words). Pieces that hold
 //! only punctuation and symbols are dropped, as the reference drops them.
 //!
@@ -12,6 +12,7 @@
 
 pub mod english;
 pub mod normalize;
+pub mod pool;
 pub mod segment;
 pub mod tokenizer;
 
@@ -62,10 +63,16 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    /// The frontend of a converted model directory (`tokenizer.json`, `fsts/`), segments within `limits`.
+    /// The frontend of a converted model directory (`tokenizer.json`, `fsts/`), segments within
+    /// `limits`, for one caller at a time.
     pub fn load(model_dir: &Path, limits: SegmentLimits) -> Result<Frontend, FrontendError> {
+        Frontend::load_for_threads(model_dir, limits, 1)
+    }
+
+    /// The same for `threads` callers at once (each language's grammar in as many copies).
+    pub fn load_for_threads(model_dir: &Path, limits: SegmentLimits, threads: usize) -> Result<Frontend, FrontendError> {
         Ok(Frontend {
-            normalizer: Normalizer::new(&model_dir.join(normalize::FST_DIR))?,
+            normalizer: Normalizer::with_copies(&model_dir.join(normalize::FST_DIR), threads)?,
             tokenizer: TextTokenizer::load(&model_dir.join(tokenizer::TOKENIZER_FILE))?,
             limits,
         })

@@ -72,9 +72,6 @@ pub enum WorkerError {
     Permanent { error: String, hint: Option<&'static str> },
 }
 
-/// Text jobs the frontend prepares at once (its grammars hold one lock per language).
-const FRONTEND_THREADS: usize = 4;
-
 /// How a worker runs.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerOptions {
@@ -207,11 +204,13 @@ pub async fn run(
         .map(Arc::new);
     let gpu_name = sampler.as_ref().map(|s| s.name().to_string());
     let hourly_usd = cfg.cost.prices.hourly(device, gpu_name.as_deref());
-    // Kind cosyvoice2: the text frontend (grammars, tokenizer) runs at the intake, a job at a
-    // time on the blocking pool, so bad text is refused before it takes a place in a batch.
+    // Kind cosyvoice2: the text frontend (grammars, tokenizer) runs at the intake, `[frontend]
+    // threads` jobs at a time on the blocking pool, so bad text is refused before it takes a place
+    // in a batch.
+    let frontend_threads = cfg.frontend.threads();
     let frontend = if manifest.kind == crate::model::ModelKind::Cosyvoice2 {
         let (dir, limits) = (manifest.dir.clone(), crate::frontend::segment::SegmentLimits::from_config(&cfg));
-        let loaded = tokio::task::spawn_blocking(move || crate::frontend::Frontend::load(&dir, limits))
+        let loaded = tokio::task::spawn_blocking(move || crate::frontend::Frontend::load_for_threads(&dir, limits, frontend_threads))
             .await
             .map_err(|e| WorkerError::Stage(format!("text frontend: {e}")))??;
         Some(Arc::new(loaded))
@@ -310,7 +309,7 @@ pub async fn run(
     };
     let text = frontend.map(|frontend| intake::TextPrep {
         frontend,
-        slots: Arc::new(tokio::sync::Semaphore::new(FRONTEND_THREADS)),
+        slots: Arc::new(tokio::sync::Semaphore::new(frontend_threads)),
         rates: crate::frontend::SpeakingRates::from_config(&cfg.frontend),
         force_lengths: cfg.llm.force_lengths,
         settler: settler.clone(),
