@@ -6,7 +6,7 @@
 //! threads (`[frontend] threads`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, MutexGuard};
 
 /// A pool's copy was poisoned: a caller panicked while holding it.
 #[derive(Debug, thiserror::Error)]
@@ -36,12 +36,9 @@ impl<T> Pool<T> {
     /// A free copy, else the next busy one in turn once it is free. Blocking: call it off the
     /// async runtime.
     pub fn get(&self) -> Result<MutexGuard<'_, T>, Poisoned> {
-        for copy in &self.copies {
-            match copy.try_lock() {
-                Ok(guard) => return Ok(guard),
-                Err(TryLockError::WouldBlock) => {}
-                Err(TryLockError::Poisoned(_)) => {}
-            }
+        // A busy copy is passed over, and so is a poisoned one while another can serve.
+        if let Some(guard) = self.copies.iter().find_map(|copy| copy.try_lock().ok()) {
+            return Ok(guard);
         }
         let turn = self.next.fetch_add(1, Ordering::Relaxed) % self.copies.len();
         self.copies[turn].lock().map_err(|_| Poisoned)

@@ -207,13 +207,17 @@ pub async fn run(
     // Kind cosyvoice2: the text frontend (grammars, tokenizer) runs at the intake, `[frontend]
     // threads` jobs at a time on the blocking pool, so bad text is refused before it takes a place
     // in a batch.
-    let frontend_threads = cfg.frontend.threads();
     let frontend = if manifest.kind == crate::model::ModelKind::Cosyvoice2 {
         let (dir, limits) = (manifest.dir.clone(), crate::frontend::segment::SegmentLimits::from_config(&cfg));
-        let loaded = tokio::task::spawn_blocking(move || crate::frontend::Frontend::load_for_threads(&dir, limits, frontend_threads))
-            .await
-            .map_err(|e| WorkerError::Stage(format!("text frontend: {e}")))??;
-        Some(Arc::new(loaded))
+        let frontend_cfg = cfg.frontend.clone();
+        let (loaded, threads) = tokio::task::spawn_blocking(move || {
+            // `threads()` may read the host's cgroup files: here, off the runtime.
+            let threads = frontend_cfg.threads();
+            crate::frontend::Frontend::load_for_threads(&dir, limits, threads).map(|f| (f, threads))
+        })
+        .await
+        .map_err(|e| WorkerError::Stage(format!("text frontend: {e}")))??;
+        Some((Arc::new(loaded), threads))
     } else {
         None
     };
@@ -307,9 +311,9 @@ pub async fn run(
         counters: counters.clone(),
         settler: settler.clone(),
     };
-    let text = frontend.map(|frontend| intake::TextPrep {
+    let text = frontend.map(|(frontend, threads)| intake::TextPrep {
         frontend,
-        slots: Arc::new(tokio::sync::Semaphore::new(frontend_threads)),
+        slots: Arc::new(tokio::sync::Semaphore::new(threads)),
         rates: crate::frontend::SpeakingRates::from_config(&cfg.frontend),
         force_lengths: cfg.llm.force_lengths,
         settler: settler.clone(),
