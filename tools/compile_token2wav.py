@@ -215,6 +215,10 @@ def stage_weights(model_dir, prefix):
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+# --layout values: the reference's channel-major modules, then the time-major ones.
+LAYOUTS = ["reference", "time-major", "time-major-cudnn"]
+
+
 def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference"):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
@@ -234,9 +238,9 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
         for module in estimator.modules():
             if isinstance(module, Attention):
                 module.set_processor(processor())
-    if layout == "time-major":
+    if layout in LAYOUTS[1:]:
         from time_major_estimator import TimeMajorDecoder
-        estimator = TimeMajorDecoder(estimator)
+        estimator = TimeMajorDecoder(estimator, "cudnn" if layout == "time-major-cudnn" else "matmul")
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
@@ -363,7 +367,7 @@ class HiftBody(torch.nn.Module):
 def build_hift(model_dir, device, precision, layout="reference"):
     _, d = read_dims(model_dir)
     return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision],
-                    time_major=layout == "time-major").eval().to(device)
+                    time_major=layout != "reference").eval().to(device)
 
 
 def hift_inputs(batch, frames, device, seed=0):
@@ -516,10 +520,11 @@ def main():
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
-    ap.add_argument("--layout", default="time-major", choices=["reference", "time-major"],
+    ap.add_argument("--layout", default="time-major", choices=LAYOUTS,
                     help="each stage's activations: time-major throughout (default; the estimator as "
-                         "tools/time_major_estimator.py computes it, the vocoder body channels-last), or channel-major "
-                         "as the reference computes them")
+                         "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-cudnn: "
+                         "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
+                         "channel-major as the reference computes them")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()

@@ -24,9 +24,16 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_conv(conv, x):
+# How causal convolutions of kernel > 1 run (`--conv`): "matmul", the frames side by side then one
+# matmul; "cudnn", cuDNN's convolution given the time-major tensor as a channels-last view.
+CONV_PATHS = ("matmul", "cudnn")
+
+
+def causal_conv(conv, x, path="matmul"):
     """`conv` (a `CausalConv1d`, padded on the left by kernel−1, or a kernel-1 `Conv1d`) over the
-    time-major `x` `[B, T, C_in]` → `[B, T, C_out]`: frames t−k+1 … t side by side, one matmul."""
+    time-major `x` `[B, T, C_in]` → `[B, T, C_out]`: frames t−k+1 … t side by side, one matmul
+    (`path` "matmul"), or cuDNN's convolution on the padded frames seen as `[B, C, T]` with the
+    channel fastest ("cudnn": its channels-last kernels take that layout as it is)."""
     kernel = conv.kernel_size[0]
     weight = conv.weight  # [C_out, C_in, kernel]
     if kernel == 1:
@@ -34,22 +41,24 @@ def causal_conv(conv, x):
     assert getattr(conv, "causal_padding", None) == kernel - 1 and conv.stride == (1,) and conv.dilation == (1,)
     frames = x.shape[1]
     padded = F.pad(x, (0, 0, kernel - 1, 0))
+    if path == "cudnn":
+        return F.conv1d(padded.transpose(1, 2), weight, conv.bias).transpose(1, 2)
     window = torch.cat([padded[:, k:k + frames] for k in range(kernel)], dim=-1)  # [B, T, kernel·C_in]
     # Column k·C_in + c of the window holds input channel c at tap k.
     return F.linear(window, weight.permute(0, 2, 1).reshape(weight.shape[0], -1), conv.bias)
 
 
-def causal_block(block, x, mask):
+def causal_block(block, x, mask, path):
     """`CausalBlock1D`: convolution, LayerNorm over channels, Mish, masked before and after."""
     conv, _, norm, _, mish = block.block
-    return mish(norm(causal_conv(conv, x * mask))) * mask
+    return mish(norm(causal_conv(conv, x * mask, path))) * mask
 
 
-def causal_resnet(resnet, x, mask, time_emb):
+def causal_resnet(resnet, x, mask, time_emb, path):
     """`CausalResnetBlock1D` (matcha's `ResnetBlock1D.forward`)."""
-    h = causal_block(resnet.block1, x, mask)
+    h = causal_block(resnet.block1, x, mask, path)
     h = h + resnet.mlp(time_emb).unsqueeze(1)
-    h = causal_block(resnet.block2, h, mask)
+    h = causal_block(resnet.block2, h, mask, path)
     return h + causal_conv(resnet.res_conv, x * mask)
 
 
@@ -57,8 +66,10 @@ class TimeMajorDecoder(torch.nn.Module):
     """`CausalConditionalDecoder.forward(x, mask, mu, t, spks, cond, streaming=False)` on
     time-major activations: same arguments (`[B, 80, T]` in and out), same weights."""
 
-    def __init__(self, reference):
+    def __init__(self, reference, conv="matmul"):
         super().__init__()
+        assert conv in CONV_PATHS, conv
+        self.conv = conv
         from cosyvoice.flow.decoder import CausalConv1d
         if len(reference.down_blocks) != 1 or not isinstance(reference.down_blocks[0][2], CausalConv1d) \
                 or not isinstance(reference.up_blocks[0][2], CausalConv1d):
@@ -88,21 +99,21 @@ class TimeMajorDecoder(torch.nn.Module):
         time_mask = mask.transpose(1, 2)  # [B, T, 1]
 
         resnet, blocks, downsample = ref.down_blocks[0]
-        h = causal_resnet(resnet, h, time_mask, time_emb)
+        h = causal_resnet(resnet, h, time_mask, time_emb, self.conv)
         h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
         skip = h
-        h = causal_conv(downsample, h * time_mask)
+        h = causal_conv(downsample, h * time_mask, self.conv)
 
         for resnet, blocks in ref.mid_blocks:
-            h = causal_resnet(resnet, h, time_mask, time_emb)
+            h = causal_resnet(resnet, h, time_mask, time_emb, self.conv)
             h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
 
         resnet, blocks, upsample = ref.up_blocks[0]
         h = torch.cat([h[:, :skip.shape[1]], skip], dim=-1)
-        h = causal_resnet(resnet, h, time_mask, time_emb)
+        h = causal_resnet(resnet, h, time_mask, time_emb, self.conv)
         h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
-        h = causal_conv(upsample, h * time_mask)
+        h = causal_conv(upsample, h * time_mask, self.conv)
 
-        h = causal_block(ref.final_block, h, time_mask)
+        h = causal_block(ref.final_block, h, time_mask, self.conv)
         out = causal_conv(ref.final_proj, h * time_mask)
         return (out * time_mask).transpose(1, 2)

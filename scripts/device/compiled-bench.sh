@@ -10,7 +10,7 @@
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
 # STAGES (estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash: the estimator's
-# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | reference: each stage's
+# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-cudnn | reference: each stage's
 # activations, tools/compile_token2wav.py --layout), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
