@@ -55,7 +55,9 @@ every package before 2026-12-04 session 11 used); `--check` prints the eager mod
 from the reference layout (CPU, tiny model: estimator 4e-6, HiFT 7e-7 in fp32; H200, full model:
 estimator 0.064 at bf16 with FlashAttention, as flash alone gave, HiFT 1.2e-3 at tf32). Measured on
 the H200 (2026-12-04, batch 128, same call as eager): token2wav 840.5 audio-s/s against 664.6 with
-the reference layout (flow steps 1.35 → 1.10 s, HiFT 0.48 → 0.33 s).
+the reference layout (flow steps 1.35 → 1.10 s, HiFT 0.48 → 0.33 s). `--layout time-major-cudnn`
+(experimental, not yet measured on a GPU) is time-major with the estimator's causal convolutions
+through cuDNN (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls.
 
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
