@@ -82,8 +82,9 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
-# summary below adds them up.
-export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model::cosyvoice2::tts=info}
+# summary below adds them up; at debug, each bucket's time by stage and the host's share after the
+# device work (audio_out_ms: what the GPU waits on between LLM steps).
+export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model::cosyvoice2::tts=debug}
 
 log "corpus, dry run, enqueue"
 $PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"
@@ -155,6 +156,13 @@ if buckets["buckets"]:
     buckets["mean_bucket_size"] = buckets["segments"] / buckets["buckets"]
     buckets["fill"] = buckets["tokens"] / max(buckets["padded_tokens"], 1)
 summary["token2wav_buckets"] = buckets
+# Each bucket's time by stage (tts.rs, debug): seconds summed over the drain.
+times = {}
+for line in open(f"{out}/worker.log", errors="replace"):
+    if "token2wav bucket " in line:
+        for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
+            times[k] = times.get(k, 0) + int(v) / 1000
+summary["token2wav_bucket_seconds"] = times
 json.dump(summary, open(f"{out}/text-e2e-summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1)[:3000])
 PYEOF

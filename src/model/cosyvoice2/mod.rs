@@ -132,7 +132,11 @@ pub struct Token2Wav {
 pub struct StageTiming {
     pub encoder: Duration,
     pub flow_steps: Duration,
+    /// The vocoder, and the waveform's copy to host memory.
     pub vocoder: Duration,
+    /// Host only, after the device work: each item's samples cut from the batch's waveform (the
+    /// GPU waits meanwhile when the caller has no other work queued).
+    pub audio_out: Duration,
 }
 
 impl Token2Wav {
@@ -320,7 +324,7 @@ impl Token2Wav {
                 Ok((mel, audio))
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok((result, StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2 }))
+        Ok((result, StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: t0.elapsed() - t3 }))
     }
 
     /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;

@@ -320,9 +320,23 @@ fn run_bucket(
         return Ok(());
     }
     let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem::tokens(r.tokens.clone(), r.voice)).collect();
+    let started = std::time::Instant::now();
     match token2wav.run(&items, None) {
         Ok(out) => {
             stats.add(batch.iter().map(|r| r.tokens.len()));
+            // Where a bucket's time went, host work included (RUST_LOG=voxbatch::model::cosyvoice2::tts=debug):
+            // what the GPU waits on between LLM steps.
+            if let Some(t) = token2wav.last_timing {
+                tracing::debug!(
+                    segments = batch.len(),
+                    total_ms = started.elapsed().as_millis() as u64,
+                    encoder_ms = t.encoder.as_millis() as u64,
+                    flow_steps_ms = t.flow_steps.as_millis() as u64,
+                    vocoder_ms = t.vocoder.as_millis() as u64,
+                    audio_out_ms = t.audio_out.as_millis() as u64,
+                    "token2wav bucket"
+                );
+            }
             for (r, (_, wave)) in batch.iter().zip(out) {
                 pieces[r.item][r.segment] = Some(wave);
             }
