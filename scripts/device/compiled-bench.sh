@@ -47,7 +47,9 @@ STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
   --layout "${LAYOUT:-time-major}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
-  --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep -v -i "warn\|deprecat\|__new__" | tail -6 | tee "$OUT/compile-${STAGES/,/-}.log"
+  --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
+  | tee "$OUT/compile-${STAGES/,/-}.log" | tail -6
+# (The log is written as the compile goes: a call that runs out of time still says how far it got.)
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
 # EAGER_ATTENTION="packed flash": one more directory per value, the eager model with that
