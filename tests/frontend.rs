@@ -93,6 +93,24 @@ fn normalisation_matches_the_reference_table_and_every_difference_says_why() {
 }
 
 #[test]
+fn grammar_copies_normalise_in_parallel_as_one_grammar_does() {
+    // Four threads over the table at once, on a normaliser with a copy per thread: every copy is
+    // configured as the one-copy normaliser (language, erhua, full-width), whichever serves a case.
+    let n = Normalizer::with_copies(&model().join("fsts"), 4).unwrap();
+    let rows = table();
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (n, rows) = (&n, &rows);
+            scope.spawn(move || {
+                for r in rows.iter().skip(t).step_by(2) {
+                    assert_eq!(n.normalize(&r.input).unwrap().0, r.ours, "{}", r.input);
+                }
+            });
+        }
+    });
+}
+
+#[test]
 fn prepare_segments_long_text_within_the_cap_and_refuses_text_with_nothing_to_say() {
     let limits = SegmentLimits { max: 80, min: 60, merge: 20, hard_max: 80 };
     let f = Frontend::load(&model(), limits).unwrap();
