@@ -111,6 +111,28 @@ fn grammar_copies_normalise_in_parallel_as_one_grammar_does() {
 }
 
 #[test]
+fn prepare_all_gives_each_text_what_prepare_gives_it_in_order() {
+    let limits = SegmentLimits { max: 80, min: 60, merge: 20, hard_max: 80 };
+    let f = Frontend::load_for_threads(&model(), limits, 3).unwrap();
+    let rows = table();
+    let mut texts: Vec<&str> = rows.iter().map(|r| r.input.as_str()).collect();
+    texts.push("……"); // nothing to say: its error in its place
+    let all = f.prepare_all(&texts, 3);
+    assert_eq!(all.len(), texts.len());
+    for (text, got) in texts.iter().zip(&all) {
+        match (f.prepare(text), got) {
+            (Ok(one), Ok(par)) => {
+                assert_eq!((&one.normalized, one.segments.len()), (&par.normalized, par.segments.len()), "{text}");
+                assert!(one.segments.iter().zip(&par.segments).all(|(a, b)| a.tokens == b.tokens), "{text}");
+            }
+            (Err(one), Err(par)) => assert_eq!(one.to_string(), par.to_string(), "{text}"),
+            (one, par) => panic!("{text}: one at a time {:?}, in parallel {:?}", one.is_ok(), par.is_ok()),
+        }
+    }
+    assert!(all.last().is_some_and(|r| r.is_err()));
+}
+
+#[test]
 fn prepare_segments_long_text_within_the_cap_and_refuses_text_with_nothing_to_say() {
     let limits = SegmentLimits { max: 80, min: 60, merge: 20, hard_max: 80 };
     let f = Frontend::load(&model(), limits).unwrap();

@@ -71,7 +71,9 @@ pub struct TextReport {
 pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &LineDefaults, gpu: &str) -> Result<TextReport, CommandError> {
     let f = &cfg.frontend;
     let rates = SpeakingRates::from_config(f);
-    let frontend = Frontend::load(model_dir, SegmentLimits::from_config(cfg)).map_err(|e| CommandError::Usage(e.to_string()))?;
+    let threads = f.threads();
+    let frontend =
+        Frontend::load_for_threads(model_dir, SegmentLimits::from_config(cfg), threads).map_err(|e| CommandError::Usage(e.to_string()))?;
     let stdin_copy;
     let path = if input == Path::new("-") {
         stdin_copy = StdinCopy::read()?;
@@ -84,7 +86,8 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
     let usd_per_audio_second = hourly_usd / 3600.0 / f.estimate_audio_seconds_per_gpu_second;
     let mut totals = TextTotals::default();
     let mut previews = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    let prepared = frontend.prepare_all(&jobs.iter().map(|j| j.text.as_str()).collect::<Vec<_>>(), threads);
+    for (job, prepared) in jobs.into_iter().zip(prepared) {
         let chars = job.text.chars().count();
         totals.jobs += 1;
         totals.chars += chars;
@@ -99,7 +102,7 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
             cost_usd: 0.0,
             error: None,
         };
-        match frontend.prepare(&job.text) {
+        match prepared {
             Ok(prep) => {
                 p.audio_seconds = rates.audio_seconds(&prep.normalized, prep.lang);
                 p.cost_usd = p.audio_seconds * usd_per_audio_second;

@@ -115,6 +115,30 @@ impl Frontend {
         }
         Ok(Prepared { normalized, lang, segments })
     }
+
+    /// [`Frontend::prepare`] over `texts` on `threads` threads (each takes the next text; load the
+    /// frontend [`Frontend::load_for_threads`] as many), the results in the texts' order. Blocking.
+    pub fn prepare_all(&self, texts: &[&str], threads: usize) -> Vec<Result<Prepared, FrontendError>> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut done: Vec<(usize, Result<Prepared, FrontendError>)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads.clamp(1, texts.len().max(1)))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(text) = texts.get(i) else { break mine };
+                            mine.push((i, self.prepare(text)));
+                        }
+                    })
+                })
+                .collect();
+            // A panic inside `prepare` is a bug: it goes on up as it would have on one thread.
+            workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        });
+        done.sort_unstable_by_key(|(i, _)| *i);
+        done.into_iter().map(|(_, r)| r).collect()
+    }
 }
 
 /// Speaking rates (characters of normalised text a second, whitespace not counted): how long a
