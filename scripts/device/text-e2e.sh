@@ -163,6 +163,19 @@ for line in open(f"{out}/worker.log", errors="replace"):
         for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
             times[k] = times.get(k, 0) + int(v) / 1000
 summary["token2wav_bucket_seconds"] = times
+# NVML over the batch span: from the first batch's start to the last one's end, as the worker log
+# times them (an "inferred" line at each batch's end with its infer_ms; log times are UTC, as the
+# machine's nvidia-smi stamps are).
+spans = []
+for line in open(f"{out}/worker.log", errors="replace"):
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z .*inferred jobs=\d+ infer_ms=(\d+)", line)
+    if m:
+        end = datetime.datetime.strptime(m.group(1)[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+        spans.append((end - int(m.group(2)) / 1000, end))
+if spans:
+    lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+    inside = [u for ts, u in util if lo <= ts <= hi]
+    summary["nvml_util_mean_batch_span"] = sum(inside) / len(inside) if inside else None
 json.dump(summary, open(f"{out}/text-e2e-summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1)[:3000])
 PYEOF
