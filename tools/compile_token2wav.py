@@ -6,11 +6,12 @@ AOTInductor packages (issue 16), each exported with a dynamic batch and length a
 - `estimator`: the flow's estimator, the reference `CausalConditionalDecoder` (PyPI
   `token2wav-cosyvoice`) built at the model's `[cosyvoice2]` dimensions with the model's own
   `flow.decoder.estimator.*` weights (frames even, as two mel frames per token make them), at the
-  flow's precision (`--precision`);
+  flow's precision (`--precision`), computed time-major (`--layout`, below);
 - `hift`: the vocoder's convolutional body — mel and the harmonic source's STFT in, the 18
   log-magnitude/phase channels out (`HiftBody` below: voxbatch's batched, masked HiFT of
   src/model/cosyvoice2/hift.rs between its source STFT and its iSTFT, which stay eager in fp32) —
-  at the vocoder's precision (`--vocoder-precision`, default model.toml's `vocoder_precision`).
+  at the vocoder's precision (`--vocoder-precision`, default model.toml's `vocoder_precision`),
+  on channels-last tensors (`--layout`).
 
 Written to DIR/compiled/<key>/<stage>.pt2, key = <device arch>-torch<version>-<precision>
 (e.g. sm90-torch2.11.0-bf16, cpu-torch2.11.0-fp32; on a CPU tf32 is fp32), with the same facts in
