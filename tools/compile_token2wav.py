@@ -60,10 +60,15 @@ the reference layout (flow steps 1.35 → 1.10 s, HiFT 0.48 → 0.33 s). `--layo
 (experimental, not yet measured on a GPU) is time-major with the estimator's causal convolutions
 through cuDNN (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls.
 
+`--inductor-option KEY=VALUE` (repeatable, for experiments) passes one of inductor's settings to
+the compile and records it in the package's metadata (`voxbatch.inductor_options`): e.g.
+`realize_reads_threshold=2`, so that a producer read by three consumers (the time-major
+estimator's side-by-side frames) is written once rather than recomputed in each.
+
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
-                            [--layout reference|time-major] [--check]
+                            [--layout reference|time-major|time-major-cudnn] [--inductor-option KEY=VALUE]... [--check]
 """
 import argparse
 import functools
@@ -428,7 +433,7 @@ TUNINGS = {
 
 
 def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa", tuning="none",
-                  layout="reference"):
+                  layout="reference", inductor_options=None):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
     between the package and the eager module on two random batches (and, for an estimator with
     another attention or layout, between its eager module and the reference's SDPA one)."""
@@ -459,7 +464,9 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
             metadata["voxbatch.attention"] = attention
         metadata["voxbatch.layout"] = layout
         metadata["voxbatch.tuning"] = tuning
-        configs = {"aot_inductor.metadata": metadata, **TUNINGS[tuning]}
+        if inductor_options:
+            metadata["voxbatch.inductor_options"] = json.dumps(inductor_options, sort_keys=True)
+        configs = {"aot_inductor.metadata": metadata, **TUNINGS[tuning], **(inductor_options or {})}
         torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
     report = {"package": path, "key": key, "compile_seconds": time.time() - started, "attention_ops": attention_ops, **metadata}
     # Said before the check: a failure there must not hide that (and what) the compile wrote.
@@ -508,6 +515,25 @@ def worst_difference(a, b, example, device):
     return worst
 
 
+def inductor_option(text):
+    """`KEY=VALUE` → (key, value), the value read as a bool, int or float where it is one. The key
+    must be one of torch._inductor.config's."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: KEY=VALUE")
+    import torch._inductor.config as inductor_config
+    try:
+        inductor_config.get_config_copy()[key]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{key!r} is not an inductor setting") from None
+    for read in (lambda v: {"true": True, "false": False}[v.lower()], int, float):
+        try:
+            return key, read(value)
+        except (KeyError, ValueError):
+            pass
+    return key, value
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -528,6 +554,9 @@ def main():
                          "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-cudnn: "
                          "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
                          "channel-major as the reference computes them")
+    ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="KEY=VALUE",
+                    help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2), "
+                         "recorded in the package's metadata: for experiments")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
@@ -543,7 +572,7 @@ def main():
             check_package(stage, a.model, device, precision, attention, a.layout, a.check_package)
         else:
             compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention, a.tuning,
-                          a.layout)
+                          a.layout, dict(a.inductor_option))
 
 
 if __name__ == "__main__":

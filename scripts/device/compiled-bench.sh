@@ -11,7 +11,8 @@
 # STAGES (estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash: the estimator's
 # attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-cudnn | reference: each stage's
-# activations, tools/compile_token2wav.py --layout), PRECISION (bf16), BATCHES
+# activations, tools/compile_token2wav.py --layout), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
+# settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
 # compiled one), PROFILE (set: each bench ends with one run of its largest batch under libtorch's
@@ -47,6 +48,7 @@ STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
   --layout "${LAYOUT:-time-major}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
+  $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
   | tee "$OUT/compile-${STAGES/,/-}.log" | tail -6
 # (The log is written as the compile goes: a call that runs out of time still says how far it got.)
