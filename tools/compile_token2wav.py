@@ -246,7 +246,7 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
         for module in estimator.modules():
             if isinstance(module, Attention):
                 module.set_processor(processor())
-    if layout in LAYOUTS[1:]:
+    if layout != "reference":
         from time_major_estimator import TimeMajorDecoder
         estimator = TimeMajorDecoder(estimator, "cudnn" if layout == "time-major-cudnn" else "matmul")
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])

@@ -73,12 +73,10 @@ def work_batches(jobs, budget):
     while pool:
         anchor = sum(jobs[pool[0]])
         window = sorted(pool, key=lambda i: abs(sum(jobs[i]) - anchor))
-        total = sum(sum(jobs[i]) for i in window)
-        left = sum(sum(jobs[i]) for i in pool) - total
+        total = pool_total = sum(sum(jobs[i]) for i in window)
         while len(window) > 1 and total > budget:
             total -= sum(jobs[window.pop()])
-            left = sum(sum(jobs[i]) for i in pool) - total
-        if left <= budget // 4:  # a small remainder rides along (WorkBudget::remainder_allowance)
+        if pool_total - total <= budget // 4:  # a small remainder rides along (WorkBudget::remainder_allowance)
             window = list(pool)
         chosen = set(window)
         batches.append([jobs[i] for i in sorted(chosen)])

@@ -295,8 +295,9 @@ impl<T, A: Admission> LengthBucketing<T, A> {
             total -= self.pool[job].tokens;
             window.remove(far);
         }
-        // A soft budget takes a small remainder rather than leave it for a batch of its own.
-        if limited_by.is_some() && class.len() == self.pool.len() && class.len() <= self.max_batch {
+        // A soft budget takes a small remainder rather than leave it for a batch of its own (never
+        // past the length-ratio bound: not when that bound already left jobs out).
+        if limited_by.is_some() && !bucket_limited && class.len() == self.pool.len() && class.len() <= self.max_batch {
             let left: usize = self.pool.iter().map(|p| p.tokens).sum::<usize>() - total;
             if left <= self.admission.remainder_allowance() {
                 // Still a batch the budget filled: it runs now.

@@ -25,14 +25,6 @@ impl<T> Pool<T> {
         Pool { copies: copies.into_iter().map(Mutex::new).collect(), next: AtomicUsize::new(0) }
     }
 
-    pub fn len(&self) -> usize {
-        self.copies.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.copies.is_empty()
-    }
-
     /// A free copy, else the next busy one in turn once it is free. Blocking: call it off the
     /// async runtime.
     pub fn get(&self) -> Result<MutexGuard<'_, T>, Poisoned> {
