@@ -58,13 +58,15 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
         let audio = out[i].as_ref().unwrap_or_else(|e| panic!("item {i}: {e}"));
         // 2 mel frames a speech token, 480 samples a frame.
         assert!(!audio.is_empty() && audio.len() % 960 == 0, "item {i}: {} samples", audio.len());
-        assert!(audio.iter().all(|s| s.is_finite()));
+        assert!(audio.joined().iter().all(|s| s.is_finite()));
     }
     assert_eq!(out[2].as_ref().unwrap().len(), 40 * 960, "the speech-token job: 40 tokens' audio");
     // voice0 has no prompt: zero-shot is refused with what to do instead.
     assert!(matches!(out[3], Err(TextJobError::Prompt(PromptError::NoPrompt(_)))), "{:?}", out[3].as_ref().err());
     // The chapter's audio is at least one token per segment longer than any one segment could be alone.
     assert!(out[4].as_ref().unwrap().len() >= segments * 960);
+    // Each segment one piece, in order, joined only where the job is encoded.
+    assert_eq!(out[4].as_ref().unwrap().pieces().len(), segments);
     // Both stages accounted: every segment through the LLM and through token2wav.
     let stages = tts.take_stages();
     let llm = stages.iter().find(|s| s.stage == Stage::Llm).expect("an llm stage");
@@ -74,4 +76,15 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
     assert_eq!(t2w.items, llm.items + 1, "every decoded segment and the speech-token job went through token2wav");
     assert!(llm.seconds > 0.0 && t2w.seconds > 0.0);
     assert!(tts.take_stages().is_empty(), "taken once");
+}
+
+#[test]
+fn a_warm_up_sentence_runs_both_stages_and_leaves_no_stage_time() {
+    let cfg = Config::defaults().unwrap();
+    let dir = common::tiny_cosyvoice2_with_max_ratio("200.0");
+    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();
+    let seconds = tts.warm_up(vec![11, 12, 13]).unwrap();
+    assert!(seconds > 0.0, "it ran: {seconds}");
+    assert!(tts.take_stages().is_empty(), "its stage times are dropped");
+    assert_eq!(tts.warm_up(Vec::new()).unwrap(), 0.0, "no text: nothing to warm up");
 }

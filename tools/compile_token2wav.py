@@ -33,7 +33,8 @@ FlashAttention's varlen kernel on the padded layout with each item's key count
 (`FlashSelfAttention`; AOTInductor keeps it as a call to aten's kernel): no bias, padded keys never
 read; on a CPU or in fp32 it is SDPA with a boolean key mask. Measured on the H200 (2026-12-04, bf16,
 batch 128): token2wav 664.6 audio-s/s with it against 576.3 with SDPA, so `--attention auto` (the
-default) is flash on CUDA at bf16/fp16 and sdpa elsewhere. `--check` compares the package with the
+default) is flash on CUDA at bf16/fp16 and sdpa elsewhere. `--attention cudnn` (experimental, not yet measured)
+calls cuDNN's fused attention (`CudnnSelfAttention`). `--check` compares the package with the
 eager reference on random inputs and prints the worst difference; the package is loaded in a child
 process, because loading one into Python has killed the process on the H200 host (a segfault,
 which then cost the stages after it their compile): a crash there is reported and the next stage
@@ -60,15 +61,24 @@ the reference layout (flow steps 1.35 → 1.10 s, HiFT 0.48 → 0.33 s). `--layo
 (experimental, not yet measured on a GPU) is time-major with the estimator's causal convolutions
 through cuDNN (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls.
 
+`--ff-gelu epilogue` (experimental, not yet measured on a GPU) computes each transformer block's
+feed-forward input projection and its GELU as one cuBLASLt matmul with the bias and GELU in the
+epilogue (`EpilogueGelu`): the profile of the time-major package shows the FF's GELU as its own
+kernel, 0.109 s of a 1.48-s batch of 128, reading and writing the 1,024-wide activations once more.
+cuBLAS's epilogue computes GELU's tanh approximation, at most 4.7e-4 from the exact GELU the
+reference computes (bf16 itself rounds these activations by up to ≈ 4e-3); `exact` (the default)
+keeps the reference's separate GELU.
+
 `--inductor-option KEY=VALUE` (repeatable, for experiments) passes one of inductor's settings to
 the compile and records it in the package's metadata (`voxbatch.inductor_options`): e.g.
 `realize_reads_threshold=2`, so that a producer read by three consumers (the time-major
 estimator's side-by-side frames) is written once rather than recomputed in each.
 
-Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash]
+Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
-                            [--layout reference|time-major|time-major-cudnn] [--inductor-option KEY=VALUE]... [--check]
+                            [--layout reference|time-major|time-major-cudnn] [--ff-gelu exact|epilogue]
+                            [--inductor-option KEY=VALUE]... [--check]
 """
 import argparse
 import functools
@@ -185,6 +195,26 @@ class FlashSelfAttention(SelfAttention):
         return out.transpose(1, 2).reshape(b, t, inner)
 
 
+class CudnnSelfAttention(SelfAttention):
+    """Through cuDNN's fused attention (`--attention cudnn`, experimental, not yet measured): aten's
+    cuDNN SDPA kernel called directly (AOTInductor keeps it as a call), each item's padded keys out
+    through an additive bias broadcast over heads and query rows (`[B, 1, 1, T]` expanded, no
+    `[B·heads, T, T]` copy). cuDNN's Hopper kernels use the wgmma/TMA instructions FlashAttention 2
+    (`flash`) does not. On a CPU or in fp32 it is `FlashSelfAttention`'s fallback (SDPA with a
+    boolean key mask)."""
+
+    def attend(self, query, key, value, valid, heads):
+        if not (query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)):
+            return FlashSelfAttention.attend(self, query, key, value, valid, heads)
+        b, t, inner = query.shape
+        # An item with no valid frame attends to every key, as exportable_chunk_mask makes the reference do.
+        valid = valid | (valid.sum(dim=-1, keepdim=True) == 0)
+        bias = torch.zeros(b, 1, 1, t, dtype=query.dtype, device=query.device).masked_fill(~valid[:, None, None, :], float("-inf"))
+        q, k, v = (x.view(b, t, heads, inner // heads).transpose(1, 2) for x in (query, key, value))
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, bias.expand(b, heads, t, t), False)[0]
+        return out.transpose(1, 2).reshape(b, t, inner)
+
+
 def exportable_chunk_mask(xs, masks, use_dynamic_chunk, use_dynamic_left_chunk, decoding_chunk_size,
                           static_chunk_size, num_decoding_left_chunks, enable_full_context=True):
     """`add_optional_chunk_mask` as the non-streaming estimator calls it, without `.item()`."""
@@ -226,8 +256,43 @@ def stage_weights(model_dir, prefix):
 # --layout values: the reference's channel-major modules, then the time-major ones.
 LAYOUTS = ["reference", "time-major", "time-major-cudnn"]
 
+# --ff-gelu values: the reference's Linear then GELU, or both in one matmul's epilogue.
+FF_GELUS = ["exact", "epilogue"]
 
-def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference"):
+
+class EpilogueGelu(torch.nn.Module):
+    """diffusers' `GELU` (its `proj` Linear, then GELU) as one `torch._addmm_activation`, which
+    inductor keeps as a call to aten's kernel: on CUDA a cuBLASLt matmul with the bias and GELU
+    (tanh approximation) in its epilogue, so the 1,024-wide activations are written once. Under
+    autocast it runs in the autocast dtype, as the Linear would (aten does not autocast this op)."""
+
+    def __init__(self, gelu):
+        super().__init__()
+        self.proj = gelu.proj
+
+    def forward(self, x):
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        weight, bias = self.proj.weight.to(dtype), self.proj.bias.to(dtype)
+        out = torch._addmm_activation(bias, x.to(dtype).reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def fuse_ff_gelus(estimator):
+    """Every transformer block's FF input projection + GELU → `EpilogueGelu` (`--ff-gelu epilogue`)."""
+    from diffusers.models.activations import GELU
+    fused = 0
+    for module in estimator.modules():
+        net = getattr(module, "net", None)
+        if isinstance(net, torch.nn.ModuleList) and net and isinstance(net[0], GELU) and net[0].proj.bias is not None:
+            net[0] = EpilogueGelu(net[0])
+            fused += 1
+    if not fused:
+        sys.exit("--ff-gelu epilogue: the estimator has no feed-forward GELU to fuse")
+    return fused
+
+
+def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference", ff_gelu="exact"):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
     decoder_module.add_optional_chunk_mask = exportable_chunk_mask
@@ -242,10 +307,12 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
     if missing or unexpected:
         sys.exit(f"token2wav.safetensors does not fit the estimator: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if attention != "sdpa":
-        processor = {"flex": FlexSelfAttention, "flash": FlashSelfAttention}[attention]
+        processor = {"flex": FlexSelfAttention, "flash": FlashSelfAttention, "cudnn": CudnnSelfAttention}[attention]
         for module in estimator.modules():
             if isinstance(module, Attention):
                 module.set_processor(processor())
+    if ff_gelu == "epilogue":
+        fuse_ff_gelus(estimator)
     if layout != "reference":
         from time_major_estimator import TimeMajorDecoder
         estimator = TimeMajorDecoder(estimator, "cudnn" if layout == "time-major-cudnn" else "matmul")
@@ -401,11 +468,11 @@ STAGES = {
 }
 
 
-def stage_parts(stage, attention, layout="reference"):
-    """A stage's (build, example inputs, dynamic shapes), the estimator built with `attention` and
-    `layout`."""
+def stage_parts(stage, attention, layout="reference", ff_gelu="exact"):
+    """A stage's (build, example inputs, dynamic shapes), the estimator built with `attention`,
+    `layout` and `ff_gelu`."""
     build, example, shapes = STAGES[stage]
-    build = functools.partial(build, attention=attention, layout=layout) if stage == "estimator" \
+    build = functools.partial(build, attention=attention, layout=layout, ff_gelu=ff_gelu) if stage == "estimator" \
         else functools.partial(build, layout=layout)
     return build, example, shapes
 
@@ -433,11 +500,11 @@ TUNINGS = {
 
 
 def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa", tuning="none",
-                  layout="reference", inductor_options=None):
+                  layout="reference", inductor_options=None, ff_gelu="exact"):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
     between the package and the eager module on two random batches (and, for an estimator with
     another attention or layout, between its eager module and the reference's SDPA one)."""
-    build, example, shapes = stage_parts(stage, attention, layout)
+    build, example, shapes = stage_parts(stage, attention, layout, ff_gelu)
     set_tf32(device, precision)
     key = package_key(device, precision)
     module = build(model_dir, device, precision)
@@ -462,6 +529,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         if stage == "estimator":
             metadata["voxbatch.frame_multiple"] = str(FRAME_MULTIPLE)
             metadata["voxbatch.attention"] = attention
+            metadata["voxbatch.ff_gelu"] = ff_gelu
         metadata["voxbatch.layout"] = layout
         metadata["voxbatch.tuning"] = tuning
         if inductor_options:
@@ -474,19 +542,19 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     if check:
         # Another attention's or layout's eager module against the reference's SDPA one, then the
         # package against the eager module (in a child process).
-        if layout != "reference" or (stage == "estimator" and attention != "sdpa"):
+        if layout != "reference" or (stage == "estimator" and (attention != "sdpa" or ff_gelu != "exact")):
             reference = stage_parts(stage, "sdpa")[0](model_dir, device, precision)
             worst = worst_difference(module, reference, example, device)
-            print(json.dumps({"attention": attention, "layout": layout, "max_abs_difference_vs_sdpa_eager": worst}),
-                  flush=True)
-        check_package_in_child(stage, model_dir, device, precision, attention, layout, path)
+            print(json.dumps({"attention": attention, "layout": layout, "ff_gelu": ff_gelu,
+                              "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
+        check_package_in_child(stage, model_dir, device, precision, attention, layout, path, ff_gelu)
 
 
-def check_package_in_child(stage, model_dir, device, precision, attention, layout, path):
+def check_package_in_child(stage, model_dir, device, precision, attention, layout, path, ff_gelu="exact"):
     """Runs this script's `--check-package` in a child process (see the module doc: a package
     loaded into Python has killed the process on the H200 host) and says how it ended."""
     args = [sys.executable, os.path.abspath(__file__), "--model", model_dir, "--device", str(device), "--stages", stage,
-            "--precision", precision, "--vocoder-precision", precision, "--attention", attention, "--layout", layout, "--check-package", path]
+            "--precision", precision, "--vocoder-precision", precision, "--attention", attention, "--layout", layout, "--ff-gelu", ff_gelu, "--check-package", path]
     done = subprocess.run(args, check=False)
     if done.returncode != 0:
         how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
@@ -495,9 +563,9 @@ def check_package_in_child(stage, model_dir, device, precision, attention, layou
                           "(tests/compiled.rs)"}), flush=True)
 
 
-def check_package(stage, model_dir, device, precision, attention, layout, path):
+def check_package(stage, model_dir, device, precision, attention, layout, path, ff_gelu="exact"):
     """Loads the package at `path` and prints its worst difference from the eager module."""
-    build, example, _ = stage_parts(stage, attention, layout)
+    build, example, _ = stage_parts(stage, attention, layout, ff_gelu)
     set_tf32(device, precision)
     module = build(model_dir, device, precision)
     loaded = torch._inductor.aoti_load_package(path)
@@ -543,9 +611,10 @@ def main():
     ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
     ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
-    ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex", "flash"],
+    ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex", "flash", "cudnn"],
                     help="the estimator's attention: SDPA with the reference's bias, FlexAttention masking padded keys in "
-                         "the kernel, or FlashAttention reading each item's valid keys only (CUDA, bf16/fp16); "
+                         "the kernel, FlashAttention reading each item's valid keys only (CUDA, bf16/fp16), or cuDNN's "
+                         "fused attention with a broadcast key bias (CUDA, bf16/fp16; experimental); "
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
@@ -554,6 +623,9 @@ def main():
                          "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-cudnn: "
                          "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
                          "channel-major as the reference computes them")
+    ap.add_argument("--ff-gelu", default="exact", choices=FF_GELUS,
+                    help="the estimator's feed-forward GELU: exact, as the reference (default), or epilogue: in the "
+                         "input projection's cuBLASLt matmul (tanh approximation; experimental)")
     ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="KEY=VALUE",
                     help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2), "
                          "recorded in the package's metadata: for experiments")
@@ -569,10 +641,10 @@ def main():
         precision = a.precision if stage == "estimator" else vocoder
         attention = resolve_attention(a.attention, device, precision)
         if a.check_package:
-            check_package(stage, a.model, device, precision, attention, a.layout, a.check_package)
+            check_package(stage, a.model, device, precision, attention, a.layout, a.check_package, a.ff_gelu)
         else:
             compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention, a.tuning,
-                          a.layout, dict(a.inductor_option))
+                          a.layout, dict(a.inductor_option), a.ff_gelu)
 
 
 if __name__ == "__main__":

@@ -163,6 +163,25 @@ for line in open(f"{out}/worker.log", errors="replace"):
         for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
             times[k] = times.get(k, 0) + int(v) / 1000
 summary["token2wav_bucket_seconds"] = times
+# The LLM's share of each text batch by phase (tts.rs "llm decode"): seconds summed over the drain.
+llm = {}
+for line in open(f"{out}/worker.log", errors="replace"):
+    if "llm decode" in line:
+        for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
+            llm[k] = llm.get(k, 0) + int(v) / 1000
+summary["llm_decode_seconds"] = llm
+# From each text batch's last token2wav bucket to its end as the inference stage saw it (the
+# model thread's work after the GPU's: what the GPU idles through at each batch's end).
+import datetime as dt
+def stamp(line):
+    return dt.datetime.strptime(line[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+tails, last_buckets = [], None
+for line in open(f"{out}/worker.log", errors="replace"):
+    if "token2wav buckets" in line:
+        last_buckets = stamp(line)
+    elif " inferred jobs=" in line and last_buckets is not None:
+        tails.append(round(stamp(line) - last_buckets, 3)); last_buckets = None
+summary["batch_end_seconds"] = tails
 # NVML over the batch span: from the first batch's start to the last one's end, as the worker log
 # times them (an "inferred" line at each batch's end with its infer_ms; log times are UTC, as the
 # machine's nvidia-smi stamps are).

@@ -3,9 +3,10 @@
 //! the sha256 of the stored bytes, spread over OS threads off the async runtime.
 //!
 //! Files: `wav`, `flac`, `mp3`, `opus` (one per format); `codec_library` opens the reference C
-//! libraries MP3 and Opus need at run time.
+//! libraries MP3 and Opus need at run time; `waveform` is a job's samples as the model hands them
+//! over (pieces in order, joined on the encoder's thread).
 //!
-//! Neighbours: `model` produces the samples; `worker::commit` calls [`encode_batch`]; `storage`
+//! Neighbours: `model` produces the [`Waveform`]s; `worker::commit` calls [`encode_batch`]; `storage`
 //! uploads the bytes under a key whose extension and Content-Type come from [`OutputFormat`].
 
 mod codec_library;
@@ -13,11 +14,13 @@ mod flac;
 mod mp3;
 mod opus;
 mod wav;
+mod waveform;
 
 use sha2::{Digest, Sha256};
 
 pub use codec_library::CodecUnavailable;
 pub use wav::{parse_wav_header, WavInfo};
+pub use waveform::Waveform;
 
 /// The file format a job's audio is stored in (`[output] format`, or the job's `format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -154,18 +157,19 @@ fn pcm16(samples: &[f32]) -> impl Iterator<Item = i16> + '_ {
     samples.iter().map(|&s| (clipped(s) * 32767.0).round() as i16)
 }
 
-/// [`encode`] for many waveforms, each in its format, spread over up to `threads` OS threads (a
-/// batch of a few thousand seconds of audio takes about a second on one core: enough to stall
-/// the GPU).
-pub fn encode_batch(audio: &[(Vec<f32>, OutputFormat)], sample_rate: u32, bitrates: Bitrates, threads: usize) -> Vec<EncodedAudio> {
+/// [`encode`] for many waveforms, each joined and encoded in its format, spread over up to
+/// `threads` OS threads (a batch of a few thousand seconds of audio takes about a second on one
+/// core: enough to stall the GPU).
+pub fn encode_batch(audio: &[(Waveform, OutputFormat)], sample_rate: u32, bitrates: Bitrates, threads: usize) -> Vec<EncodedAudio> {
     let threads = threads.clamp(1, audio.len().max(1));
+    let one = |(a, f): &(Waveform, OutputFormat)| encode(&a.joined(), sample_rate, *f, bitrates);
     if threads == 1 {
-        return audio.iter().map(|(a, f)| encode(a, sample_rate, *f, bitrates)).collect();
+        return audio.iter().map(one).collect();
     }
     // Contiguous runs of roughly equal sample counts, one per thread.
     let total: usize = audio.iter().map(|(a, _)| a.len()).sum();
     let per_thread = total.div_ceil(threads).max(1);
-    let mut runs: Vec<&[(Vec<f32>, OutputFormat)]> = Vec::with_capacity(threads);
+    let mut runs: Vec<&[(Waveform, OutputFormat)]> = Vec::with_capacity(threads);
     let (mut start, mut acc) = (0, 0);
     for (i, (a, _)) in audio.iter().enumerate() {
         acc += a.len();
@@ -180,7 +184,7 @@ pub fn encode_batch(audio: &[(Vec<f32>, OutputFormat)], sample_rate: u32, bitrat
     std::thread::scope(|scope| {
         let handles: Vec<_> = runs
             .into_iter()
-            .map(|run| scope.spawn(move || run.iter().map(|(a, f)| encode(a, sample_rate, *f, bitrates)).collect::<Vec<_>>()))
+            .map(|run| scope.spawn(move || run.iter().map(one).collect::<Vec<_>>()))
             .collect();
         // A panic in a thread (none is expected: encoding cannot fail) propagates to the caller.
         handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
@@ -214,11 +218,19 @@ mod tests {
 
     #[test]
     fn parallel_encoding_gives_the_same_files_in_order() {
-        let audio: Vec<(Vec<f32>, OutputFormat)> = (0..23)
-            .map(|i| ((0..(i * 997 % 5000)).map(|n| ((n * (i + 1)) as f32 * 0.001).sin()).collect(), OutputFormat::ALL[i % 4]))
+        // Odd items in two pieces: joined as one.
+        let audio: Vec<(Waveform, OutputFormat)> = (0..23)
+            .map(|i| {
+                let samples: Vec<f32> = (0..(i * 997 % 5000)).map(|n| ((n * (i + 1)) as f32 * 0.001).sin()).collect();
+                let w = match i % 2 {
+                    0 => Waveform::from(samples),
+                    _ => Waveform::from_pieces(vec![samples[..samples.len() / 3].to_vec(), samples[samples.len() / 3..].to_vec()]),
+                };
+                (w, OutputFormat::ALL[i % 4])
+            })
             .collect();
         let bitrates = Bitrates::default();
-        let serial: Vec<String> = audio.iter().map(|(a, f)| encode(a, 24000, *f, bitrates).sha256).collect();
+        let serial: Vec<String> = audio.iter().map(|(a, f)| encode(&a.clone().into_samples(), 24000, *f, bitrates).sha256).collect();
         for threads in [1, 2, 7, 64] {
             let parallel: Vec<EncodedAudio> = encode_batch(&audio, 24000, bitrates, threads);
             assert_eq!(parallel.iter().map(|e| e.sha256.clone()).collect::<Vec<_>>(), serial, "{threads} threads");

@@ -182,8 +182,9 @@ impl SynthItem {
     }
 }
 
-/// One item's audio, or why that item alone failed (the batch's other items are unaffected).
-pub type ItemAudio = Result<Vec<f32>, String>;
+/// One item's audio (a text job's segments as pieces, joined where it is encoded), or why that
+/// item alone failed (the batch's other items are unaffected).
+pub type ItemAudio = Result<crate::audio::Waveform, String>;
 
 /// A stage of a model with several (CosyVoice2: the speech-token LM, then token2wav).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -271,7 +272,7 @@ pub trait Synthesizer {
     /// Runs one batch whose items may fail alone: what the inference thread calls. `Err` fails
     /// the whole batch (out of memory above all: the caller splits it).
     fn synthesize_items(&mut self, items: &[SynthItem]) -> Result<Vec<ItemAudio>, ModelError> {
-        Ok(self.synthesize(items)?.into_iter().map(Ok).collect())
+        Ok(self.synthesize(items)?.into_iter().map(|a| Ok(a.into())).collect())
     }
     /// Where the time of the calls since the last `take_stages` went, per stage (empty for a
     /// model of one stage).

@@ -21,7 +21,7 @@ use super::delivery::Settler;
 use super::infer::{BatchMeta, InferredBatch};
 use super::intake::Received;
 use super::Counters;
-use crate::audio::{encode_batch, EncodedAudio, OutputFormat};
+use crate::audio::{encode_batch, EncodedAudio, OutputFormat, Waveform};
 use crate::config::OutputConfig;
 use crate::cost::Prices;
 use crate::db::{BatchRecord, Db, JobResult, StageRecord};
@@ -59,8 +59,8 @@ impl Commit {
 
     async fn commit(self: &Arc<Self>, batch: InferredBatch) {
         let InferredBatch { meta, done, duplicates } = batch;
-        let (received, audio): (Vec<Received>, Vec<Vec<f32>>) = done.into_iter().unzip();
-        let audio: Vec<(Vec<f32>, OutputFormat)> = audio.into_iter().zip(&received).map(|(a, r)| (a, r.job.format.unwrap_or(self.output.format))).collect();
+        let (received, audio): (Vec<Received>, Vec<Waveform>) = done.into_iter().unzip();
+        let audio: Vec<(Waveform, OutputFormat)> = audio.into_iter().zip(&received).map(|(a, r)| (a, r.job.format.unwrap_or(self.output.format))).collect();
         let deliveries = Deliveries { received, duplicates };
 
         let encode_started = Instant::now();

@@ -24,6 +24,7 @@ use super::delivery::Settler;
 use super::gate::InferenceGate;
 use super::intake::{Assembled, Received};
 use super::{Counters, WorkerClock};
+use crate::audio::Waveform;
 use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
 use crate::batch::{padding, BatchOutcome};
 use crate::db::{BatchEvent, Claim, ClaimLease, Db};
@@ -34,7 +35,7 @@ use crate::model::{add_stages, ModelError, ModelHandle, StageTime, SynthItem};
 pub struct InferredBatch {
     pub meta: BatchMeta,
     /// Jobs with their audio, in batch order.
-    pub done: Vec<(Received, Vec<f32>)>,
+    pub done: Vec<(Received, Waveform)>,
     /// Extra deliveries of a job in `done` (same job_id twice in one batch): acked with it.
     pub duplicates: Vec<Received>,
 }
@@ -273,7 +274,7 @@ fn split_duplicates(items: Vec<Received>) -> (Vec<Received>, Vec<Received>) {
 /// The outcome of running items on the model with splitting.
 #[derive(Debug)]
 pub struct ModelRun<T> {
-    pub done: Vec<(T, Vec<f32>)>,
+    pub done: Vec<(T, Waveform)>,
     pub failed: Vec<(T, String)>,
     /// Not attempted: the inference thread is gone.
     pub given_back: Vec<T>,

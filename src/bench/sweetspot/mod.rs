@@ -147,7 +147,7 @@ async fn measure(model: &ModelHandle, items: &[SynthItem], repeats: usize) -> Re
         peak = peak.max(out.peak_bytes);
         audio = out.audio;
     }
-    let audio = audio.into_iter().collect::<Result<Vec<_>, String>>().map_err(ModelError::BadOutput)?;
+    let audio = audio.into_iter().map(|a| a.map(crate::audio::Waveform::into_samples)).collect::<Result<Vec<_>, String>>().map_err(ModelError::BadOutput)?;
     Ok((median(lat), peak, audio))
 }
 

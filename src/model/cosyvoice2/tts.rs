@@ -23,6 +23,7 @@ use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
 use super::buckets::{take_bucket, BucketCap, BucketStats, Ready};
 use super::Token2Wav;
+use crate::audio::Waveform;
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, BatchOutcome, TokenBudget};
 use crate::config::LlmConfig;
@@ -156,7 +157,8 @@ impl TextToSpeech {
         let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
         let positions = crate::sizing::llm::max_positions(&plan.llm, &dims);
         let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;
-        Ok(TextToSpeech {
+        let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
+        let mut tts = TextToSpeech {
             token2wav,
             lm,
             decoder,
@@ -165,13 +167,52 @@ impl TextToSpeech {
             cap: BucketCap::new(plan.token2wav_max_batch),
             llm_work: StageTime::idle(Stage::Llm),
             llm_dims: dims,
-        })
+        };
+        if matches!(device, Device::Cuda(_)) {
+            // A failed warm-up costs the first batch its speed, not the worker.
+            match tts.warm_up(warm_up_text) {
+                Ok(seconds) => tracing::info!(seconds = format!("{seconds:.2}"), "warmed up: one sentence through the LLM and token2wav"),
+                Err(e) => tracing::warn!(error = %e, "warm-up failed; the first batch pays the first calls' costs"),
+            }
+        }
+        Ok(tts)
+    }
+
+    /// One short sentence (`text`: its token ids) through both stages, its length forced (random
+    /// weights warm up as real ones do): the LLM's first prefill and graph capture, the compiled
+    /// packages' first calls (their kernels load then) and libtorch's first handles happen here,
+    /// at load, rather than inside the first text batch — session 11's first batch (12 jobs,
+    /// 444 s of audio) took 3.3 s with NVML at ≈ 50 %. Nothing is kept: its stage times are
+    /// dropped. Returns the seconds it took. `Ok` without work for a model with no voice.
+    pub fn warm_up(&mut self, text: Vec<i64>) -> Result<f64, ModelError> {
+        let started = Instant::now();
+        if self.token2wav.voices().is_empty() || text.is_empty() {
+            return Ok(0.0);
+        }
+        let input = TextInput {
+            job_id: uuid::Uuid::nil(),
+            segments: vec![text],
+            mode: Some(Mode::CrossLingual),
+            instruction: None,
+            speech_estimate: vec![WARM_UP_SPEECH_TOKENS],
+            forced: true,
+        };
+        let item = SynthItem { tokens: Vec::new(), voice: 0, text: Some(std::sync::Arc::new(input)) };
+        let out = self.synthesize_text(std::slice::from_ref(&item));
+        let _ = self.take_stages();
+        match out?.pop() {
+            Some(Ok(_)) => Ok(started.elapsed().as_secs_f64()),
+            Some(Err(e)) => Err(ModelError::BadOutput(format!("warm-up sentence: {e}"))),
+            None => Err(ModelError::BadOutput("warm-up sentence: no result".into())),
+        }
     }
 
     /// Each item's audio (24 kHz) or why it failed: text items through LLM and token2wav,
     /// speech-token items through token2wav. `Err` for the whole batch only when libtorch fails
     /// (out of memory above all: the caller splits and retries).
-    pub fn synthesize_text(&mut self, items: &[SynthItem]) -> Result<Vec<Result<Vec<f32>, TextJobError>>, ModelError> {
+    /// Each job's segments come back as the pieces of its [`Waveform`], joined where it is
+    /// encoded: off this thread, which the GPU waits on.
+    pub fn synthesize_text(&mut self, items: &[SynthItem]) -> Result<Vec<Result<Waveform, TextJobError>>, ModelError> {
         let n = items.len();
         let mut failed: Vec<Option<TextJobError>> = (0..n).map(|_| None).collect();
         // Audio per item per segment, filled as token2wav finishes them.
@@ -198,6 +239,7 @@ impl TextToSpeech {
         }
         let started = Instant::now();
         let t2w_before = self.token2wav.work_seconds();
+        let decoder_before = self.decoder.stats().clone();
         let ratios = self.ratios;
         let voices = items.iter().map(|i| i.voice).collect::<Vec<_>>();
         let mut stats = BucketStats::default();
@@ -244,6 +286,18 @@ impl TextToSpeech {
             fill = format!("{:.3}", stats.fill()),
             "token2wav buckets"
         );
+        // Where the LLM's share of the batch went; the GPU idles through `host` and `capture`.
+        let d = self.decoder.stats().timings_since(&decoder_before);
+        tracing::info!(
+            steps = d.steps - decoder_before.steps,
+            prefill_ms = (d.prefill_seconds * 1000.0) as u64,
+            launch_ms = (d.launch_seconds * 1000.0) as u64,
+            wait_ms = (d.wait_seconds * 1000.0) as u64,
+            host_ms = (d.host_seconds * 1000.0) as u64,
+            graphs_captured = d.graphs_captured - decoder_before.graphs_captured,
+            capture_ms = ((d.capture_seconds - decoder_before.capture_seconds) * 1000.0) as u64,
+            "llm decode"
+        );
         let t2w = self.token2wav.work_seconds() - t2w_before;
         self.llm_work.seconds += (started.elapsed().as_secs_f64() - t2w).max(0.0);
         Ok(failed
@@ -257,7 +311,7 @@ impl TextToSpeech {
                     .enumerate()
                     .map(|(segment, audio)| audio.ok_or(TextJobError::NoSpeech { segment }))
                     .collect::<Result<Vec<_>, _>>()
-                    .map(|parts| parts.concat()),
+                    .map(Waveform::from_pieces),
             })
             .collect())
     }
@@ -275,6 +329,10 @@ impl TextToSpeech {
         Ok(requests)
     }
 }
+
+/// The sentence [`TextToSpeech::warm_up`] synthesizes at load, and the speech tokens it is forced to.
+const WARM_UP_TEXT: &str = "Warming up.";
+const WARM_UP_SPEECH_TOKENS: usize = 50;
 
 /// Whether a voice's LLM prompt (speech tokens, text ids) fits the LLM's tables; `Err` says why not.
 fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims) -> Result<(), String> {
@@ -363,7 +421,7 @@ impl Synthesizer for TextToSpeech {
 
     /// Speech-token items only (what `cosyvoice2-token2wav` takes); text items fail here.
     fn synthesize(&mut self, items: &[SynthItem]) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.synthesize_text(items)?.into_iter().map(|r| r.map_err(|e| ModelError::BadInput(e.to_string()))).collect()
+        self.synthesize_text(items)?.into_iter().map(|r| r.map(Waveform::into_samples).map_err(|e| ModelError::BadInput(e.to_string()))).collect()
     }
 
     fn synthesize_items(&mut self, items: &[SynthItem]) -> Result<Vec<ItemAudio>, ModelError> {
