@@ -33,8 +33,10 @@ FlashAttention's varlen kernel on the padded layout with each item's key count
 (`FlashSelfAttention`; AOTInductor keeps it as a call to aten's kernel): no bias, padded keys never
 read; on a CPU or in fp32 it is SDPA with a boolean key mask. Measured on the H200 (2026-12-04, bf16,
 batch 128): token2wav 664.6 audio-s/s with it against 576.3 with SDPA, so `--attention auto` (the
-default) is flash on CUDA at bf16/fp16 and sdpa elsewhere. `--attention cudnn` (experimental, not yet measured)
-calls cuDNN's fused attention (`CudnnSelfAttention`). `--check` compares the package with the
+default) is flash on CUDA at bf16/fp16 and sdpa elsewhere. `--attention cudnn` calls cuDNN's fused attention
+(`CudnnSelfAttention`): measured on the H200 (2026-12-04 session 12, with the FF epilogue) token2wav
+647.4 audio-s/s — attention 0.90 s against FlashAttention's 0.31 (cuDNN with a key bias) — so it
+stays an experiment. `--check` compares the package with the
 eager reference on random inputs and prints the worst difference; the package is loaded in a child
 process, because loading one into Python has killed the process on the H200 host (a segfault,
 which then cost the stages after it their compile): a crash there is reported and the next stage
@@ -58,16 +60,22 @@ from the reference layout (CPU, tiny model: estimator 4e-6, HiFT 7e-7 in fp32; H
 estimator 0.064 at bf16 with FlashAttention, as flash alone gave, HiFT 1.2e-3 at tf32). Measured on
 the H200 (2026-12-04, batch 128, same call as eager): token2wav 840.5 audio-s/s against 664.6 with
 the reference layout (flow steps 1.35 → 1.10 s, HiFT 0.48 → 0.33 s). `--layout time-major-cudnn`
-(experimental, not yet measured on a GPU) is time-major with the estimator's causal convolutions
-through cuDNN (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls.
+is time-major with the estimator's causal convolutions through cuDNN
+(`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls: measured on the H200
+(2026-12-04 session 12, with the FF epilogue) 832.8 audio-s/s against 885.0 with matmuls — cuDNN
+still converts each bf16 convolution's input and output between layouts (convolutions 0.28 s
+against 0.22) — so it stays an experiment.
 
-`--ff-gelu epilogue` (experimental, not yet measured on a GPU) computes each transformer block's
-feed-forward input projection and its GELU as one cuBLASLt matmul with the bias and GELU in the
-epilogue (`EpilogueGelu`): the profile of the time-major package shows the FF's GELU as its own
-kernel, 0.109 s of a 1.48-s batch of 128, reading and writing the 1,024-wide activations once more.
-cuBLAS's epilogue computes GELU's tanh approximation, at most 4.7e-4 from the exact GELU the
-reference computes (bf16 itself rounds these activations by up to ≈ 4e-3); `exact` (the default)
-keeps the reference's separate GELU.
+`--ff-gelu epilogue` (the default) computes each transformer block's feed-forward input projection
+and its GELU as one cuBLASLt matmul with the bias and GELU in the epilogue (`EpilogueGelu`): with
+`exact` the profile of the time-major package shows the FF's GELU as its own kernel, 0.109 s of a
+1.48-s batch of 128, reading and writing the 1,024-wide activations once more. cuBLAS's epilogue
+computes GELU's tanh approximation, at most 4.7e-4 from the exact GELU the reference computes (bf16
+itself rounds these activations by up to ≈ 4e-3); on a CPU aten computes the exact GELU. Measured on
+the H200 (2026-12-04 session 12, time-major, batch 128, flow bf16, HiFT tf32): token2wav 885.0
+audio-s/s against 840.5 with `exact` (session 11), the GELU kernel gone into a `gelubias` matmul of
+0.086 s; quality against true fp32 unchanged (SNR 13.6 dB mean, as with `exact`: random weights).
+`exact` keeps the reference's separate GELU.
 
 `--inductor-option KEY=VALUE` (repeatable, for experiments) passes one of inductor's settings to
 the compile and records it in the package's metadata (`voxbatch.inductor_options`): e.g.
@@ -77,7 +85,7 @@ estimator's side-by-side frames) is written once rather than recomputed in each.
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
-                            [--layout reference|time-major|time-major-cudnn] [--ff-gelu exact|epilogue]
+                            [--layout reference|time-major|time-major-cudnn] [--ff-gelu epilogue|exact]
                             [--inductor-option KEY=VALUE]... [--check]
 """
 import argparse
@@ -623,9 +631,9 @@ def main():
                          "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-cudnn: "
                          "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
                          "channel-major as the reference computes them")
-    ap.add_argument("--ff-gelu", default="exact", choices=FF_GELUS,
-                    help="the estimator's feed-forward GELU: exact, as the reference (default), or epilogue: in the "
-                         "input projection's cuBLASLt matmul (tanh approximation; experimental)")
+    ap.add_argument("--ff-gelu", default="epilogue", choices=FF_GELUS,
+                    help="the estimator's feed-forward GELU: epilogue (default): in the input projection's cuBLASLt "
+                         "matmul (tanh approximation on CUDA), or exact, a separate kernel as the reference computes it")
     ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="KEY=VALUE",
                     help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2), "
                          "recorded in the package's metadata: for experiments")

@@ -15,8 +15,9 @@ the three frames it sees laid side by side (`[B, T, 3·C]`), so no transpose rem
 input and the output. Measured on the H200 (2026-12-04, batch 128, with the channels-last HiFT
 body): token2wav 840.5 audio-s/s against 664.6 with the reference's layout, flow steps 1.35 →
 1.10 s. The kernel that lays the frames side by side is now the slowest element-wise one (0.84 ms
-a call); `TimeMajorDecoder(conv="cudnn")` (`--layout time-major-cudnn`, not yet measured) gives
-cuDNN the padded frames as a channels-last view instead.
+a call); `TimeMajorDecoder(conv="cudnn")` (`--layout time-major-cudnn`) gives
+cuDNN the padded frames as a channels-last view instead: measured slower (832.8 against 885.0
+audio-s/s, 2026-12-04 session 12: cuDNN still converts layouts around each bf16 convolution).
 
 Same computation, same precisions under autocast (matmuls in the autocast dtype, layer norms in
 fp32, the residual stream fp32 as in the reference): tools/compile_token2wav.py `--check` prints

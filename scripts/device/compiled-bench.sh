@@ -11,7 +11,7 @@
 # STAGES (estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
 # attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-cudnn | reference: each stage's
-# activations, tools/compile_token2wav.py --layout), FF_GELU (exact | epilogue: the estimator's
+# activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue | exact: the estimator's
 # feed-forward GELU, tools/compile_token2wav.py --ff-gelu), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
 # settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
@@ -48,7 +48,7 @@ if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
-  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-exact}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
+  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
   | tee "$OUT/compile-${STAGES/,/-}.log" | tail -6
