@@ -64,7 +64,11 @@ is time-major with the estimator's causal convolutions through cuDNN
 (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls: measured on the H200
 (2026-12-04 session 12, with the FF epilogue) 832.8 audio-s/s against 885.0 with matmuls — cuDNN
 still converts each bf16 convolution's input and output between layouts (convolutions 0.28 s
-against 0.22) — so it stays an experiment.
+against 0.22) — so it stays an experiment. `--layout time-major-shift` (experimental, not yet
+measured on a GPU) computes each causal convolution as one matmul of every frame by all three
+taps' weights and a sum of the taps' outputs shifted into place (`causal_conv`'s "shift" path): no
+window of frames is written — the time-major package's slowest element-wise kernel (0.127 s of 1.41
+per batch of 128) builds those windows.
 
 `--ff-gelu epilogue` (the default) computes each transformer block's feed-forward input projection
 and its GELU as one cuBLASLt matmul with the bias and GELU in the epilogue (`EpilogueGelu`): with
@@ -85,7 +89,7 @@ estimator's side-by-side frames) is written once rather than recomputed in each.
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
-                            [--layout reference|time-major|time-major-cudnn] [--ff-gelu epilogue|exact]
+                            [--layout reference|time-major|time-major-cudnn|time-major-shift] [--ff-gelu epilogue|exact]
                             [--inductor-option KEY=VALUE]... [--check]
 """
 import argparse
@@ -262,7 +266,7 @@ def stage_weights(model_dir, prefix):
 
 
 # --layout values: the reference's channel-major modules, then the time-major ones.
-LAYOUTS = ["reference", "time-major", "time-major-cudnn"]
+LAYOUTS = ["reference", "time-major", "time-major-cudnn", "time-major-shift"]
 
 # --ff-gelu values: the reference's Linear then GELU, or both in one matmul's epilogue.
 FF_GELUS = ["exact", "epilogue"]
@@ -323,7 +327,7 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
         fuse_ff_gelus(estimator)
     if layout != "reference":
         from time_major_estimator import TimeMajorDecoder
-        estimator = TimeMajorDecoder(estimator, "cudnn" if layout == "time-major-cudnn" else "matmul")
+        estimator = TimeMajorDecoder(estimator, {"time-major-cudnn": "cudnn", "time-major-shift": "shift"}.get(layout, "matmul"))
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
@@ -628,7 +632,8 @@ def main():
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
     ap.add_argument("--layout", default="time-major", choices=LAYOUTS,
                     help="each stage's activations: time-major throughout (default; the estimator as "
-                         "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-cudnn: "
+                         "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-shift: the "
+                         "estimator's convolutions as one matmul per frame and a shifted sum, experimental; time-major-cudnn: "
                          "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
                          "channel-major as the reference computes them")
     ap.add_argument("--ff-gelu", default="epilogue", choices=FF_GELUS,

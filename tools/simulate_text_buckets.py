@@ -2,7 +2,8 @@
 """Simulates how a corpus's text batches go through the LLM's slots and token2wav's buckets
 (issue 14), to compare scheduling rules on the CPU before spending GPU time on them. A model, not
 the product: it mirrors src/model/cosyvoice2/buckets.rs (`MIN_FILL`, the batch-end split with
-`BUCKET_OVERHEAD_TOKENS` per call) and llm/speech_lm.rs's admission (FIFO as before 2026-12-04,
+`BUCKET_OVERHEAD_TOKENS` per call and each call's padded tokens counted as at least
+`CALL_FLOOR_TOKENS`) and llm/speech_lm.rs's admission (FIFO as before 2026-12-04,
 or longest first as now), with each segment decoding its forced length (`[llm] force_lengths`:
 characters ÷ the speaking rate × 25).
 
@@ -25,6 +26,7 @@ import math
 
 ZH_CHARS_PER_SECOND, EN_CHARS_PER_SECOND, TOKENS_PER_SECOND = 4.0, 14.0, 25.0
 OVERHEAD_TOKENS = 1000
+CALL_FLOOR_TOKENS = 3500
 T2W_SECONDS_PER_TOKEN = 93e-6
 
 
@@ -46,7 +48,7 @@ def take(ready, cap, min_fill, flush):
         for start in range(n - 1, -1, -1):
             best = None
             for size in range(1, min(cap, n - start) + 1):
-                c = size * ready[start] + OVERHEAD_TOKENS + cost[start + size]
+                c = max(size * ready[start], CALL_FLOOR_TOKENS) + OVERHEAD_TOKENS + cost[start + size]
                 if best is None or c < best:
                     best, first[start] = c, size
             cost[start] = best

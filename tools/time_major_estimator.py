@@ -29,22 +29,37 @@ import torch
 import torch.nn.functional as F
 
 
-# How causal convolutions of kernel > 1 run (`--conv`): "matmul", the frames side by side then one
-# matmul; "cudnn", cuDNN's convolution given the time-major tensor as a channels-last view.
-CONV_PATHS = ("matmul", "cudnn")
+# How causal convolutions of kernel > 1 run: "matmul", the frames side by side then one matmul;
+# "cudnn", cuDNN's convolution given the time-major tensor as a channels-last view; "shift", one
+# matmul of each frame by every tap's weights, then each tap's output shifted into place and summed.
+CONV_PATHS = ("matmul", "cudnn", "shift")
 
 
 def causal_conv(conv, x, path="matmul"):
     """`conv` (a `CausalConv1d`, padded on the left by kernel−1, or a kernel-1 `Conv1d`) over the
     time-major `x` `[B, T, C_in]` → `[B, T, C_out]`: frames t−k+1 … t side by side, one matmul
     (`path` "matmul"), or cuDNN's convolution on the padded frames seen as `[B, C, T]` with the
-    channel fastest ("cudnn": its channels-last kernels take that layout as it is)."""
+    channel fastest ("cudnn": its channels-last kernels take that layout as it is), or ("shift")
+    each frame times every tap's weights in one matmul (`[B, T, kernel·C_out]`), tap k's outputs
+    delayed by kernel−1−k frames and summed: no window of frames is written, and the sum is
+    element-wise work inductor can fuse into the consumer (the block's layer norm)."""
     kernel = conv.kernel_size[0]
     weight = conv.weight  # [C_out, C_in, kernel]
     if kernel == 1:
         return F.linear(x, weight[:, :, 0], conv.bias)
     assert getattr(conv, "causal_padding", None) == kernel - 1 and conv.stride == (1,) and conv.dilation == (1,)
     frames = x.shape[1]
+    if path == "shift":
+        c_out = weight.shape[0]
+        taps = F.linear(x, weight.permute(2, 0, 1).reshape(kernel * c_out, weight.shape[1]))  # [B, T, kernel·C_out]
+        out = None
+        for k in range(kernel):
+            delay = kernel - 1 - k  # tap k sees frame t − delay
+            tap = taps[..., k * c_out:(k + 1) * c_out]
+            if delay:
+                tap = F.pad(tap[:, :frames - delay], (0, 0, delay, 0))
+            out = tap if out is None else out + tap
+        return out + conv.bias if conv.bias is not None else out
     padded = F.pad(x, (0, 0, kernel - 1, 0))
     if path == "cudnn":
         return F.conv1d(padded.transpose(1, 2), weight, conv.bias).transpose(1, 2)

@@ -10,7 +10,7 @@
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
 # STAGES (estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
-# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-cudnn | reference: each stage's
+# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-shift | time-major-cudnn | reference: each stage's
 # activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue | exact: the estimator's
 # feed-forward GELU, tools/compile_token2wav.py --ff-gelu), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
 # settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES

@@ -61,6 +61,13 @@ const MIN_FILL: f64 = 0.9;
 /// took 1.148 s, i.e. 16.8 ms an item (250 tokens) and 70 ms a call — about 1,000 tokens' worth.
 const BUCKET_OVERHEAD_TOKENS: usize = 1_000;
 
+/// The least a token2wav call costs, in padded speech tokens, however little it holds: a small
+/// bucket is launch-bound (ten Euler steps of the compiled estimator, the vocoder, the encoder).
+/// From the H200 corpus run (2026-12-04, session 12, worker log): batch-end buckets of 36 to 128
+/// short segments each took 0.27–0.32 s (flow steps 0.18–0.19 s), the time of ≈ 4,500 padded tokens
+/// at the bench's 16.8 ms per 250, of which [`BUCKET_OVERHEAD_TOKENS`] is the call's overhead.
+const CALL_FLOOR_TOKENS: usize = 3_500;
+
 /// The next token2wav batch from `ready`, sorted longest first: a run of consecutive segments as
 /// long as the admission rule and `max_batch` allow for its longest. With `flush`, the first run of
 /// the split of all of them that costs least ([`cheapest_first_run`]); otherwise the longest run
@@ -112,8 +119,8 @@ pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max
 }
 
 /// `lengths` (sorted longest first) split into consecutive runs, each at most `admitted(start)`
-/// long, so that the padded tokens plus [`BUCKET_OVERHEAD_TOKENS`] a run add up to the least: the
-/// first run's length. Segments left waiting for like-length peers (long ones, above all) go
+/// long, so that each run's padded tokens (at least [`CALL_FLOOR_TOKENS`]) plus
+/// [`BUCKET_OVERHEAD_TOKENS`] add up to the least: the first run's length. Segments left waiting for like-length peers (long ones, above all) go
 /// together instead of padding a bucket of short ones. Dynamic programming over suffixes (a run's
 /// cost is set by its first, longest segment): `lengths.len()` × `max_batch` steps.
 fn cheapest_first_run(lengths: &[usize], admitted: impl Fn(usize) -> usize) -> usize {
@@ -123,7 +130,7 @@ fn cheapest_first_run(lengths: &[usize], admitted: impl Fn(usize) -> usize) -> u
     for start in (0..n).rev() {
         cost[start] = usize::MAX;
         for size in 1..=admitted(start).min(n - start) {
-            let c = size * lengths[start] + BUCKET_OVERHEAD_TOKENS + cost[start + size];
+            let c = (size * lengths[start]).max(CALL_FLOOR_TOKENS) + BUCKET_OVERHEAD_TOKENS + cost[start + size];
             if c < cost[start] {
                 cost[start] = c;
                 first[start] = size;
@@ -208,9 +215,9 @@ mod tests {
         let mut stats = BucketStats::default();
         stats.add(lengths.iter().copied());
         assert_eq!((stats.tokens, stats.padded_tokens), (383, 400));
-        // At the batch's end everything goes, longest first, split where padding plus each
-        // call's overhead costs least: 50 alone (1,050) and the rest together (1,040), not
-        // 50, 10, 10, 1 (1,200) and 1 (1,001).
+        // At the batch's end everything goes, longest first, in as few calls as the cap allows
+        // when each is this small (every call costs at least CALL_FLOOR_TOKENS): of the two-call
+        // splits, the first is taken short — 50 alone, then the rest together.
         ready.extend(waiting([50, 1, 1]));
         let mut runs = Vec::new();
         while let Some(b) = take_bucket(&mut ready, &budget, 4, true) {
@@ -223,19 +230,37 @@ mod tests {
     #[test]
     fn at_the_batchs_end_long_leftovers_go_together_not_in_front_of_short_ones() {
         let budget = TokenBudget { max_batch_tokens: 1 << 30 };
-        let mut ready = waiting([100, 98, 95].into_iter().chain([10; 200]));
+        // 24-s segments among 1.6-s ones.
+        let mut ready = waiting([600, 590, 580].into_iter().chain([40; 200]));
         let mut runs = Vec::new();
         while let Some(b) = take_bucket(&mut ready, &budget, 128, true) {
             runs.push((b.len(), b[0].tokens.len()));
         }
-        // Longest first would pad 125 short segments to 100 (12,800 tokens for 1,543).
-        assert_eq!(runs[0], (3, 100), "the three long ones alone");
+        // Longest first would pad 125 short segments to 600 (76,800 tokens for 6,770). The three
+        // long ones go without the bulk of the short ones: at most what rides free under a call's
+        // floor (here 2, for even halves of the rest).
+        assert_eq!(runs[0].1, 600);
+        assert!((3..=3 + CALL_FLOOR_TOKENS / 600).contains(&runs[0].0), "{runs:?}");
         assert_eq!(runs.iter().map(|r| r.0).sum::<usize>(), 203);
-        assert!(runs[1..].iter().all(|r| r.1 == 10));
+        assert!(runs[1..].iter().all(|r| r.1 == 40));
         // A lone segment past what memory admits still goes (the worker splits what fails).
         let mut ready = waiting([50, 50]);
         let tight = TokenBudget { max_batch_tokens: 10 };
         assert_eq!(take_bucket(&mut ready, &tight, 128, true).map(|b| b.len()), Some(1));
+    }
+
+    #[test]
+    fn at_the_batchs_end_short_leftovers_share_a_call_since_a_small_call_costs_its_launches() {
+        let budget = TokenBudget { max_batch_tokens: 1 << 30 };
+        // By padding alone three calls (1,200 + 1,200 + 600 tokens + 3 × 1,000) beat one (7,200 +
+        // 1,000); each small call costs at least CALL_FLOOR_TOKENS, so one call wins.
+        let mut ready = waiting([60; 20].into_iter().chain([30; 40]).chain([10; 60]));
+        let bucket = take_bucket(&mut ready, &budget, 128, true).expect("a bucket");
+        assert_eq!(bucket.len(), 120, "all of them in one call");
+        assert!(ready.is_empty());
+        // Large runs are still split by length: 100 × 400 padded tokens is far above the floor.
+        let mut ready = waiting([400; 100].into_iter().chain([40; 100]));
+        assert_eq!(take_bucket(&mut ready, &budget, 128, true).map(|b| b.len()), Some(100));
     }
 
     #[test]
