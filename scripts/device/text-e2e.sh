@@ -156,20 +156,20 @@ if buckets["buckets"]:
     buckets["mean_bucket_size"] = buckets["segments"] / buckets["buckets"]
     buckets["fill"] = buckets["tokens"] / max(buckets["padded_tokens"], 1)
 summary["token2wav_buckets"] = buckets
-# Each bucket's time by stage (tts.rs, debug): seconds summed over the drain.
-times = {}
-for line in open(f"{out}/worker.log", errors="replace"):
-    if "token2wav bucket " in line:
-        for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
-            times[k] = times.get(k, 0) + int(v) / 1000
-summary["token2wav_bucket_seconds"] = times
-# The LLM's share of each text batch by phase (tts.rs "llm decode"): seconds summed over the drain.
-llm = {}
-for line in open(f"{out}/worker.log", errors="replace"):
-    if "llm decode" in line:
-        for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
-            llm[k] = llm.get(k, 0) + int(v) / 1000
-summary["llm_decode_seconds"] = llm
+def ms_fields_summed(marker):
+    """Every `<name>_ms=<n>` of the worker log's lines holding `marker`, summed, in seconds, from
+    "worker started" on (the load's warm-up sentence left out)."""
+    sums, started = {}, False
+    for line in open(f"{out}/worker.log", errors="replace"):
+        started = started or "worker started" in line
+        if started and marker in line:
+            for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
+                sums[k] = sums.get(k, 0) + int(v) / 1000
+    return sums
+# Each bucket's time by stage (tts.rs, debug), and the LLM's share of each text batch by phase
+# (tts.rs "llm decode"): seconds summed over the drain.
+summary["token2wav_bucket_seconds"] = ms_fields_summed("token2wav bucket ")
+summary["llm_decode_seconds"] = ms_fields_summed("llm decode")
 # From each text batch's last token2wav bucket to its end as the inference stage saw it (the
 # model thread's work after the GPU's: what the GPU idles through at each batch's end).
 import datetime as dt
