@@ -120,8 +120,9 @@ pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max
 
 /// `lengths` (sorted longest first) split into consecutive runs, each at most `admitted(start)`
 /// long, so that each run's padded tokens (at least [`CALL_FLOOR_TOKENS`]) plus
-/// [`BUCKET_OVERHEAD_TOKENS`] add up to the least: the first run's length. Segments left waiting for like-length peers (long ones, above all) go
-/// together instead of padding a bucket of short ones. Dynamic programming over suffixes (a run's
+/// [`BUCKET_OVERHEAD_TOKENS`] add up to the least: the first run's length. Segments left waiting
+/// for like-length peers (long ones, above all) go together instead of padding a bucket of short
+/// ones, and short leftovers share calls. Dynamic programming over suffixes (a run's
 /// cost is set by its first, longest segment): `lengths.len()` × `max_batch` steps.
 fn cheapest_first_run(lengths: &[usize], admitted: impl Fn(usize) -> usize) -> usize {
     let n = lengths.len();

@@ -122,15 +122,6 @@ pub struct HostWaves {
 }
 
 impl HostWaves {
-    /// Items in the batch.
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
-    }
-
     /// Each item's samples, in batch order.
     pub fn into_rows(self) -> Result<Vec<Vec<f32>>, ModelError> {
         let bad = |row: usize, e: tch::TchError| ModelError::BadOutput(format!("waveform of item {row}: {e}"));

@@ -3,9 +3,12 @@
 //! tokenized), its segments go through the LLM (all the batch's segments decoding together with
 //! continuous refill), and as segments finish their speech tokens go through token2wav in length
 //! buckets *between* LLM steps — the two stages share the GPU and neither waits for the batch's
-//! slowest sequence. Each job's segment audio is joined in order. Jobs that carry speech tokens
-//! (as for `cosyvoice2-token2wav`) skip the LLM. A job whose segment yields no speech tokens or
-//! runs into the LLM's `max_len`, or whose voice cannot serve its mode, fails alone with its reason.
+//! slowest sequence. Each bucket's waveforms are cut into segments on a thread of their own, and a
+//! job's segments come back in order as the pieces of its `audio::Waveform` (joined where the job
+//! is encoded, off this thread). A warm-up sentence runs through both stages at load on CUDA. Jobs
+//! that carry speech tokens (as for `cosyvoice2-token2wav`) skip the LLM. A job whose segment
+//! yields no speech tokens or runs into the LLM's `max_len`, or whose voice cannot serve its mode,
+//! fails alone with its reason.
 //!
 //! Sizes come from a [`TextPlan`] (`sizing::text_plan`: LLM slots from `[llm]` and the memory
 //! budget, token2wav buckets from the token2wav memory model over what the LLM leaves).
