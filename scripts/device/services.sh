@@ -4,6 +4,9 @@
 # script exits, or the device call hangs to its time limit. A warm machine may still run an earlier
 # call's services: they are reused (and stopped too).
 # Needs: OUT, E (work dir). Env: PGPORT (5432), AMQP_PORT (5672), NODENAME (rabbit@localhost).
+# The services' log stays in E (its tail is printed when a service does not start): the device
+# tool returns only 8 files from OUT, and the run's own results must be among them.
+SERVICES_LOG="${E:-$OUT}/services.log"
 PGPORT=${PGPORT:-5432}; AMQP_PORT=${AMQP_PORT:-5672}; NODENAME=${NODENAME:-rabbit@localhost}
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_port() { for _ in $(seq 1 120); do port_open "$1" && return 0; sleep 0.5; done; return 1; }
@@ -20,24 +23,24 @@ start_services() {
   PGDATA=$E/pgdata
   if [ ! -f "$PGDATA/PG_VERSION" ]; then
     mkdir -p "$PGDATA" && chown nobody "$PGDATA" && chmod 700 "$PGDATA"
-    runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" "$pgbin/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale > "$OUT/services.log" 2>&1 || { cat "$OUT/services.log"; return 1; }
+    runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" "$pgbin/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale > "$SERVICES_LOG" 2>&1 || { cat "$SERVICES_LOG"; return 1; }
   fi
   if ! port_open "$PGPORT"; then
     runuser -u nobody -- env LD_LIBRARY_PATH="$LIBS" setsid "$pgbin/postgres" -D "$PGDATA" -c listen_addresses=127.0.0.1 \
-      -c port="$PGPORT" -c unix_socket_directories=/tmp -c fsync=on >> "$OUT/services.log" 2>&1 < /dev/null &
+      -c port="$PGPORT" -c unix_socket_directories=/tmp -c fsync=on >> "$SERVICES_LOG" 2>&1 < /dev/null &
     SERVICE_PIDS+=($!)
   fi
-  wait_port "$PGPORT" || { echo "postgres did not start"; tail -20 "$OUT/services.log"; return 1; }
+  wait_port "$PGPORT" || { echo "postgres did not start"; tail -20 "$SERVICES_LOG"; return 1; }
   echo "[services] rabbitmq on $AMQP_PORT"
   R=$E/rabbit; mkdir -p "$R"; echo '[].' > "$R/enabled_plugins"
   if ! port_open "$AMQP_PORT"; then
     env HOME="$R" RABBITMQ_MNESIA_BASE="$R/mnesia" RABBITMQ_LOG_BASE="$R/log" RABBITMQ_NODENAME="$NODENAME" \
       RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_ENABLED_PLUGINS_FILE="$R/enabled_plugins" RABBITMQ_CONFIG_FILE="$R/rabbitmq" \
       RABBITMQ_DIST_PORT=$((AMQP_PORT + 20000)) LD_LIBRARY_PATH="$LIBS" PATH="/usr/lib/erlang/bin:$PATH" \
-      setsid /usr/lib/rabbitmq/bin/rabbitmq-server >> "$OUT/services.log" 2>&1 < /dev/null &
+      setsid /usr/lib/rabbitmq/bin/rabbitmq-server >> "$SERVICES_LOG" 2>&1 < /dev/null &
     SERVICE_PIDS+=($!)
   fi
-  wait_port "$AMQP_PORT" || { echo "rabbitmq did not start"; tail -30 "$OUT/services.log"; return 1; }
+  wait_port "$AMQP_PORT" || { echo "rabbitmq did not start"; tail -30 "$SERVICES_LOG"; return 1; }
   sleep 2
 }
 
