@@ -82,8 +82,8 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
-# summary below adds them up; at debug, each bucket's time by stage and the host's share after the
-# device work (audio_out_ms: what the GPU waits on between LLM steps).
+# summary below adds them up; at debug, each bucket's time by stage on the model thread (since
+# c24472d its waveforms are cut into segments on another thread; before, audio_out_ms was that).
 export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model::cosyvoice2::tts=debug}
 
 log "corpus, dry run, enqueue"

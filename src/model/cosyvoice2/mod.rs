@@ -158,8 +158,9 @@ pub struct StageTiming {
     pub flow_steps: Duration,
     /// The vocoder, and the waveform's copy to host memory.
     pub vocoder: Duration,
-    /// Host only, after the device work: each item's samples cut from the batch's waveform (the
-    /// GPU waits meanwhile when the caller has no other work queued).
+    /// Host only, after the device work: each item's samples cut from the batch's waveform by
+    /// [`Token2Wav::run`] on its caller's thread (the GPU waits meanwhile when the caller has no
+    /// other work queued); zero from [`Token2Wav::run_to_host`], whose caller cuts them.
     pub audio_out: Duration,
 }
 

@@ -418,8 +418,8 @@ fn run_bucket(
     match token2wav.run_to_host(&items, None) {
         Ok((_mels, waves)) => {
             stats.add(batch.iter().map(|r| r.tokens.len()));
-            // Where a bucket's time went, host work included (RUST_LOG=voxbatch::model::cosyvoice2::tts=debug):
-            // what the GPU waits on between LLM steps.
+            // Where a bucket's time went on this thread, the waveforms' copy to the host included
+            // (RUST_LOG=voxbatch::model::cosyvoice2::tts=debug); cutting them is the cutter's.
             if let Some(t) = token2wav.last_timing {
                 tracing::debug!(
                     segments = batch.len(),
@@ -427,7 +427,6 @@ fn run_bucket(
                     encoder_ms = t.encoder.as_millis() as u64,
                     flow_steps_ms = t.flow_steps.as_millis() as u64,
                     vocoder_ms = t.vocoder.as_millis() as u64,
-                    audio_out_ms = t.audio_out.as_millis() as u64,
                     "token2wav bucket"
                 );
             }
