@@ -39,6 +39,9 @@ pub enum Command {
         /// Voice for jobs that do not name one.
         #[arg(long)]
         voice: Option<String>,
+        /// Speed for jobs that do not set one (CosyVoice2 models; 0.5–2.0; other models refuse it).
+        #[arg(long)]
+        speed: Option<f64>,
         /// Skip the first N jobs of the file (resuming an interrupted enqueue; running it again
         /// without this is safe too: the ids are the same and done jobs are not synthesized twice).
         #[arg(long, default_value_t = 0)]
@@ -95,6 +98,9 @@ pub enum Command {
         /// Campaign for jobs that do not name one.
         #[arg(long)]
         campaign: Option<String>,
+        /// Speed for jobs that do not set one (the estimated audio is 1/speed as long).
+        #[arg(long)]
+        speed: Option<f64>,
         /// table or json.
         #[arg(long, default_value = "table")]
         format: Format,

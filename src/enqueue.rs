@@ -42,6 +42,8 @@ pub enum EnqueueError {
 pub struct LineDefaults {
     pub campaign: Option<String>,
     pub voice: Option<String>,
+    /// `speed` (CosyVoice2 models), validated with the line like any job field.
+    pub speed: Option<f64>,
 }
 
 /// Namespace of the ids derived for lines without a `job_id`.
@@ -178,6 +180,9 @@ fn insert_defaults(obj: &mut serde_json::Map<String, Value>, defaults: &LineDefa
             obj.entry(field).or_insert_with(|| Value::String(v.clone()));
         }
     }
+    if let Some(speed) = defaults.speed.and_then(serde_json::Number::from_f64) {
+        obj.entry("speed").or_insert(Value::Number(speed));
+    }
 }
 
 fn with_defaults_txt(line: &[u8], defaults: &LineDefaults) -> Vec<u8> {
@@ -209,11 +214,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.txt");
         std::fs::write(&p, "Hello world.\n\n  你好，世界。 \r\n").unwrap();
-        let d = LineDefaults { campaign: Some("book".into()), voice: Some("narrator".into()) };
+        let d = LineDefaults { campaign: Some("book".into()), voice: Some("narrator".into()), speed: Some(1.25) };
         let jobs = read_jobs(&p, &d, &Limits::default()).unwrap();
         assert_eq!(jobs.len(), 2);
         assert_eq!(jobs[1].text, "你好，世界。");
-        assert!(jobs.iter().all(|j| j.campaign == "book" && j.voice == "narrator"));
+        assert!(jobs.iter().all(|j| j.campaign == "book" && j.voice == "narrator" && j.speed == Some(1.25)));
         assert_ne!(jobs[0].job_id, jobs[1].job_id);
         let again = read_jobs(&p, &d, &Limits::default()).unwrap();
         assert_eq!(jobs, again, "enqueuing the same file twice gives the same ids");
@@ -228,10 +233,13 @@ mod tests {
     fn jsonl_keeps_its_own_fields_and_bad_lines_refuse_the_whole_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("a.jsonl");
-        std::fs::write(&p, "{\"text\":\"a\",\"campaign\":\"own\"}\n{\"text\":\"b\"}\n").unwrap();
-        let d = LineDefaults { campaign: Some("flag".into()), voice: None };
+        std::fs::write(&p, "{\"text\":\"a\",\"campaign\":\"own\",\"speed\":0.5}\n{\"text\":\"b\"}\n").unwrap();
+        let d = LineDefaults { campaign: Some("flag".into()), voice: None, speed: Some(2.0) };
         let jobs = read_jobs(&p, &d, &Limits::default()).unwrap();
         assert_eq!((jobs[0].campaign.as_str(), jobs[1].campaign.as_str()), ("own", "flag"));
+        assert_eq!((jobs[0].speed, jobs[1].speed), (Some(0.5), Some(2.0)), "a line's own speed, else the flag's");
+        let too_fast = LineDefaults { speed: Some(3.0), ..d.clone() };
+        assert!(read_jobs(&p, &too_fast, &Limits::default()).unwrap_err().to_string().contains("speed"), "a bad --speed refuses the file");
         std::fs::write(&p, "{\"text\":\"a\"}\nnot json\n{\"text\":\"\"}\n").unwrap();
         let e = read_jobs(&p, &d, &Limits::default()).unwrap_err().to_string();
         assert!(e.contains("2 invalid line(s)") && e.contains("line 2") && e.contains("line 3"), "{e}");

@@ -44,7 +44,15 @@ pub struct Job {
     /// The stored audio's file format; `None`: `[output] format`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<crate::audio::OutputFormat>,
+    /// How fast a CosyVoice2 job is spoken ([`MIN_SPEED`]..=[`MAX_SPEED`]; `None`: 1): its mel
+    /// stretched before the vocoder, as upstream's `speed` does. Other models refuse it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f64>,
 }
+
+/// The slowest and fastest `speed` a job may ask for.
+pub const MIN_SPEED: f64 = 0.5;
+pub const MAX_SPEED: f64 = 2.0;
 
 /// CosyVoice2's inference modes for a registered voice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +65,17 @@ pub enum Mode {
     CrossLingual,
     /// CosyVoice2's instruct2: the LLM's prompt text is the job's `instruction`, no prompt speech tokens.
     Instruct,
+}
+
+impl Mode {
+    /// Its name on the wire (and in `jobs.mode`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::ZeroShot => "zero_shot",
+            Mode::CrossLingual => "cross_lingual",
+            Mode::Instruct => "instruct",
+        }
+    }
 }
 
 /// Characters an `instruction` may have.
@@ -76,6 +95,7 @@ impl Job {
             mode: None,
             instruction: None,
             format: None,
+            speed: None,
         }
     }
 
@@ -249,8 +269,16 @@ pub fn parse_job(body: &[u8], limits: &Limits, require_id: bool) -> Result<Job, 
         }
         Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "format", reason: format!("must be a string: {}", crate::audio::OutputFormat::NAMES) })),
     };
+    let speed = match obj.remove("speed") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(v) if (MIN_SPEED..=MAX_SPEED).contains(&v) => Some(v),
+            _ => return Err(reject(id, RejectionKind::InvalidField { field: "speed", reason: format!("{n} is outside {MIN_SPEED}-{MAX_SPEED}") })),
+        },
+        Some(_) => return Err(reject(id, RejectionKind::InvalidField { field: "speed", reason: format!("must be a number {MIN_SPEED}-{MAX_SPEED}") })),
+    };
     // Unknown fields are ignored (forward compatibility), except those later issues reserve.
-    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata, mode, instruction, format })
+    Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata, mode, instruction, format, speed })
 }
 
 /// `mode` (`zero_shot`, `cross_lingual`, `instruct`) and `instruction` (required by, and only
@@ -326,6 +354,10 @@ pub enum ModelInput {
 /// vocabulary) for a speech-token model, text for the frontend of a `cosyvoice2` model (unless
 /// the job carries speech tokens), its tokenized text otherwise.
 pub fn model_input(job: &Job, manifest: &crate::model::Manifest) -> Result<ModelInput, RejectionKind> {
+    if job.speed.is_some_and(|s| s != 1.0) && !manifest.kind.has_prompt_voices() {
+        let reason = format!("a {} model speaks at one speed; only CosyVoice2 models take `speed`", manifest.kind.as_str());
+        return Err(RejectionKind::InvalidField { field: "speed", reason });
+    }
     if manifest.kind == crate::model::ModelKind::Cosyvoice2 && job.speech_tokens.is_none() {
         return if is_blank(&job.text) { Err(RejectionKind::EmptyText) } else { Ok(ModelInput::Text) };
     }
@@ -523,6 +555,19 @@ mod tests {
         ] {
             let e = parse(&format!(r#"{{"job_id":"{ID}","text":"x",{body}}}"#)).unwrap_err();
             assert!(matches!(e.kind, RejectionKind::InvalidField { .. }) && e.to_string().contains(says), "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn speed_is_read_within_its_range_and_anything_else_rejected() {
+        let j = parse(&format!(r#"{{"job_id":"{ID}","text":"x","speed":1.25}}"#)).unwrap();
+        assert_eq!(j.speed, Some(1.25));
+        assert_eq!(parse_job(&j.to_json(), &Limits::default(), true).unwrap(), j, "round trip");
+        assert_eq!(parse(&format!(r#"{{"job_id":"{ID}","text":"x"}}"#)).unwrap().speed, None);
+        assert_eq!(parse(&format!(r#"{{"job_id":"{ID}","text":"x","speed":2}}"#)).unwrap().speed, Some(2.0), "an integer is a number");
+        for (body, says) in [(r#""speed":0.49"#, "outside 0.5-2"), (r#""speed":3"#, "outside"), (r#""speed":-1"#, "outside"), (r#""speed":"fast""#, "must be a number")] {
+            let e = parse(&format!(r#"{{"job_id":"{ID}","text":"x",{body}}}"#)).unwrap_err();
+            assert!(matches!(e.kind, RejectionKind::InvalidField { field: "speed", .. }) && e.to_string().contains(says), "{body}: {e}");
         }
     }
 

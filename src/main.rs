@@ -85,7 +85,7 @@ async fn run() -> Result<()> {
             commands::migrate(&cfg).await.context("migrate")?;
             println!("migrated: database, queue topology ({} → {}), storage ready", cfg.amqp.exchange, cfg.amqp.queue);
         }
-        Command::Enqueue { file, campaign, voice, skip } => enqueue(&cfg, &file, &LineDefaults { campaign, voice }, skip).await?,
+        Command::Enqueue { file, campaign, voice, speed, skip } => enqueue(&cfg, &file, &LineDefaults { campaign, voice, speed }, skip).await?,
         Command::Work(args) => work(&mut cfg, args).await?,
         Command::Status { campaign: None, format: Format::Json, .. } => anyhow::bail!("status --format json needs --campaign"),
         Command::Status { campaign: None, .. } => print_status(&commands::status(&cfg).await.context("status")?),
@@ -101,9 +101,9 @@ async fn run() -> Result<()> {
                 (true, false) => println!("campaign {campaign} was not cancelled"),
             }
         }
-        Command::Text { file, model, gpu, campaign, format } => {
+        Command::Text { file, model, gpu, campaign, speed, format } => {
             let dir = model.unwrap_or_else(|| cfg.model.dir.clone());
-            let defaults = LineDefaults { campaign, voice: None };
+            let defaults = LineDefaults { campaign, voice: None, speed };
             let cfg2 = cfg.clone();
             let report = tokio::task::spawn_blocking(move || commands::text_dry_run(&cfg2, &dir, &file, &defaults, &gpu)).await.context("text")??;
             match format {

@@ -55,7 +55,7 @@ async fn status_of_a_campaign_counts_what_enqueue_published_before_any_claim_the
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lines.txt");
     std::fs::write(&file, (0..6).map(|i| format!("sentence number {i} of the catalogue\n")).collect::<String>()).unwrap();
-    let defaults = voxbatch::enqueue::LineDefaults { campaign: Some("catalogue".into()), voice: None };
+    let defaults = voxbatch::enqueue::LineDefaults { campaign: Some("catalogue".into()), ..Default::default() };
     let window = std::time::Duration::from_secs(300);
     commands::enqueue(&env.cfg, &file, &defaults, 0, std::future::pending(), |_, _| {}).await.unwrap();
     // Enqueued twice (the same file): counted once.

@@ -113,6 +113,21 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     .unwrap();
     assert!((chapter_rate - batch_rate).abs() < 1e-9 * batch_rate, "{chapter_rate} vs {batch_rate}");
 
+    // The same ids again: with another mode or instruction, a conflict saying which (not a
+    // silent "already done"); unchanged, done already, synthesized once.
+    let mut other_mode = good[0].clone();
+    other_mode.mode = Some(Mode::CrossLingual);
+    let mut other_instruction = good[1].clone();
+    other_instruction.instruction = Some("Speak fast".into());
+    env.publish(&[other_mode, other_instruction, good[2].clone()]).await;
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.rejected, summary.already_done), (0, 2, 1), "{summary:?}");
+    let conflicts: Vec<(String, String)> = dead_letters(&env, 2).await;
+    assert!(conflicts.iter().all(|(code, _)| code == "conflict"), "{conflicts:?}");
+    let mut fields: Vec<&str> = conflicts.iter().filter_map(|(_, reason)| reason.rsplit(' ').next()).collect();
+    fields.sort();
+    assert_eq!(fields, ["instruction", "mode"], "{conflicts:?}");
+
     // An LLM that runs into max_len (here 0.2× the text's tokens) fails that job, saying so.
     let impatient = tiny_cosyvoice2_with_max_ratio("0.2");
     env.cfg.model.dir = impatient.path().to_path_buf();
@@ -155,6 +170,47 @@ async fn a_worker_killed_mid_chapter_loses_nothing_and_the_chapter_is_synthesize
     assert_eq!(env.objects().await.len(), 4, "one object a job");
     let segments: Option<i32> = sqlx::query_scalar("SELECT segments FROM jobs WHERE job_id = $1").bind(chapter.job_id).fetch_one(env.db.pool()).await.unwrap();
     assert!(segments.unwrap_or(0) >= 10, "the chapter is many segments: {segments:?}");
+    assert_eq!(env.depths().await, (0, 0));
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_model_that_fails_to_load_stops_its_worker_with_the_reason_and_loses_no_job() {
+    // The worker starts consuming while its model loads (`ModelHandle::start`). A model whose LLM
+    // weights are not a safetensors file fails late in its load (after the intake took the jobs);
+    // one whose token2wav weights are not fails at once (before the voices reach it).
+    let patient = tiny_cosyvoice2_with_max_ratio("200.0");
+    let mut env = TestEnv::new("cv2noload").await;
+    let lines: Vec<Job> = (0..4).map(|i| text_job(&format!("第{i}行。Line {i} of the book."), "voice0", Some(Mode::CrossLingual), None)).collect();
+    env.publish(&lines).await;
+    for file in ["llm.safetensors", "token2wav.safetensors"] {
+        let broken = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(patient.path()).unwrap() {
+            let entry = entry.unwrap();
+            let to = broken.path().join(entry.file_name());
+            if entry.file_name() == file {
+                std::fs::write(&to, b"not a safetensors file").unwrap();
+            } else {
+                std::os::unix::fs::symlink(entry.path(), &to).unwrap();
+            }
+        }
+        let mut cfg = env.cfg.clone();
+        cfg.model.dir = broken.path().to_path_buf();
+        let model = env.model_at(broken.path());
+        let storage = voxbatch::storage::Storage::open(&cfg.storage).await.unwrap();
+        let opts = voxbatch::worker::WorkerOptions { drain: true, worker_id: None };
+        let run = voxbatch::worker::run(cfg, model, env.db.clone(), storage, opts, std::future::pending());
+        let stopped = tokio::time::timeout(std::time::Duration::from_secs(120), run).await.expect("the worker stops on its own");
+        let error = voxbatch::worker::error_chain(&stopped.expect_err("a model that cannot load stops its worker"));
+        assert!(error.contains("did not load") && error.contains(file), "says which file: {error}");
+        assert_eq!(env.depths_settled((4, 0)).await, (4, 0), "{file}: every job back in the queue, none dead-lettered");
+        assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status <> 'queued'").await, 0, "{file}: no job claimed, failed or rejected");
+    }
+
+    // The same jobs, with the model that loads: each done once.
+    env.cfg.model.dir = patient.path().to_path_buf();
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.jobs_failed, summary.rejected), (4, 0, 0), "{summary:?}");
     assert_eq!(env.depths().await, (0, 0));
     env.cleanup().await;
 }

@@ -22,18 +22,23 @@ fn rates() -> SpeakingRates {
 
 fn job(frontend: &Frontend, n: u128, text: &str, voice: i64, mode: Option<Mode>, instruction: Option<&str>) -> SynthItem {
     let input = TextInput::prepare(frontend, uuid::Uuid::from_u128(n), text, mode, instruction, &rates(), false).unwrap();
-    SynthItem { tokens: Vec::new(), voice, text: Some(Arc::new(input)) }
+    SynthItem { tokens: Vec::new(), voice, text: Some(Arc::new(input)), speed: None }
+}
+
+/// Short segments (max 20, min 10, merge 5, cap 24 tokens), so that texts make several, and the
+/// tiny model with a longer max_len (200× the text's tokens): running into it fails a job, which
+/// is not what these tests are about.
+fn short_segments() -> (Config, tempfile::TempDir, Frontend) {
+    let mut cfg = Config::defaults().unwrap();
+    (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+    let dir = common::tiny_cosyvoice2_with_max_ratio("200.0");
+    let frontend = Frontend::load(dir.path(), SegmentLimits::from_config(&cfg)).unwrap();
+    (cfg, dir, frontend)
 }
 
 #[test]
 fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
-    // Short segments (max 20, min 10, merge 5, cap 24 tokens), so that texts make several.
-    let mut cfg = Config::defaults().unwrap();
-    (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
-    // A longer max_len (200× the text's tokens): running into it fails a job, which is not what
-    // this test is about.
-    let dir = common::tiny_cosyvoice2_with_max_ratio("200.0");
-    let frontend = Frontend::load(dir.path(), SegmentLimits::from_config(&cfg)).unwrap();
+    let (cfg, dir, frontend) = short_segments();
     // token2wav buckets of at most 3 segments: several run between LLM steps.
     let plan = TextPlan { token2wav_max_batch: 3, ..TextPlan::small(cfg.llm.clone()) };
     let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, plan).unwrap();
@@ -87,4 +92,31 @@ fn a_warm_up_sentence_runs_both_stages_and_leaves_no_stage_time() {
     assert!(seconds > 0.0, "it ran: {seconds}");
     assert!(tts.take_stages().is_empty(), "its stage times are dropped");
     assert_eq!(tts.warm_up(Vec::new()).unwrap(), 0.0, "no text: nothing to warm up");
+}
+
+#[test]
+fn each_segment_is_stretched_to_its_frames_over_the_jobs_speed() {
+    let (cfg, dir, frontend) = short_segments();
+    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();
+    // Forced lengths, and one job id: every item's segments get the same speech tokens.
+    let text = "今天天气很好，我们去公园散步。The price was $1,299.50, paid on 2024-01-15.";
+    let input = Arc::new(TextInput::prepare(&frontend, uuid::Uuid::from_u128(7), text, Some(Mode::CrossLingual), None, &rates(), true).unwrap());
+    assert!(input.segments.len() >= 2, "several segments: {}", input.segments.len());
+    let speeds = [None, Some(0.5), Some(0.8), Some(1.5), Some(2.0)];
+    let mut items: Vec<SynthItem> = speeds.iter().map(|&speed| SynthItem { tokens: Vec::new(), voice: 0, text: Some(input.clone()), speed }).collect();
+    // A speech-token job at a speed too.
+    items.push(SynthItem { speed: Some(1.5), ..SynthItem::tokens((0..40).map(|t| t % 64).collect(), 0) });
+    let out = tts.synthesize_text(&items).unwrap();
+    // At speed 1: 2 mel frames a speech token, 480 samples a frame.
+    let tokens: Vec<usize> = out[0].as_ref().unwrap().pieces().iter().map(|p| p.len() / 960).collect();
+    assert!(out[0].as_ref().unwrap().pieces().iter().all(|p| !p.is_empty() && p.len() % 960 == 0));
+    for (speed, audio) in speeds.iter().zip(&out) {
+        let audio = audio.as_ref().unwrap_or_else(|e| panic!("speed {speed:?}: {e}"));
+        // Each segment's frames stretched to ⌊frames / speed⌋.
+        let want: Vec<usize> = tokens.iter().map(|&n| ((2 * n) as f64 / speed.unwrap_or(1.0)).floor() as usize * 480).collect();
+        let got: Vec<usize> = audio.pieces().iter().map(Vec::len).collect();
+        assert_eq!(got, want, "speed {speed:?}: each segment's samples");
+        assert!(audio.joined().iter().all(|s| s.is_finite()));
+    }
+    assert_eq!(out[5].as_ref().unwrap().len(), (80.0f64 / 1.5).floor() as usize * 480, "the speech-token job: 40 tokens at speed 1.5");
 }

@@ -22,7 +22,9 @@ async fn speech_token_jobs_become_audio_and_unusable_ones_are_dead_lettered() {
     let mut env = TestEnv::new("cosyvoice2").await;
     let token2wav_only = model_variant("models/cosyvoice2-tiny", &[(r#"kind = "cosyvoice2""#, r#"kind = "cosyvoice2-token2wav""#)]);
     env.cfg.model.dir = token2wav_only.path().to_path_buf();
-    let jobs: Vec<Job> = (0..6).map(|i| speech_job((0..(5 + 3 * i)).map(|t| t % 64).collect(), if i % 2 == 0 { "voice0" } else { "voice1" })).collect();
+    let mut jobs: Vec<Job> = (0..6).map(|i| speech_job((0..(5 + 3 * i)).map(|t| t % 64).collect(), if i % 2 == 0 { "voice0" } else { "voice1" })).collect();
+    // Two of them slower and faster: their mel stretched to ⌊frames / speed⌋ before the vocoder.
+    (jobs[1].speed, jobs[4].speed) = (Some(0.5), Some(1.5));
     env.publish(&jobs).await;
     let text_only = Job { voice: "voice0".into(), ..Job::new("a text job for a speech-token model") };
     let out_of_vocab = speech_job(vec![1, 2, 64], "voice0");
@@ -40,8 +42,8 @@ async fn speech_token_jobs_become_audio_and_unusable_ones_are_dead_lettered() {
         let key = format!("{}t2w/{}.wav", env.key_prefix(), job.job_id);
         let (wav, _) = env.storage.get(&key).await.unwrap();
         let info = parse_wav_header(&wav).expect("a PCM WAV");
-        let tokens = job.speech_tokens.as_ref().map_or(0, Vec::len) as u32;
-        assert_eq!((info.sample_rate, info.samples), (24000, tokens * 2 * 480), "job {}", job.job_id);
+        let frames = (job.speech_tokens.as_ref().map_or(0, Vec::len) as f64 * 2.0 / job.speed.unwrap_or(1.0)).floor() as u32;
+        assert_eq!((info.sample_rate, info.samples), (24000, frames * 480), "job {} at speed {:?}", job.job_id, job.speed);
         let stored: serde_json::Value = sqlx::query_scalar("SELECT speech_tokens FROM jobs WHERE job_id = $1")
             .bind(job.job_id)
             .fetch_one(env.db.pool())
@@ -49,15 +51,23 @@ async fn speech_token_jobs_become_audio_and_unusable_ones_are_dead_lettered() {
             .unwrap();
         assert_eq!(stored, serde_json::json!(job.speech_tokens), "tokens kept for conflict checks and audits");
     }
-    // The same id with other tokens is a conflict, not a silent re-synthesis.
+    // The same id with other tokens, or at another speed, is a conflict, not a silent re-synthesis
+    // (nor a silent "already done"); the same speed written out (1 for none) is the same job.
     let mut conflicting = jobs[0].clone();
     conflicting.speech_tokens = Some(vec![9, 9, 9]);
-    env.publish(&[conflicting]).await;
+    let mut faster = jobs[1].clone();
+    faster.speed = Some(1.0);
+    let mut same = jobs[2].clone();
+    same.speed = Some(1.0);
+    env.publish(&[conflicting, faster, same]).await;
     let summary = env.drain().await;
-    assert_eq!((summary.jobs_done, summary.rejected), (0, 1));
-    let (code, reason) = dead_letters(&env, 1).await.remove(0);
-    assert_eq!(code, "conflict");
-    assert!(reason.contains("speech_tokens"), "{reason}");
+    assert_eq!((summary.jobs_done, summary.rejected, summary.already_done), (0, 2, 1), "{summary:?}");
+    let mut reasons: Vec<String> = dead_letters(&env, 2).await.into_iter().map(|(code, reason)| {
+        assert_eq!(code, "conflict");
+        reason
+    }).collect();
+    reasons.sort();
+    assert!(reasons.iter().any(|r| r.contains("speech_tokens")) && reasons.iter().any(|r| r.contains("speed")), "{reasons:?}");
     // Without a compiled package for this machine, every batch's flow steps ran on the eager port.
     let kernels: Vec<Option<String>> = sqlx::query_scalar("SELECT DISTINCT kernels FROM batches").fetch_all(env.db.pool()).await.unwrap();
     assert_eq!(kernels, [Some("eager".to_string())]);

@@ -157,7 +157,7 @@ fn the_text_dry_run_prints_segments_estimates_and_refusals_as_json() {
     let file = dir.path().join("jobs.jsonl");
     std::fs::write(
         &file,
-        "{\"text\":\"价格是¥1,299.00，欢迎购买。\",\"campaign\":\"shop\"}\n{\"text\":\"It costs $0.99.\"}\n{\"text\":\"。。。\"}\n",
+        "{\"text\":\"价格是¥1,299.00，欢迎购买。\",\"campaign\":\"shop\"}\n{\"text\":\"It costs $0.99.\"}\n{\"text\":\"。。。\"}\n{\"text\":\"It costs $0.99.\",\"speed\":2}\n",
     )
     .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
@@ -167,17 +167,20 @@ fn the_text_dry_run_prints_segments_estimates_and_refusals_as_json() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let jobs = r["jobs"].as_array().unwrap();
-    assert_eq!(jobs.len(), 3);
+    assert_eq!(jobs.len(), 4);
     assert_eq!(jobs[0]["campaign"], "shop");
     assert_eq!(jobs[0]["normalized"], "价格是一千二百九十九元，欢迎购买。");
     assert!(jobs[0]["segments"][0]["tokens"].as_u64().unwrap() > 0);
     assert_eq!(jobs[1]["normalized"], "It costs ninety nine cents.");
     assert!(jobs[2]["error"].as_str().unwrap().contains("nothing to say"));
     let t = &r["totals"];
-    assert_eq!((t["jobs"].as_u64(), t["refused"].as_u64()), (Some(3), Some(1)));
-    // 17 non-blank characters of normalised Chinese at 4 a second, 23 of English at 14.
+    assert_eq!((t["jobs"].as_u64(), t["refused"].as_u64()), (Some(4), Some(1)));
+    // 17 non-blank characters of normalised Chinese at 4 a second, 23 of English at 14, and those
+    // 23 again at speed 2: half the audio for the same work (the cost is the work's).
+    assert!((jobs[3]["audio_seconds"].as_f64().unwrap() - 23.0 / 28.0).abs() < 1e-9);
+    assert_eq!((jobs[3]["speed"].as_f64(), jobs[1].get("speed")), (Some(2.0), None));
     let audio = t["audio_seconds"].as_f64().unwrap();
-    assert!((audio - (17.0 / 4.0 + 23.0 / 14.0)).abs() < 1e-9, "{audio}");
-    let cost = audio / 290.0 * 4.0 / 3600.0;
+    assert!((audio - (17.0 / 4.0 + 23.0 / 14.0 + 23.0 / 28.0)).abs() < 1e-9, "{audio}");
+    let cost = (17.0 / 4.0 + 2.0 * 23.0 / 14.0) / 290.0 * 4.0 / 3600.0;
     assert!((t["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12);
 }

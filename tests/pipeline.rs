@@ -15,7 +15,7 @@ use voxbatch::worker::{self, WorkerOptions};
 #[tokio::test]
 async fn sample_corpus_becomes_one_valid_wav_and_one_done_row_per_job() {
     let env = TestEnv::new("corpus").await;
-    let defaults = LineDefaults { campaign: Some("demo".into()), voice: None };
+    let defaults = LineDefaults { campaign: Some("demo".into()), ..LineDefaults::default() };
     let jobs = read_jobs(&repo_path("corpus/sample.jsonl"), &defaults, &env.cfg.limits).unwrap();
     assert!(jobs.len() >= 50);
     assert!(jobs.iter().any(|j| j.text.chars().any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c))), "has Chinese");

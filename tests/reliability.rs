@@ -27,6 +27,8 @@ async fn every_kind_of_poison_is_dead_lettered_at_once_with_its_reason_and_the_w
         (format!(r#"{{"job_id":"{}","text":"{}"}}"#, id(), "x".repeat(101)).into_bytes(), "text_too_long"),
         (br#"{"job_id":"not-a-uuid","text":"hello"}"#.to_vec(), "invalid_job_id"),
         (format!(r#"{{"job_id":"{}","text":"hello","voice":"robot"}}"#, id()).into_bytes(), "unknown_voice"),
+        // A TorchScript model speaks at one speed.
+        (format!(r#"{{"job_id":"{}","text":"hello","speed":1.5}}"#, id()).into_bytes(), "invalid_field"),
         (format!(r#"{{"job_id":"{}","text":"{}"}}"#, id(), "y".repeat(5000)).into_bytes(), "too_large"),
     ];
     let refs: Vec<&[u8]> = bodies.iter().map(|(b, _)| b.as_slice()).collect();
@@ -48,7 +50,7 @@ async fn every_kind_of_poison_is_dead_lettered_at_once_with_its_reason_and_the_w
     assert_eq!(got, want);
     assert_eq!(env.count("SELECT count(*) FROM rejections").await, bodies.len() as i64);
     // Rejected rows exist where an id was readable; none of them holds a NUL.
-    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'rejected'").await, 7, "every rejection whose job_id was readable");
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'rejected'").await, 8, "every rejection whose job_id was readable");
     // The messages were not redelivered: each was seen once.
     assert_eq!(env.count("SELECT count(*) FROM rejections GROUP BY code ORDER BY 1 DESC LIMIT 1").await, 2, "empty_text twice, the rest once");
     env.cleanup().await;

@@ -158,10 +158,11 @@ if buckets["buckets"]:
 summary["token2wav_buckets"] = buckets
 def ms_fields_summed(marker):
     """Every `<name>_ms=<n>` of the worker log's lines holding `marker`, summed, in seconds, from
-    "worker started" on (the load's warm-up sentence left out)."""
+    "model loaded" on (the load's warm-up sentence left out; the worker starts before its model
+    has loaded, so "worker started" comes earlier)."""
     sums, started = {}, False
     for line in open(f"{out}/worker.log", errors="replace"):
-        started = started or "worker started" in line
+        started = started or "model loaded" in line
         if started and marker in line:
             for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
                 sums[k] = sums.get(k, 0) + int(v) / 1000
@@ -191,10 +192,34 @@ for line in open(f"{out}/worker.log", errors="replace"):
     if m:
         end = datetime.datetime.strptime(m.group(1)[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
         spans.append((end - int(m.group(2)) / 1000, end))
+        summary.setdefault("batches", []).append({"jobs": int(re.search(r"inferred jobs=(\d+)", line).group(1)), "infer_seconds": int(m.group(2)) / 1000})
 if spans:
     lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
     inside = [u for ts, u in util if lo <= ts <= hi]
     summary["nvml_util_mean_batch_span"] = sum(inside) / len(inside) if inside else None
+    # NVML inside each batch: where a drain's shortfall is (its first batch, above all).
+    for b, (lo, hi) in zip(summary["batches"], spans):
+        inside = [u for ts, u in util if lo <= ts <= hi]
+        b["nvml_util_mean"] = round(sum(inside) / len(inside), 1) if inside else None
+# The model's load (it overlaps the intake and the frontend; the GPU waits for it): its seconds
+# and where they went (tts.rs "weights loaded": token2wav, LLM, KV cache and graphs; the rest
+# of "model loaded" is the warm-up).
+load_lines = {"weights loaded": "", "warmed up": "warm_up_", "model loaded": "total_"}
+loaded_at = None
+for line in open(f"{out}/worker.log", errors="replace"):
+    for marker, prefix in load_lines.items():
+        if marker in line:
+            for k, v in re.findall(r'(\w+)="?([\d.]+)"?', line[27:]):
+                summary.setdefault("model_load", {})[prefix + k] = float(v)
+    if "model loaded" in line and loaded_at is None:
+        loaded_at = stamp(line)
+# NVML from the model's load to the last batch's end: the drain's GPU time once the model can
+# work (the intake and the frontend have worked through the load since the worker starts first).
+if loaded_at is not None and spans:
+    hi = max(e for _, e in spans)
+    inside = [u for ts, u in util if loaded_at <= ts <= hi]
+    summary["nvml_util_mean_after_load"] = sum(inside) / len(inside) if inside else None
+    summary["after_load_seconds"] = hi - loaded_at
 json.dump(summary, open(f"{out}/text-e2e-summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1)[:3000])
 PYEOF

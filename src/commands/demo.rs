@@ -25,7 +25,7 @@ pub struct DemoSummary {
 /// Runs the demo for `campaign` on `corpus`.
 pub async fn demo(cfg: &Config, corpus: &Path, campaign: &str, shutdown: impl Future<Output = ()> + Send) -> Result<DemoSummary, CommandError> {
     migrate(cfg).await?;
-    let defaults = LineDefaults { campaign: Some(campaign.to_string()), voice: None };
+    let defaults = LineDefaults { campaign: Some(campaign.to_string()), ..LineDefaults::default() };
     let enqueued = enqueue(cfg, corpus, &defaults, 0, std::future::pending(), |_, _| {}).await?.enqueued;
     let opts = WorkerOptions { drain: true, worker_id: None };
     let mut workers = work(cfg, &[cfg.model.device], 1, opts, shutdown).await?;

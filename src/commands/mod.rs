@@ -93,22 +93,30 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> CommandError {
     move |source| CommandError::Io { what, source }
 }
 
-/// Loads the configured model on `device`: the one way commands load a model. A `cosyvoice2`
-/// model is sized first (`sizing::text_plan`: NVML and files, off the async runtime).
-async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
-    let m = &cfg.model;
+/// Starts loading the configured model on `device` (`ModelHandle::start`: returns while its
+/// thread loads it): the one way commands load a model. A `cosyvoice2` model is sized first
+/// (`sizing::text_plan`: NVML and files, off the async runtime).
+async fn start_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
     let sized = cfg.clone();
-    let text = tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
-        let manifest = crate::model::Manifest::load(&sized.model.dir)?;
-        if manifest.kind != crate::model::ModelKind::Cosyvoice2 {
-            return Ok(None);
-        }
-        Ok(Some(crate::sizing::text_plan(&sized, &manifest, device, sized.model.precision)?))
+    tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
+        let m = &sized.model;
+        let manifest = crate::model::Manifest::load(&m.dir)?;
+        let text = match manifest.kind {
+            crate::model::ModelKind::Cosyvoice2 => Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?),
+            _ => None,
+        };
+        let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text };
+        Ok(ModelHandle::start(&m.dir, device, m.precision, options)?)
     })
     .await
-    .map_err(|_| ModelError::ThreadGone)??;
-    let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text };
-    Ok(ModelHandle::load(&m.dir, device, m.precision, options).await?)
+    .map_err(|_| ModelError::ThreadGone)?
+}
+
+/// [`start_model`], returning once the model is loaded.
+async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
+    let model = start_model(cfg, device).await?;
+    model.ready().await?;
+    Ok(model)
 }
 
 /// Connects to Postgres, creating the database and applying migrations.

@@ -5,8 +5,9 @@
 //! The frontend is the worker's own (`frontend::Frontend`), so what it prints is what the LLM gets.
 //!
 //! Estimates, stated in the output: audio length from the normalised text's characters at
-//! `[frontend]` speaking rates; GPU time at `[frontend] estimate_audio_seconds_per_gpu_second`;
-//! price from `[cost]` for the named GPU.
+//! `[frontend]` speaking rates, divided by the job's `speed`; GPU time at `[frontend]
+//! estimate_audio_seconds_per_gpu_second` of the audio at speed 1 (speed changes the audio's
+//! length, hardly the work); price from `[cost]` for the named GPU.
 //!
 //! Neighbours: `frontend` (the work), `enqueue` (the file format), `cost::Prices`.
 
@@ -36,6 +37,9 @@ pub struct JobPreview {
     pub normalized: String,
     pub lang: Option<Lang>,
     pub segments: Vec<SegmentPreview>,
+    /// The job's `speed` (none: 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f64>,
     pub audio_seconds: f64,
     pub cost_usd: f64,
     /// Why the worker would refuse the job (its text says nothing once normalised, …).
@@ -85,6 +89,9 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
     let hourly_usd = cfg.cost.prices.hourly(Device::Cuda(0), Some(gpu));
     let usd_per_audio_second = hourly_usd / 3600.0 / f.estimate_audio_seconds_per_gpu_second;
     let mut totals = TextTotals::default();
+    // Audio-seconds at speed 1: what the GPU does (a job's `speed` changes its audio's length,
+    // hardly the work — the LLM and the flow run on the same tokens).
+    let mut work_seconds = 0.0;
     let mut previews = Vec::with_capacity(jobs.len());
     let prepared = frontend.prepare_all(&jobs.iter().map(|j| j.text.as_str()).collect::<Vec<_>>(), threads);
     for (job, prepared) in jobs.into_iter().zip(prepared) {
@@ -98,14 +105,17 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
             normalized: String::new(),
             lang: None,
             segments: Vec::new(),
+            speed: job.speed,
             audio_seconds: 0.0,
             cost_usd: 0.0,
             error: None,
         };
         match prepared {
             Ok(prep) => {
-                p.audio_seconds = rates.audio_seconds(&prep.normalized, prep.lang);
-                p.cost_usd = p.audio_seconds * usd_per_audio_second;
+                let work = rates.audio_seconds(&prep.normalized, prep.lang);
+                p.audio_seconds = work / job.speed.unwrap_or(1.0);
+                p.cost_usd = work * usd_per_audio_second;
+                work_seconds += work;
                 p.segments = prep.segments.iter().map(|s| SegmentPreview { text: s.text.clone(), tokens: s.tokens.len() }).collect();
                 totals.segments += p.segments.len();
                 totals.tokens += p.segments.iter().map(|s| s.tokens).sum::<usize>();
@@ -122,14 +132,14 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
         }
         previews.push(p);
     }
-    totals.gpu_seconds = totals.audio_seconds / f.estimate_audio_seconds_per_gpu_second;
+    totals.gpu_seconds = work_seconds / f.estimate_audio_seconds_per_gpu_second;
     totals.usd_per_million_chars = if totals.chars > 0 { totals.cost_usd / totals.chars as f64 * 1e6 } else { 0.0 };
     Ok(TextReport {
         model: model_dir.display().to_string(),
         gpu: gpu.to_string(),
         hourly_usd,
         assumptions: format!(
-            "audio length: normalised characters at {} (zh) / {} (other) per second; GPU time at {} audio-seconds per GPU-second; {gpu} at ${hourly_usd:.2}/hour",
+            "audio length: normalised characters at {} (zh) / {} (other) per second, over the job's speed; GPU time at {} audio-seconds (at speed 1) per GPU-second; {gpu} at ${hourly_usd:.2}/hour",
             f.zh_chars_per_second, f.en_chars_per_second, f.estimate_audio_seconds_per_gpu_second
         ),
         jobs: previews,
@@ -171,7 +181,8 @@ pub fn text_table(r: &TextReport) -> String {
         for (i, seg) in j.segments.iter().enumerate() {
             s += &format!("  segment {:>3} ({:>3} tokens): {}\n", i + 1, seg.tokens, seg.text);
         }
-        s += &format!("  ≈ {:.1} s of audio, ≈ ${:.6}\n\n", j.audio_seconds, j.cost_usd);
+        let speed = j.speed.map(|v| format!(" at speed {v}")).unwrap_or_default();
+        s += &format!("  ≈ {:.1} s of audio{speed}, ≈ ${:.6}\n\n", j.audio_seconds, j.cost_usd);
     }
     let t = &r.totals;
     s += &format!(

@@ -1,12 +1,13 @@
 //! `voxbatch work`: one worker per device (× workers per device) in this process, each with its
 //! own model, CUDA device, calibration profile, NVML sampler and `workers` row, all consuming the
-//! same queue; one shutdown stops them all (each finishes its batch in progress).
+//! same queue; one shutdown stops them all (each finishes its batch in progress). The models load
+//! at once, each while its worker connects, consumes and prepares text (`ModelHandle::start`).
 
 use std::future::Future;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{load_model, open_services, CommandError};
+use super::{open_services, start_model, CommandError};
 use crate::config::Config;
 use crate::model::Device;
 use crate::worker::{self, new_worker_id, WorkerError, WorkerOptions, WorkerSummary};
@@ -31,7 +32,8 @@ pub async fn work(
         for k in 0..per_device {
             let mut c = cfg.clone();
             c.model.device = device;
-            let model = load_model(&c, device).await?;
+            // Each model loads on its own thread while its worker starts consuming.
+            let model = start_model(&c, device).await?;
             let id = if single { base_id.clone() } else { format!("{base_id}-{}-{k}", device.to_string().replace(':', "")) };
             let o = WorkerOptions { drain: opts.drain, worker_id: Some(id) };
             let (db, storage, stop) = (db.clone(), storage.clone(), stop.clone());

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use super::{q, speech_tokens_json, Db, DbError};
 use crate::config::WorkerConfig;
-use crate::job::{Job, RejectionKind};
+use crate::job::{Job, Mode, RejectionKind};
 
 /// What the worker should do with a job it has received.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,20 @@ impl ClaimLease {
     }
 }
 
-type Existing = (String, String, String, String, Option<serde_json::Value>, Option<String>, bool);
+/// A job's stored row, as a claim compares it with a delivery.
+struct Existing {
+    status: String,
+    campaign: String,
+    voice: String,
+    text: String,
+    speech_tokens: Option<serde_json::Value>,
+    speed: Option<f64>,
+    mode: Option<String>,
+    instruction: Option<String>,
+    claimed_by: Option<String>,
+    /// `running` under a claim that is still live.
+    live: bool,
+}
 
 impl Db {
     /// Claims a batch's jobs. Decisions come back in input order.
@@ -71,7 +84,7 @@ impl Db {
             "SELECT j.job_id, j.status, j.campaign, j.voice, j.text, j.speech_tokens, j.worker_id,
                     (j.status = 'running' AND w.worker_id IS NOT NULL AND w.stopped_at IS NULL
                      AND w.last_heartbeat > now() - make_interval(secs => $2)
-                     AND j.started_at > now() - make_interval(secs => $3)) AS live
+                     AND j.started_at > now() - make_interval(secs => $3)) AS live, j.speed, j.mode, j.instruction
              FROM jobs j LEFT JOIN workers w ON w.worker_id = j.worker_id
              WHERE j.job_id = ANY($1) ORDER BY j.job_id FOR UPDATE OF j",
         )
@@ -83,7 +96,19 @@ impl Db {
         .map_err(q("lock jobs"))?;
         let mut existing: HashMap<Uuid, Existing> = HashMap::new();
         for r in rows {
-            existing.insert(r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6), r.get::<Option<bool>, _>(7).unwrap_or(false)));
+            let row = Existing {
+                status: r.get(1),
+                campaign: r.get(2),
+                voice: r.get(3),
+                text: r.get(4),
+                speech_tokens: r.get(5),
+                claimed_by: r.get(6),
+                live: r.get::<Option<bool>, _>(7).unwrap_or(false),
+                speed: r.get(8),
+                mode: r.get(9),
+                instruction: r.get(10),
+            };
+            existing.insert(r.get(0), row);
         }
         let campaigns: Vec<&str> = sorted.iter().map(|j| j.campaign.as_str()).collect();
         let cancelled: std::collections::HashSet<String> =
@@ -154,25 +179,31 @@ impl Db {
 }
 
 fn decide(j: &Job, existing: Option<&Existing>) -> Claim {
-    let Some((status, campaign, voice, text, speech, claimed_by, live)) = existing else { return Claim::Proceed };
-    if status == "rejected" {
+    let Some(e) = existing else { return Claim::Proceed };
+    if e.status == "rejected" {
         return Claim::Proceed;
     }
-    let field = if text != &j.text {
+    let field = if e.text != j.text {
         Some("text")
-    } else if speech != &speech_tokens_json(j) {
+    } else if e.speech_tokens != speech_tokens_json(j) {
         Some("speech_tokens")
-    } else if voice != &j.voice {
+    } else if e.voice != j.voice {
         Some("voice")
-    } else if campaign != &j.campaign {
+    } else if e.campaign != j.campaign {
         Some("campaign")
+    } else if e.speed.unwrap_or(1.0) != j.speed.unwrap_or(1.0) {
+        Some("speed")
+    } else if e.mode.as_deref() != j.mode.map(Mode::as_str) {
+        Some("mode")
+    } else if e.instruction != j.instruction {
+        Some("instruction")
     } else {
         None
     };
-    match (field, status.as_str()) {
+    match (field, e.status.as_str()) {
         (Some(field), _) => Claim::Conflict(RejectionKind::Conflict { job_id: j.job_id, field }),
         (None, "done") => Claim::AlreadyDone,
-        (None, "running") if *live => Claim::Busy { worker_id: claimed_by.clone().unwrap_or_default() },
+        (None, "running") if e.live => Claim::Busy { worker_id: e.claimed_by.clone().unwrap_or_default() },
         (None, _) => Claim::Proceed,
     }
 }
@@ -186,11 +217,12 @@ async fn insert_queued(tx: &mut sqlx::PgConnection, jobs: &[&Job]) -> Result<(),
     let metadata: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
     let chars: Vec<i32> = jobs.iter().map(|j| j.chars() as i32).collect();
     let speech: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| speech_tokens_json(j)).collect();
+    let (speeds, modes, instructions) = synthesis_settings(jobs);
     sqlx::query(
-        "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status, speech_tokens)
-         SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, 'queued', t.speech_tokens
-         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[], $8::jsonb[])
-           AS t(job_id, campaign, voice, text, priority, metadata, chars, speech_tokens)
+        "INSERT INTO jobs (job_id, campaign, voice, text, priority, metadata, chars, status, speech_tokens, speed, mode, instruction)
+         SELECT t.job_id, t.campaign, t.voice, t.text, t.priority, t.metadata, t.chars, 'queued', t.speech_tokens, t.speed, t.mode, t.instruction
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::smallint[], $6::jsonb[], $7::int[], $8::jsonb[], $9::float8[], $10::text[], $11::text[])
+           AS t(job_id, campaign, voice, text, priority, metadata, chars, speech_tokens, speed, mode, instruction)
          ON CONFLICT (job_id) DO NOTHING",
     )
     .bind(&ids)
@@ -201,6 +233,9 @@ async fn insert_queued(tx: &mut sqlx::PgConnection, jobs: &[&Job]) -> Result<(),
     .bind(&metadata)
     .bind(&chars)
     .bind(&speech)
+    .bind(&speeds)
+    .bind(&modes)
+    .bind(&instructions)
     .execute(&mut *tx)
     .await
     .map_err(q("insert jobs"))?;
@@ -221,12 +256,14 @@ async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &st
     let speech: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| speech_tokens_json(j)).collect();
     let priorities: Vec<i16> = jobs.iter().map(|j| i16::from(j.priority)).collect();
     let metadata: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
+    let (speeds, modes, instructions) = synthesis_settings(jobs);
     sqlx::query(
         "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, started_at = now(), worker_id = $6,
            error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars,
-           speech_tokens = t.speech_tokens, priority = t.priority, metadata = t.metadata
-         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $7::jsonb[], $8::smallint[], $9::jsonb[])
-           AS t(job_id, campaign, voice, text, chars, speech_tokens, priority, metadata)
+           speech_tokens = t.speech_tokens, priority = t.priority, metadata = t.metadata, speed = t.speed,
+           mode = t.mode, instruction = t.instruction
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $7::jsonb[], $8::smallint[], $9::jsonb[], $10::float8[], $11::text[], $12::text[])
+           AS t(job_id, campaign, voice, text, chars, speech_tokens, priority, metadata, speed, mode, instruction)
          WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
     )
     .bind(&ids)
@@ -238,8 +275,21 @@ async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &st
     .bind(&speech)
     .bind(&priorities)
     .bind(&metadata)
+    .bind(&speeds)
+    .bind(&modes)
+    .bind(&instructions)
     .execute(&mut *tx)
     .await
     .map_err(q("mark running"))?;
     Ok(())
+}
+
+/// The jobs' `speed`, `mode` and `instruction` columns.
+#[allow(clippy::type_complexity)]
+fn synthesis_settings(jobs: &[&Job]) -> (Vec<Option<f64>>, Vec<Option<&'static str>>, Vec<Option<String>>) {
+    (
+        jobs.iter().map(|j| j.speed).collect(),
+        jobs.iter().map(|j| j.mode.map(Mode::as_str)).collect(),
+        jobs.iter().map(|j| j.instruction.clone()).collect(),
+    )
 }

@@ -4,8 +4,9 @@
 //! A model directory holds `model.toml` (the [`Manifest`]) and the weights its `kind` names:
 //! `model.pt` (TorchScript, kind `torchscript`, the reference CNN) or safetensors (kinds
 //! `cosyvoice2-token2wav` and `cosyvoice2`, [`cosyvoice2`]; the latter adds the LLM and takes text
-//! jobs). [`ModelHandle::spawn`] loads it on its own OS thread (libtorch calls block) and serves
-//! batches sent from async code; every model implements [`Synthesizer`]. A batch's items may fail
+//! jobs). [`ModelHandle::start`] loads it on its own OS thread (libtorch calls block), returning
+//! before the load is over ([`ModelHandle::spawn`] waits for it), and serves batches sent from
+//! async code; every model implements [`Synthesizer`]. A batch's items may fail
 //! one by one ([`ItemAudio`]), and a model with stages says where its time went ([`StageTime`])
 //! and which kernels its flow steps ran on ([`kernels`]: a [`compiled`] package or the eager port).
 //!
@@ -23,7 +24,6 @@ mod torchscript;
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -144,6 +144,9 @@ pub enum ModelError {
     BadOutput(String),
     #[error("the inference thread has stopped")]
     ThreadGone,
+    /// The model's load on its inference thread failed (every later call says so).
+    #[error("the model did not load")]
+    NotLoaded(#[source] std::sync::Arc<ModelError>),
     #[error(transparent)]
     Shim(#[from] shim::ShimError),
 }
@@ -164,12 +167,15 @@ pub struct SynthItem {
     pub tokens: Vec<i64>,
     pub voice: i64,
     pub text: Option<std::sync::Arc<TextInput>>,
+    /// The job's `speed` (CosyVoice2: each segment's mel stretched to frames / speed before the
+    /// vocoder); `None`: 1.
+    pub speed: Option<f64>,
 }
 
 impl SynthItem {
     /// An item of tokens (text tokens or speech tokens, as the model takes).
     pub fn tokens(tokens: Vec<i64>, voice: i64) -> SynthItem {
-        SynthItem { tokens, voice, text: None }
+        SynthItem { tokens, voice, text: None, speed: None }
     }
 
     /// Input tokens: its tokens, or a text item's text tokens over all its segments.
@@ -301,37 +307,58 @@ pub struct LoadOptions {
     pub text: Option<cosyvoice2::tts::TextPlan>,
 }
 
-/// Loads a model directory for `device` and `precision`: the one model loader.
-pub fn load(dir: &std::path::Path, device: Device, precision: Precision, text: Option<cosyvoice2::tts::TextPlan>) -> Result<Box<dyn Synthesizer>, ModelError> {
-    let manifest = Manifest::load(dir)?;
+/// Loads a model directory (its `manifest` already read) for `device` and `precision`: the one
+/// model loader.
+pub fn load(dir: &std::path::Path, manifest: Manifest, device: Device, precision: Precision, text: Option<cosyvoice2::tts::TextPlan>) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
         ModelKind::Cosyvoice2Token2Wav => Ok(Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?)),
         ModelKind::Cosyvoice2 => {
-            let plan = match text {
-                Some(plan) => plan,
-                None => {
-                    let defaults = crate::config::Config::defaults()
-                        .map_err(|e| ModelError::Manifest { dir: dir.display().to_string(), reason: format!("built-in [llm] settings: {e}") })?;
-                    cosyvoice2::tts::TextPlan::small(defaults.llm)
-                }
-            };
+            let plan = text_plan_or_default(dir, text)?;
             Ok(Box::new(cosyvoice2::tts::TextToSpeech::load(dir, device, precision, plan)?))
         }
     }
 }
 
-/// What the inference thread is asked, in order: a voice set before a batch that uses it is
-/// there when that batch runs.
-enum Request {
-    Batch(Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>),
-    SetVoice(usize, Box<crate::voice::prompt::VoicePrompt>, oneshot::Sender<Result<(), ModelError>>),
+/// `text`, or `cosyvoice2::tts::TextPlan::small` over the built-in `[llm]` settings.
+fn text_plan_or_default(dir: &std::path::Path, text: Option<cosyvoice2::tts::TextPlan>) -> Result<cosyvoice2::tts::TextPlan, ModelError> {
+    match text {
+        Some(plan) => Ok(plan),
+        None => {
+            let defaults = crate::config::Config::defaults()
+                .map_err(|e| ModelError::Manifest { dir: dir.display().to_string(), reason: format!("built-in [llm] settings: {e}") })?;
+            Ok(cosyvoice2::tts::TextPlan::small(defaults.llm))
+        }
+    }
+}
+
+/// A batch for the inference thread and where its result goes.
+struct BatchRequest(Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>);
+
+/// A voice for the inference thread's table: index and prompt, already checked against the
+/// manifest ([`cosyvoice2::check_voice`]).
+struct VoiceRequest(usize, Box<crate::voice::prompt::VoicePrompt>);
+
+/// Where the inference thread's load stands.
+#[derive(Clone)]
+enum LoadState {
+    Loading,
+    Ready,
+    Failed(std::sync::Arc<ModelError>),
 }
 
 /// Handle to the inference thread. Cheap to clone; the thread ends when every handle is dropped.
+///
+/// [`ModelHandle::start`] returns while the thread still loads the model, so that a worker's
+/// intake and text frontend work meanwhile: batches sent before the load is over wait for it
+/// ([`ModelHandle::ready`] says when it is, or why it failed). Voices go to the thread on a
+/// channel of their own, which it empties before each batch: a voice set before a batch is sent
+/// is there when that batch runs, and setting one never waits for the load.
 #[derive(Clone)]
 pub struct ModelHandle {
-    tx: tokio::sync::mpsc::Sender<Request>,
+    tx: tokio::sync::mpsc::Sender<BatchRequest>,
+    voices: tokio::sync::mpsc::UnboundedSender<VoiceRequest>,
+    state: tokio::sync::watch::Receiver<LoadState>,
     manifest: std::sync::Arc<Manifest>,
     device: Device,
     precision: Precision,
@@ -339,38 +366,48 @@ pub struct ModelHandle {
 }
 
 impl ModelHandle {
-    /// Starts the inference thread and loads the model on it. Returns once the model is loaded.
-    pub fn spawn(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
+    /// Reads `dir`'s manifest and starts the inference thread, which loads the model: returns
+    /// before the load is over. Blocking (files): call it off the async runtime.
+    pub fn start(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
         let LoadOptions { cpu_threads, text } = options;
-        // One request waits while one runs: async senders wait for room without blocking.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(1);
-        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(Manifest, Option<usize>), ModelError>>(1);
-        let dir = dir.to_path_buf();
+        let manifest = Manifest::load(dir)?;
+        // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
+        let text = match manifest.kind {
+            ModelKind::Cosyvoice2 => Some(text_plan_or_default(dir, text)?),
+            _ => None,
+        };
+        let llm_slots = text.as_ref().map(|plan| plan.slots.max(1));
+        // One batch waits while one runs: async senders wait for room without blocking.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<BatchRequest>(1);
+        let (voices_tx, mut voices_rx) = tokio::sync::mpsc::unbounded_channel::<VoiceRequest>();
+        let (state_tx, state) = tokio::sync::watch::channel(LoadState::Loading);
+        let (thread_dir, thread_manifest) = (dir.to_path_buf(), manifest.clone());
         std::thread::Builder::new()
             .name(format!("voxbatch-infer-{device}"))
             .spawn(move || {
                 if cpu_threads > 0 {
                     tch::set_num_threads(cpu_threads as i32);
                 }
-                let mut model = match load(&dir, device, precision, text) {
+                let started = Instant::now();
+                let mut model = match load(&thread_dir, thread_manifest, device, precision, text) {
                     Ok(m) => {
-                        let _ = ready_tx.send(Ok((m.manifest().clone(), m.llm_slots())));
+                        tracing::info!(%device, seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "model loaded");
+                        let _ = state_tx.send(LoadState::Ready);
                         m
                     }
                     Err(e) => {
-                        let _ = ready_tx.send(Err(e));
+                        let _ = state_tx.send(LoadState::Failed(std::sync::Arc::new(e)));
                         return;
                     }
                 };
                 let probe = memory::MemoryProbe::new(device);
-                while let Some(request) = rx.blocking_recv() {
-                    let (items, reply) = match request {
-                        Request::Batch(items, reply) => (items, reply),
-                        Request::SetVoice(index, prompt, reply) => {
-                            let _ = reply.send(model.set_voice(index, &prompt));
-                            continue;
+                while let Some(BatchRequest(items, reply)) = rx.blocking_recv() {
+                    // Every voice set before this batch was sent is in the channel by now.
+                    while let Ok(VoiceRequest(index, prompt)) = voices_rx.try_recv() {
+                        if let Err(e) = model.set_voice(index, &prompt) {
+                            tracing::warn!(voice = %prompt.name, index, error = %e, "the inference thread could not set the voice; batches naming it fail");
                         }
-                    };
+                    }
                     probe.reset();
                     let started = Instant::now();
                     let result = model.synthesize_items(&items);
@@ -384,16 +421,35 @@ impl ModelHandle {
                 }
             })
             .map_err(|e| ModelError::DeviceUnavailable { device, reason: format!("cannot start inference thread: {e}") })?;
-        let (manifest, llm_slots) = ready_rx.recv().map_err(|_| ModelError::ThreadGone)??;
-        Ok(ModelHandle { tx, manifest: std::sync::Arc::new(manifest), device, precision, llm_slots })
+        Ok(ModelHandle { tx, voices: voices_tx, state, manifest: std::sync::Arc::new(manifest), device, precision, llm_slots })
+    }
+
+    /// Starts the inference thread and loads the model on it ([`ModelHandle::start`]). Returns
+    /// once the model is loaded. Blocking.
+    pub fn spawn(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
+        let handle = ModelHandle::start(dir, device, precision, options)?;
+        futures::executor::block_on(handle.ready())?;
+        Ok(handle)
     }
 
     /// [`ModelHandle::spawn`] from async code.
     pub async fn load(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
         let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || ModelHandle::spawn(&dir, device, precision, options))
+        let handle = tokio::task::spawn_blocking(move || ModelHandle::start(&dir, device, precision, options))
             .await
-            .map_err(|_| ModelError::ThreadGone)?
+            .map_err(|_| ModelError::ThreadGone)??;
+        handle.ready().await?;
+        Ok(handle)
+    }
+
+    /// Resolves once the model is loaded; `Err` (for every caller) when its load failed.
+    pub async fn ready(&self) -> Result<(), ModelError> {
+        let mut state = self.state.clone();
+        let settled = state.wait_for(|s| !matches!(s, LoadState::Loading)).await.map_err(|_| ModelError::ThreadGone)?;
+        match &*settled {
+            LoadState::Failed(e) => Err(ModelError::NotLoaded(e.clone())),
+            _ => Ok(()),
+        }
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -410,19 +466,30 @@ impl ModelHandle {
         self.llm_slots
     }
 
-    /// Runs one batch on the inference thread.
+    /// Runs one batch on the inference thread (after the load, if it is still loading).
     pub async fn synthesize(&self, items: Vec<SynthItem>) -> Result<SynthOutput, ModelError> {
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.tx.send(Request::Batch(items, reply_tx)).await.map_err(|_| ModelError::ThreadGone)?;
-        reply_rx.await.map_err(|_| ModelError::ThreadGone)?
+        if self.tx.send(BatchRequest(items, reply_tx)).await.is_err() {
+            return Err(self.gone());
+        }
+        reply_rx.await.unwrap_or_else(|_| Err(self.gone()))
     }
 
-    /// Sets voice `index` on the inference thread ([`Synthesizer::set_voice`]); batches sent
-    /// after this returns see it.
-    pub async fn set_voice(&self, index: usize, prompt: crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
-        let (reply_tx, reply_rx) = oneshot::channel();
-        self.tx.send(Request::SetVoice(index, Box::new(prompt), reply_tx)).await.map_err(|_| ModelError::ThreadGone)?;
-        reply_rx.await.map_err(|_| ModelError::ThreadGone)?
+    /// Why the thread is gone: its load failed (it says so before it ends), or it stopped.
+    fn gone(&self) -> ModelError {
+        match &*self.state.borrow() {
+            LoadState::Failed(e) => ModelError::NotLoaded(e.clone()),
+            _ => ModelError::ThreadGone,
+        }
+    }
+
+    /// Puts voice `index` in the inference thread's table ([`Synthesizer::set_voice`]) after
+    /// checking it against the manifest ([`cosyvoice2::check_voice`]: `BadInput` says why the
+    /// model cannot use it). Does not wait for the thread, nor for the load: batches sent after
+    /// this returns see the voice.
+    pub fn set_voice(&self, index: usize, prompt: crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
+        cosyvoice2::check_voice(&self.manifest, &prompt).map_err(ModelError::BadInput)?;
+        self.voices.send(VoiceRequest(index, Box::new(prompt))).map_err(|_| self.gone())
     }
 }
 

@@ -4,7 +4,8 @@
 //! A TorchScript model's voices are fixed by its directory. A CosyVoice2 model's live in Postgres
 //! (`voices`, shared by the fleet): at start the worker imports its directory's own voices (never
 //! overwriting), loads every voice of its model, and hands each to the model thread
-//! (`ModelHandle::set_voice`) before publishing it, so no batch names an index the thread lacks.
+//! (`ModelHandle::set_voice`, which checks it against the manifest and does not wait for the
+//! model's load) before publishing it, so no batch names an index the thread lacks.
 //! It then polls `(name, version)` every `voices.refresh`, and at once when a job names a voice
 //! it does not know ([`VoiceBook::refresh_after`]: one query answers every job that was waiting).
 //! A replaced voice gets a new index (batches already formed keep the old prompt); a removed one
@@ -57,7 +58,7 @@ impl crate::worker::retry::Transience for BookError {
     fn is_permanent(&self) -> bool {
         match self {
             BookError::Db(e) => e.is_permanent(),
-            BookError::Model(e) => matches!(e, ModelError::ThreadGone | ModelError::Manifest { .. }),
+            BookError::Model(e) => matches!(e, ModelError::ThreadGone | ModelError::NotLoaded(_) | ModelError::Manifest { .. }),
         }
     }
 }
@@ -187,7 +188,7 @@ impl VoiceBook {
             current.iter().filter(|(name, _)| stored.contains_key(*name)).map(|(n, k)| (n.clone(), k.clone())).collect();
         for (voice, version) in shared.db.load_voices(&shared.model_name, &changed).await? {
             let name = voice.name.clone();
-            let entry = self.place(shared, state, voice).await?;
+            let entry = self.place(shared, state, voice)?;
             match &entry {
                 Ok(e) => info!(voice = %name, index = e.index, "voice loaded"),
                 Err(why) => warn!(voice = %name, reason = %why, "voice stored but not usable by this model"),
@@ -199,12 +200,13 @@ impl VoiceBook {
         Ok(())
     }
 
-    /// Hands `voice` to the model thread at the next free index; `Ok(Err(why))` when the model
-    /// refuses the voice itself (bad data), `Err` when the thread is gone.
-    async fn place(&self, shared: &Shared, state: &mut RefreshState, voice: VoicePrompt) -> Result<Result<BookEntry, String>, BookError> {
+    /// Hands `voice` to the model thread at the next free index (without waiting for it, nor for
+    /// its load: `ModelHandle::set_voice`); `Ok(Err(why))` when the model cannot use the voice
+    /// (bad data, checked against its manifest), `Err` when the thread is gone.
+    fn place(&self, shared: &Shared, state: &mut RefreshState, voice: VoicePrompt) -> Result<Result<BookEntry, String>, BookError> {
         let index = state.next_index;
         let prompt_tokens = voice.flow_tokens().len();
-        match shared.model.set_voice(index, voice).await {
+        match shared.model.set_voice(index, voice) {
             Ok(()) => {
                 state.next_index += 1;
                 Ok(Ok(BookEntry { index: index as i64, prompt_tokens }))

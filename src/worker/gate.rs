@@ -12,9 +12,12 @@
 //! GPU stall. Short batches (speech-token jobs, the reference model) keep one batch queued ahead:
 //! there the handover would show.
 //!
+//! The model's load counts as the first batch in flight ([`InferenceGate::loading`]): the intake
+//! and the frontend work while the model loads, and the first batch takes all they prepared.
+//!
 //! Neighbours: `intake` asks [`InferenceGate::is_idle`] before forming a batch and calls
-//! [`InferenceGate::sent`]; `infer` calls [`InferenceGate::finished`] when a batch's inference
-//! is over (or it was given back unstarted).
+//! [`InferenceGate::sent`]; `infer` calls [`InferenceGate::finished`] when the model is ready
+//! and when a batch's inference is over (or it was given back unstarted).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -28,6 +31,13 @@ pub struct InferenceGate {
 }
 
 impl InferenceGate {
+    /// A gate held until the model has loaded: the load counts as a batch in flight, which the
+    /// inference stage finishes once `ModelHandle::ready` resolves, so the first batch takes
+    /// every job prepared during the load.
+    pub fn loading() -> InferenceGate {
+        InferenceGate { in_flight: AtomicUsize::new(1), idle: Notify::new() }
+    }
+
     /// True when no batch is queued for or running in the inference stage.
     pub fn is_idle(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) == 0
@@ -86,5 +96,15 @@ mod tests {
         gate.finished();
         tokio::time::timeout(Duration::from_secs(1), waiter).await.expect("woken").expect("joined");
         assert!(gate.is_idle());
+    }
+
+    #[tokio::test]
+    async fn a_gate_held_for_the_load_opens_when_the_model_is_ready() {
+        let gate = InferenceGate::loading();
+        assert!(!gate.is_idle(), "no batch is formed while the model loads");
+        assert!(tokio::time::timeout(Duration::from_millis(50), gate.idled()).await.is_err());
+        gate.finished(); // the model is ready
+        assert!(gate.is_idle());
+        tokio::time::timeout(Duration::from_secs(1), gate.idled()).await.expect("the intake is woken");
     }
 }

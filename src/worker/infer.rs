@@ -84,12 +84,26 @@ impl Infer {
         outcomes: mpsc::UnboundedSender<BatchOutcome>,
         returns: mpsc::UnboundedSender<Received>,
     ) {
+        // The worker starts while the model loads (`ModelHandle::start`): no batch is claimed
+        // before it is ready; a failed load stops the worker, and every batch goes back unstarted,
+        // as it does when the worker is stopped during the load (no waiting for it).
+        let loaded = tokio::select! {
+            ready = self.model.ready() => match ready {
+                Ok(()) => true,
+                Err(e) => {
+                    self.settler.retry.fatal.raise("the model", &e);
+                    false
+                }
+            },
+            _ = self.stop.cancelled() => false,
+        };
+        self.gate_finished();
         while let Some(Assembled { flush, predicted_peak }) = rx.recv().await {
             let batch_id = Uuid::new_v4();
             let reason = flush.reason.as_str();
             let oldest = flush.items.iter().map(|p| p.arrived).min().unwrap_or_else(Instant::now);
             let items: Vec<Received> = flush.items.into_iter().map(|p| p.item).collect();
-            if self.stop.is_cancelled() {
+            if self.stop.is_cancelled() || !loaded {
                 // Not started: back to the queue.
                 self.settler.outbox.give_back(items.into_iter().map(|r| r.delivery).collect()).await;
                 self.gate_finished();
@@ -147,7 +161,7 @@ impl Infer {
             s.begin();
         }
         let infer_started = Instant::now();
-        let run = synthesize_splitting(&self.model, to_run, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice, text: r.text.clone() }).await;
+        let run = synthesize_splitting(&self.model, to_run, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice, text: r.text.clone(), speed: r.job.speed }).await;
         let infer_elapsed = infer_started.elapsed();
         let gpu = match &self.sampler {
             Some(s) => Some(s.end().await),
@@ -312,7 +326,7 @@ pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_i
                     add_stages(&mut *stages.lock().await, &out.stages);
                     Ok(out.audio)
                 }
-                Err(ModelError::ThreadGone) => Err(AttemptError::Fatal("the inference thread is gone".into())),
+                Err(e @ (ModelError::ThreadGone | ModelError::NotLoaded(_))) => Err(AttemptError::Fatal(error_chain(&e))),
                 Err(e) if e.is_oom() => Err(AttemptError::OutOfMemory(error_chain(&e))),
                 Err(e) => Err(AttemptError::Failed(error_chain(&e))),
             }

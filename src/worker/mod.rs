@@ -268,7 +268,8 @@ pub async fn run(
 
     let (batch_tx, batch_rx) = mpsc::channel(1);
     // Text models form each batch when the inference stage is idle (gate.rs says why).
-    let gate = frontend.is_some().then(|| Arc::new(gate::InferenceGate::default()));
+    // The model may still be loading (`ModelHandle::start`): the gate is held until it is ready.
+    let gate = frontend.is_some().then(|| Arc::new(gate::InferenceGate::loading()));
     let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
     let (return_tx, return_rx) = mpsc::unbounded_channel();
     let (post_tx, post_rx) = mpsc::channel(1);

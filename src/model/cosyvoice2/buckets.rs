@@ -15,6 +15,15 @@ pub(super) struct Ready {
     pub segment: usize,
     pub tokens: Vec<i64>,
     pub voice: i64,
+    /// Its job's `speed` (`None`: 1).
+    pub speed: Option<f64>,
+}
+
+impl Ready {
+    /// Its length as buckets count it (`stretched_len`: a slow speed lengthens the vocoder's work).
+    pub fn len(&self) -> usize {
+        super::stretched_len(self.tokens.len(), self.speed)
+    }
 }
 
 /// How full a text batch's token2wav buckets were (logged per batch: `token2wav buckets`).
@@ -77,8 +86,8 @@ pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max
     if ready.is_empty() {
         return None;
     }
-    ready.sort_by_key(|r| std::cmp::Reverse(r.tokens.len()));
-    let lengths: Vec<usize> = ready.iter().map(|r| r.tokens.len()).collect();
+    ready.sort_by_key(|r| std::cmp::Reverse(r.len()));
+    let lengths: Vec<usize> = ready.iter().map(Ready::len).collect();
     // How many segments from `start` one bucket admits (at least one: a lone segment that does
     // not fit is the worker's to split). The admission rule is monotone in size: bisect.
     let admitted = |start: usize| -> usize {
@@ -197,7 +206,7 @@ mod tests {
     }
 
     fn waiting(lengths: impl IntoIterator<Item = usize>) -> Vec<Ready> {
-        lengths.into_iter().enumerate().map(|(i, n)| Ready { item: i, segment: 0, tokens: vec![1; n], voice: 0 }).collect()
+        lengths.into_iter().enumerate().map(|(i, n)| Ready { item: i, segment: 0, tokens: vec![1; n], voice: 0, speed: None }).collect()
     }
 
     #[test]

@@ -31,9 +31,8 @@ fn rel_positions(t: i64, d: i64, device: tch::Device) -> R<Tensor> {
 }
 
 struct RelSelfAttention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// `linear_q`, `linear_k` and `linear_v` as one projection.
+    qkv: Linear,
     out: Linear,
     pos: Linear,
     bias_u: Tensor,
@@ -45,9 +44,7 @@ impl RelSelfAttention {
     fn new(w: &Weights, p: &str, heads: i64) -> Self {
         let dk = D / heads;
         RelSelfAttention {
-            q: Linear::new(w, &format!("{p}.linear_q"), D, D, true),
-            k: Linear::new(w, &format!("{p}.linear_k"), D, D, true),
-            v: Linear::new(w, &format!("{p}.linear_v"), D, D, true),
+            qkv: Linear::fused(w, &[&format!("{p}.linear_q"), &format!("{p}.linear_k"), &format!("{p}.linear_v")], D, D, true),
             out: Linear::new(w, &format!("{p}.linear_out"), D, D, true),
             pos: Linear::new(w, &format!("{p}.linear_pos"), D, D, false),
             bias_u: w.get(&format!("{p}.pos_bias_u"), &[heads, dk]),
@@ -60,27 +57,35 @@ impl RelSelfAttention {
     fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> R<Tensor> {
         let (b, t, _) = x.size3()?;
         let (h, dk) = (self.heads, D / self.heads);
-        let q = self.q.forward(x)?.f_view([b, t, h, dk])?;
-        let k = self.k.forward(x)?.f_view([b, t, h, dk])?.f_transpose(1, 2)?;
-        let v = self.v.forward(x)?.f_view([b, t, h, dk])?.f_transpose(1, 2)?;
+        let qkv = self.qkv.forward(x)?.f_view([b, t, 3, h, dk])?;
+        let q = qkv.f_select(2, 0)?;
+        let k = qkv.f_select(2, 1)?.f_transpose(1, 2)?;
+        let v = qkv.f_select(2, 2)?.f_transpose(1, 2)?;
         let p = self.pos.forward(pos)?.f_view([1, -1, h, dk])?.f_transpose(1, 2)?;
         let q_u = q.f_add(&self.bias_u)?.f_transpose(1, 2)?;
         let q_v = q.f_add(&self.bias_v)?.f_transpose(1, 2)?;
-        let ac = q_u.f_matmul(&k.f_transpose(-2, -1)?)?;
+        // softmax((q_u·kᵀ + shift(q_v·pᵀ)) / √dk) over valid keys: the position term, scaled and
+        // with padded keys at −∞, is SDPA's additive mask (one fused kernel on CUDA instead of the
+        // reference's scores, sum, scaling, masking and float softmax, each a pass over B·H·T²).
+        // Every query has a valid key (its own item's), so no row is all −∞.
         let bd = rel_shift(&q_v.f_matmul(&p.f_transpose(-2, -1)?)?)?;
-        let scores = ac.f_add(&bd)?.f_div_scalar((dk as f64).sqrt())?;
-        let attn = scores.f_masked_fill(key_pad, f64::NEG_INFINITY)?.f_softmax(-1, None::<Kind>)?.f_masked_fill(key_pad, 0.0)?;
-        let ctx = attn.f_matmul(&v)?.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, h * dk])?;
+        let bias = bd.f_div_scalar((dk as f64).sqrt())?.f_masked_fill(key_pad, f64::NEG_INFINITY)?;
+        let ctx = Tensor::f_scaled_dot_product_attention(&q_u, &k, &v, Some(&bias), 0.0, false, None, false)?;
+        let ctx = ctx.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, h * dk])?;
         self.out.forward(&ctx)
     }
 }
 
-/// Transformer-XL's shift: `[B, H, T, 2T−1]` scores by relative position → `[B, H, T, T]` by key.
+/// Transformer-XL's shift: `[B, H, T, 2T−1]` scores by relative position → `[B, H, T, T]` by key,
+/// as a view (the reference pads a zero column and copies twice). Query `i`'s score for key `j`
+/// is at relative index `T − 1 − i + j`, i.e. at flat offset `(T − 1) + i·(2T − 2) + j` of each
+/// head's row-major scores: rows `2T − 2` apart, starting at `T − 1`.
 fn rel_shift(x: &Tensor) -> R<Tensor> {
-    let (b, h, t1, n) = x.size4()?;
-    let zero = Tensor::f_zeros([b, h, t1, 1], (x.kind(), x.device()))?;
-    let padded = Tensor::f_cat(&[zero, x.shallow_clone()], -1)?.f_view([b, h, n + 1, t1])?;
-    padded.f_narrow(2, 1, n)?.f_reshape([b, h, t1, n])?.f_narrow(3, 0, n / 2 + 1)
+    let (b, h, t, n) = x.size4()?;
+    if t == 1 {
+        return Ok(x.shallow_clone());
+    }
+    x.f_contiguous()?.f_view([b, h, t * n])?.f_narrow(2, t - 1, t * (n - 1))?.f_view([b, h, t, n - 1])?.f_narrow(3, 0, t)
 }
 
 struct EncoderLayer {
@@ -174,5 +179,28 @@ impl Encoder {
             x = layer.forward(&x, &key_pad, &pos)?;
         }
         self.after_norm.forward(&x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference's shift: a zero column padded in front, rows re-cut, the left half kept.
+    fn padded_shift(x: &Tensor) -> Tensor {
+        let (b, h, t, n) = x.size4().unwrap();
+        let zero = Tensor::zeros([b, h, t, 1], (x.kind(), x.device()));
+        let padded = Tensor::cat(&[zero, x.shallow_clone()], -1).view([b, h, n + 1, t]);
+        padded.narrow(2, 1, n).reshape([b, h, t, n]).narrow(3, 0, n / 2 + 1)
+    }
+
+    #[test]
+    fn the_relative_shift_as_a_view_gives_the_padded_shifts_scores() {
+        for t in [1, 2, 3, 7, 50] {
+            let x = Tensor::randn([2, 3, t, 2 * t - 1], (Kind::Float, tch::Device::Cpu));
+            let shifted = rel_shift(&x).unwrap();
+            assert_eq!(shifted.size(), [2, 3, t, t]);
+            assert!(shifted.equal(&padded_shift(&x)), "t = {t}");
+        }
     }
 }

@@ -99,7 +99,7 @@ impl TransformerBlock {
         let inner = heads * head_dim;
         TransformerBlock {
             norm1: LayerNorm::new(w, &format!("{p}.norm1"), dim, 1e-5),
-            to_qkv: Linear::fused(w, &[&format!("{p}.attn1.to_q"), &format!("{p}.attn1.to_k"), &format!("{p}.attn1.to_v")], dim, inner),
+            to_qkv: Linear::fused(w, &[&format!("{p}.attn1.to_q"), &format!("{p}.attn1.to_k"), &format!("{p}.attn1.to_v")], dim, inner, false),
             inner,
             to_out: Linear::new(w, &format!("{p}.attn1.to_out.0"), inner, dim, true),
             norm3: LayerNorm::new(w, &format!("{p}.norm3"), dim, 1e-5),

@@ -23,11 +23,11 @@ impl Linear {
             b: bias.then(|| w.get(&format!("{prefix}.bias"), &[output])),
         }
     }
-    /// Bias-free projections of one input `prefixes` as one (their outputs side by side, in
-    /// order): one matmul instead of several.
-    pub fn fused(w: &Weights, prefixes: &[&str], input: i64, output: i64) -> Linear {
-        let names: Vec<String> = prefixes.iter().map(|p| format!("{p}.weight")).collect();
-        Linear { w: w.get_concatenated(&names, &[output, input]), b: None }
+    /// Projections of one input `prefixes` as one (their outputs side by side, in order, each
+    /// `output` wide, with its bias when `bias`): one matmul instead of several.
+    pub fn fused(w: &Weights, prefixes: &[&str], input: i64, output: i64, bias: bool) -> Linear {
+        let names = |what: &str| -> Vec<String> { prefixes.iter().map(|p| format!("{p}.{what}")).collect() };
+        Linear { w: w.get_concatenated(&names("weight"), &[output, input]), b: bias.then(|| w.get_concatenated(&names("bias"), &[output])) }
     }
     pub fn forward(&self, x: &Tensor) -> R<Tensor> {
         x.f_linear(&self.w, self.b.as_ref())

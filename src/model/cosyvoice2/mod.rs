@@ -64,11 +64,8 @@ impl Voice {
     /// `prompt`'s tensors on `device`, after checking its shapes and that its flow prompt tokens
     /// are inside `0..vocab`; `Err` says what is wrong.
     pub fn new(prompt: &VoicePrompt, device: tch::Device, vocab: i64) -> Result<Voice, String> {
-        prompt.check()?;
+        check_flow_prompt(prompt, vocab)?;
         let flow = prompt.flow_tokens();
-        if let Some(bad) = flow.iter().find(|t| !(0..vocab).contains(*t)) {
-            return Err(format!("voice {}: prompt token {bad} outside 0..{vocab}", prompt.name));
-        }
         let tensor = |v: &[f32], shape: &[i64]| Tensor::from_slice(v).reshape(shape).to_device(device);
         Ok(Voice {
             name: prompt.name.clone(),
@@ -78,6 +75,48 @@ impl Voice {
             llm_prompt_tokens: prompt.speech_tokens.clone(),
             prompt_text: prompt.prompt_text_tokens.clone(),
         })
+    }
+}
+
+/// `mel` (`[80, frames]`) spoken at `speed`, as upstream's `token2wav` does it (non-streaming):
+/// linearly interpolated (`F.interpolate(mode="linear")`, corners not aligned) to
+/// `⌊frames / speed⌋` frames, in float. Speed 1 (or `None`) leaves it as it is.
+pub fn at_speed(mel: Tensor, speed: Option<f64>) -> Result<Tensor, tch::TchError> {
+    let Some(speed) = speed.filter(|s| *s != 1.0) else { return Ok(mel) };
+    let frames = mel.size().get(1).copied().unwrap_or(0);
+    let to = ((frames as f64 / speed).floor() as i64).max(1);
+    mel.f_to_kind(Kind::Float)?.f_unsqueeze(0)?.f_upsample_linear1d([to], false, None)?.f_squeeze_dim(0)
+}
+
+/// `tokens` speech tokens as batch sizing counts them at `speed`: stretched by a speed under 1,
+/// since the vocoder then runs on `2 · tokens / speed` frames (the flow on the tokens' own).
+pub fn stretched_len(tokens: usize, speed: Option<f64>) -> usize {
+    match speed {
+        Some(s) if s < 1.0 && s > 0.0 => (tokens as f64 / s).ceil() as usize,
+        _ => tokens,
+    }
+}
+
+/// `prompt`'s shapes and values, and its flow prompt tokens inside `0..vocab`.
+fn check_flow_prompt(prompt: &VoicePrompt, vocab: i64) -> Result<(), String> {
+    prompt.check()?;
+    match prompt.flow_tokens().iter().find(|t| !(0..vocab).contains(*t)) {
+        Some(bad) => Err(format!("voice {}: prompt token {bad} outside 0..{vocab}", prompt.name)),
+        None => Ok(()),
+    }
+}
+
+/// Whether the model `manifest` describes can use `prompt` (`Err` says why): what its thread's
+/// `set_voice` checks, decided from the manifest alone, so a worker's voice book can answer
+/// before the model has loaded (`ModelHandle::set_voice`).
+pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), String> {
+    let Some(dims) = manifest.cosyvoice2.as_ref().filter(|_| manifest.kind.has_prompt_voices()) else {
+        return Err(format!("a {} model's voices are fixed by its directory", manifest.kind.as_str()));
+    };
+    check_flow_prompt(prompt, dims.vocab_size)?;
+    match (manifest.kind, &dims.llm) {
+        (super::ModelKind::Cosyvoice2, Some(llm)) => tts::fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, llm),
+        _ => Ok(()),
     }
 }
 
@@ -301,6 +340,9 @@ impl Token2Wav {
             if let Some(bad) = item.tokens.iter().find(|t| !(0..vocab).contains(*t)) {
                 return Err(ModelError::BadInput(format!("speech token {bad} outside 0..{vocab}")));
             }
+            if let Some(speed) = item.speed.filter(|s| !(crate::job::MIN_SPEED..=crate::job::MAX_SPEED).contains(s)) {
+                return Err(ModelError::BadInput(format!("speed {speed} outside {}-{}", crate::job::MIN_SPEED, crate::job::MAX_SPEED)));
+            }
         }
         Ok(())
     }
@@ -329,6 +371,8 @@ impl Token2Wav {
             sync();
             Ok((mels, t1, t0.elapsed()))
         })?;
+        // Each item at its speed, as upstream stretches the mel between the flow and the vocoder.
+        let mels = mels.into_iter().zip(items).map(|(m, item)| at_speed(m, item.speed)).collect::<Result<Vec<_>, _>>().map_err(failed)?;
         let frames: Vec<i64> = mels.iter().map(|m| m.size().get(1).copied().unwrap_or(0)).collect();
         let t_max = frames.iter().copied().max().unwrap_or(1);
         let wav = self.in_vocoder_precision(|hift| {
@@ -408,4 +452,43 @@ impl Synthesizer for Token2Wav {
 
 fn idle_work() -> StageTime {
     StageTime::idle(Stage::Token2Wav)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mel_at_speed_is_torchs_linear_interpolation_to_frames_over_speed() {
+        // F.interpolate(mel[None], size=int(7 / speed), mode="linear")[0][3] in torch 2.11 (the
+        // reference's `token2wav`), for mel[c][t] = sin(0.1·c + 0.7·t).
+        let values: Vec<f32> = (0..80).flat_map(|c| (0..7).map(move |t| (c as f32 * 0.1 + t as f32 * 0.7).sin())).collect();
+        let mel = Tensor::from_slice(&values).reshape([80, 7]);
+        let reference: [(f64, &[f32]); 5] = [
+            (0.5, &[0.29552, 0.432008, 0.704983, 0.879019, 0.954116, 0.912614, 0.754514, 0.516993, 0.200051, -0.121779, -0.448498, -0.703276, -0.886112, -0.97753]),
+            (0.8, &[0.29552, 0.739105, 0.944729, 0.813801, 0.39814, -0.162619, -0.680421, -0.97753]),
+            (1.1, &[0.341016, 0.879019, 0.859914, 0.305698, -0.448498, -0.947057]),
+            (1.5, &[0.500252, 0.95214, 0.120816, -0.840403]),
+            (2.0, &[0.659487, 0.675463, -0.733748]),
+        ];
+        for (speed, want) in reference {
+            let got = at_speed(mel.shallow_clone(), Some(speed)).unwrap();
+            assert_eq!(got.size(), [80, want.len() as i64], "speed {speed}: ⌊7 / speed⌋ frames");
+            let row = Vec::<f32>::try_from(got.get(3)).unwrap();
+            for (g, w) in row.iter().zip(want) {
+                assert!((g - w).abs() < 1e-5, "speed {speed}: {row:?} vs {want:?}");
+            }
+        }
+        assert_eq!(Vec::<f32>::try_from(at_speed(mel.shallow_clone(), Some(1.0)).unwrap().reshape([-1])).unwrap(), values, "speed 1: as it is");
+        assert_eq!(at_speed(mel, None).unwrap().size(), [80, 7]);
+    }
+
+    #[test]
+    fn a_slow_speed_stretches_the_length_batches_are_sized_by() {
+        assert_eq!(stretched_len(100, None), 100);
+        assert_eq!(stretched_len(100, Some(1.0)), 100);
+        assert_eq!(stretched_len(100, Some(2.0)), 100, "faster: the flow still runs on every token");
+        assert_eq!(stretched_len(100, Some(0.5)), 200);
+        assert_eq!(stretched_len(100, Some(0.8)), 125);
+    }
 }

@@ -154,13 +154,23 @@ impl TextToSpeech {
         if known as i64 > dims.vocab {
             return Err(err(format!("tokenizer.json knows {known} ids, the LLM's embedding has {} rows: not this model's tokenizer", dims.vocab)));
         }
+        // Where a load's seconds go (the worker consumes meanwhile, but the GPU waits for it).
+        let started = std::time::Instant::now();
         let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
         for voice in token2wav.voices() {
             fits_llm(&voice.name, &voice.llm_prompt_tokens, &voice.prompt_text, &dims).map_err(err)?;
         }
+        let token2wav_s = started.elapsed().as_secs_f64();
         let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
+        let llm_s = started.elapsed().as_secs_f64() - token2wav_s;
         let positions = crate::sizing::llm::max_positions(&plan.llm, &dims);
         let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;
+        tracing::info!(
+            token2wav_s = format!("{token2wav_s:.2}"),
+            llm_s = format!("{llm_s:.2}"),
+            kv_cache_s = format!("{:.2}", started.elapsed().as_secs_f64() - token2wav_s - llm_s),
+            "weights loaded"
+        );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
         let mut tts = TextToSpeech {
             token2wav,
@@ -201,7 +211,7 @@ impl TextToSpeech {
             speech_estimate: vec![WARM_UP_SPEECH_TOKENS],
             forced: true,
         };
-        let item = SynthItem { tokens: Vec::new(), voice: 0, text: Some(std::sync::Arc::new(input)) };
+        let item = SynthItem { tokens: Vec::new(), voice: 0, text: Some(std::sync::Arc::new(input)), speed: None };
         let out = self.synthesize_text(std::slice::from_ref(&item));
         let _ = self.take_stages();
         match out?.pop() {
@@ -237,21 +247,20 @@ impl TextToSpeech {
                 },
                 None => {
                     pieces[i] = vec![None];
-                    ready.push(Ready { item: i, segment: 0, tokens: item.tokens.clone(), voice: item.voice });
+                    ready.push(Ready { item: i, segment: 0, tokens: item.tokens.clone(), voice: item.voice, speed: item.speed });
                 }
             }
         }
         let started = Instant::now();
         let t2w_before = self.token2wav.work_seconds();
         let decoder_before = self.decoder.stats().clone();
-        let voices = items.iter().map(|i| i.voice).collect::<Vec<_>>();
         let mut stats = BucketStats::default();
         // Each bucket's waveforms are cut into its segments' audio on a thread of their own, while
         // the GPU runs on (≈ 0.1 s of host work per bucket of 128 on the H200, 2026-12-04).
         let (cut_tx, cut_rx) = std::sync::mpsc::channel::<(Vec<(usize, usize)>, HostWaves)>();
         let cut = std::thread::scope(|scope| -> Result<Vec<(usize, usize, Vec<f32>)>, ModelError> {
             let cutter = scope.spawn(move || cut_segments(cut_rx));
-            let ran = self.decode_and_vocode(&requests, &owners, &voices, &mut failed, &mut ready, &cut_tx, &mut stats);
+            let ran = self.decode_and_vocode(&requests, &owners, items, &mut failed, &mut ready, &cut_tx, &mut stats);
             // The cutter ends once the last bucket's waveforms are cut.
             drop(cut_tx);
             let cut = cutter.join();
@@ -307,7 +316,7 @@ impl TextToSpeech {
         &mut self,
         requests: &[LmRequest],
         owners: &[(usize, usize)],
-        voices: &[i64],
+        items: &[SynthItem],
         failed: &mut [Option<TextJobError>],
         ready: &mut Vec<Ready>,
         cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
@@ -331,7 +340,7 @@ impl TextToSpeech {
                     Ok(o) if o.tokens.is_empty() => failed[i] = Some(TextJobError::NoSpeech { segment }),
                     Ok(o) => {
                         llm_work.tokens += o.tokens.len() as u64;
-                        ready.push(Ready { item: i, segment, tokens: o.tokens, voice: voices[i] });
+                        ready.push(Ready { item: i, segment, tokens: o.tokens, voice: items[i].voice, speed: items[i].speed });
                     }
                 }
                 // Between LLM steps: a full token2wav bucket runs now.
@@ -370,7 +379,7 @@ const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
 
 /// Whether a voice's LLM prompt (speech tokens, text ids) fits the LLM's tables; `Err` says why not.
-fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims) -> Result<(), String> {
+pub(super) fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims) -> Result<(), String> {
     if let Some(bad) = speech.iter().find(|t| !(0..dims.speech_tokens).contains(*t)) {
         return Err(format!("voice {name}: LLM prompt token {bad} outside 0..{}", dims.speech_tokens));
     }
@@ -413,7 +422,7 @@ fn run_bucket(
     if batch.is_empty() {
         return Ok(());
     }
-    let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem::tokens(r.tokens.clone(), r.voice)).collect();
+    let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem { speed: r.speed, ..SynthItem::tokens(r.tokens.clone(), r.voice) }).collect();
     let started = std::time::Instant::now();
     match token2wav.run_to_host(&items, None) {
         Ok((_mels, waves)) => {
