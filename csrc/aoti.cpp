@@ -17,9 +17,15 @@ extern "C" {
 
 // Loads the package at `path` for CUDA device `device_index` (-1: the package's own device, e.g.
 // CPU). On success *out is the handle.
+// Single-threaded runs (one thread, the model's, calls a package): the container's thread-safe run
+// records a CUDA event after each call and, with one model instance, waits on the previous call's
+// event before it launches the next (cudaEventSynchronize: the host cannot queue a call while the
+// GPU runs the last) — and an event recorded inside a CUDA graph capture breaks every later call
+// (cudaErrorCapturedEvent). The single-threaded run launches the kernels and nothing else.
 int voxbatch_aoti_load(const char* path, int device_index, void** out, char* err, size_t err_len) {
   return guarded([&] {
-    *out = new AOTIModelPackageLoader(std::string(path), "model", false, 1, static_cast<c10::DeviceIndex>(device_index));
+    *out = new AOTIModelPackageLoader(std::string(path), "model", /* run_single_threaded = */ true, 1,
+                                      static_cast<c10::DeviceIndex>(device_index));
   }, err, err_len);
 }
 

@@ -353,6 +353,13 @@ pub enum BenchCommand {
         /// profiler: time by kernel category and the longest kernels (on a GPU; operators on a CPU).
         #[arg(long)]
         profile: bool,
+        /// Replay small batches' compiled flow steps as CUDA graphs, keeping at most this many
+        /// (`[model] flow_graphs`; 0: none, the default here).
+        #[arg(long, default_value_t = 0)]
+        flow_graphs: usize,
+        /// The largest flow step captured as a graph: rows × mel frames (`[model] flow_graph_max_frames`).
+        #[arg(long, default_value_t = 32_768)]
+        flow_graph_max_frames: i64,
         /// Where results go.
         #[arg(long, default_value = "bench/results")]
         out: PathBuf,

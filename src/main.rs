@@ -339,7 +339,20 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
             println!("{}", voxbatch::bench::sweetspot::markdown(&report));
             print_written(&paths);
         }
-        Some(BenchCommand::Token2wav { model, device, precisions, vocoders, batches, utterance_seconds, repeats, cudnn_benchmark, profile, out }) => {
+        Some(BenchCommand::Token2wav {
+            model,
+            device,
+            precisions,
+            vocoders,
+            batches,
+            utterance_seconds,
+            repeats,
+            cudnn_benchmark,
+            profile,
+            flow_graphs,
+            flow_graph_max_frames,
+            out,
+        }) => {
             let opts = voxbatch::bench::token2wav::Token2WavBenchOptions {
                 model_dir: model,
                 device: device.parse().context("--device")?,
@@ -350,6 +363,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
                 repeats: repeats.max(1),
                 cudnn_benchmark,
                 profile,
+                flow_graphs: voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings { graphs: flow_graphs, max_frames: flow_graph_max_frames.max(1) },
                 seed: 7,
             };
             let (report, paths) = commands::bench_token2wav(opts, &out, |p| {

@@ -56,7 +56,7 @@ async fn the_sweet_spot_bench_runs_every_step_and_writes_its_report() {
 
 #[tokio::test]
 async fn the_policy_bench_compares_the_policy_with_fixed_sizes_without_losing_jobs() {
-    let model = voxbatch::model::ModelHandle::load(&common::model_dir(), Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, text: None }).await.unwrap();
+    let model = voxbatch::model::ModelHandle::load(&common::model_dir(), Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, ..Default::default() }).await.unwrap();
     let m = voxbatch::batch::memory::MemoryModel { m0: 1e8, a: 4.0 * 512.0 * 240.0, b: 0.0 };
     let admission = voxbatch::batch::memory::MemoryBudget::new(m, 6, 2e9, 1 << 20, Default::default());
     let opts = voxbatch::bench::policy::PolicyBenchOptions {
@@ -93,10 +93,14 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
         repeats: 1,
         cudnn_benchmark: false,
         profile: true,
+        // Asked for, but a CPU never captures one: the report says so.
+        flow_graphs: voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings { graphs: 4, max_frames: 32_768 },
         seed: 7,
     };
     let report = run(&opts, |_| {}).unwrap();
     assert_eq!(report.tokens_per_utterance, 10);
+    let graphs = report.flow_graph_stats.expect("graphs were asked for");
+    assert_eq!((graphs.captured, graphs.replays), (0, 0), "no CUDA graph on a CPU");
     assert_eq!(report.points.len(), 4, "bf16 flow with each vocoder at batch 1 and 2 (true fp32 only as the quality reference)");
     for p in &report.points {
         assert!(p.error.is_none(), "{:?}", p.error);

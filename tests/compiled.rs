@@ -188,3 +188,46 @@ fn on_a_gpu_each_compiled_stage_gives_the_eager_ports_output_at_the_same_precisi
     eprintln!("COMPILED vocoder body (tf32) vs eager: SNR {wav_snr:.1} dB");
     assert!(est_snr >= GPU_STAGE_SNR_DB && wav_snr >= GPU_STAGE_SNR_DB, "estimator {est_snr:.1} dB, vocoder {wav_snr:.1} dB: below {GPU_STAGE_SNR_DB} dB");
 }
+
+/// Small batches' flow steps replayed as CUDA graphs (`[model] flow_graphs`) on a GPU: the mel of
+/// each batch as the package gives it called step by step, a shape met again replays the graph it
+/// captured, and past the graphs allowed the least recently used goes. Needs the tiny model's
+/// packages compiled on that GPU (scripts/device/parity-gpu.sh runs it).
+#[test]
+#[ignore = "needs a GPU and packages compiled there: scripts/device/parity-gpu.sh"]
+fn on_a_gpu_small_batches_flow_steps_replay_as_graphs_and_give_the_packages_mel() {
+    use voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings;
+    use voxbatch::model::cosyvoice2::hift::SourceDraws;
+    let device: Device = std::env::var("VOXBATCH_TEST_DEVICE").expect("VOXBATCH_TEST_DEVICE=cuda:N").parse().unwrap();
+    let dir = repo_path("models/cosyvoice2-tiny-compiled-gpu");
+    let load = || Token2Wav::load(&dir, Manifest::load(&dir).unwrap(), device, Precision::Bf16).unwrap();
+    let mut plain = load();
+    let mut graphed = load();
+    assert!(graphed.flow.is_compiled(), "the estimator package of this GPU's key in {}", dir.display());
+    graphed.flow.set_graphs(FlowGraphSettings { graphs: 2, max_frames: 1 << 20 }, device);
+    let tokens = |n: i64, k: i64| (0..n).map(|t| (t * k) % 64).collect::<Vec<i64>>();
+    let a = vec![SynthItem::tokens(tokens(23, 1), 1), SynthItem::tokens(tokens(11, 3), 0)];
+    let b = vec![SynthItem::tokens(tokens(40, 7), 0)];
+    let c = vec![SynthItem::tokens(tokens(9, 5), 1), SynthItem::tokens(tokens(30, 2), 0), SynthItem::tokens(tokens(17, 11), 1)];
+    let mut replays_per_batch = None;
+    // (batch, graphs captured after it, evicted after it)
+    for (name, items, captured, evicted) in [("a", &a, 1, 0), ("b", &b, 2, 0), ("a again", &a, 2, 0), ("c", &c, 3, 1)] {
+        let draws = SourceDraws::random(items.len() as i64, 46 * 2 * 480, tch::Device::Cpu).unwrap();
+        let before = graphed.flow.graph_stats();
+        let (out_p, out_g) = (plain.run(items, Some(&draws)).unwrap(), graphed.run(items, Some(&draws)).unwrap());
+        let after = graphed.flow.graph_stats();
+        assert_eq!((after.captured, after.evicted), (captured, evicted), "batch {name}: {after:?}");
+        let replays = after.replays - before.replays;
+        assert_eq!(*replays_per_batch.get_or_insert(replays), replays, "batch {name}: every step replayed");
+        assert!(replays > 0);
+        for ((mel_p, _), (mel_g, _)) in out_p.iter().zip(&out_g) {
+            let snr = snr_db(mel_g, mel_p);
+            eprintln!("COMPILED flow step graphs, batch {name}: mel SNR {snr:.1} dB against the package called step by step");
+            assert!(snr >= GRAPH_SNR_DB, "batch {name}: {snr:.1} dB");
+        }
+    }
+}
+
+/// The same kernels on the same shapes: a replay may differ from the calls it captured only where
+/// a library picks another algorithm under capture.
+const GRAPH_SNR_DB: f64 = 60.0;

@@ -21,7 +21,9 @@
 # A fresh machine has neither model: compile and
 # bench in one call. EAGER_ATTENTION ("packed flash": also the eager model with each of these
 # flow_attention values; PACKED=1 means packed), CUDNN_BENCHMARK (set: the compiled directory again
-# with `--cudnn-benchmark`).
+# with `--cudnn-benchmark`), FLOW_GRAPHS (N: the compiled directory again with `--flow-graphs N`, small
+# batches' flow steps replayed as CUDA graphs — measure it with short utterances, e.g.
+# UTTERANCE_SECONDS=2 BATCHES=8,32,128), UTTERANCE_SECONDS (10).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
@@ -70,14 +72,17 @@ for a in $EAGER_ATTENTION; do
 done
 # CUDNN_BENCHMARK=1: the compiled directory once more with cuDNN's per-shape algorithm search.
 [ -n "${CUDNN_BENCHMARK:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:cudnn-benchmark"
+# FLOW_GRAPHS=N: and once more with small batches' flow steps as CUDA graphs.
+[ -n "${FLOW_GRAPHS:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:flow-graphs"
 for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
   d=${entry%%:*}; flag=; name=$(basename "$d")
   [ "$entry" != "$d" ] && { flag=--${entry#*:}; name=$name-${entry#*:}; }
+  [ "$flag" = --flow-graphs ] && flag="--flow-graphs $FLOW_GRAPHS"
   log "bench token2wav: $name"
   # The whole output is kept (a failure's message and whatever the process printed before an
   # abort); the console gets the summary lines.
   RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
-    --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
+    --utterance-seconds "${UTTERANCE_SECONDS:-10}" --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
   rc=$?
   grep -E "audio-s/s|compiled|eager|failed|^\| " "$OUT/$name.full.log" | tee "$OUT/$name.log"
   [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/$name.full.log"; }

@@ -17,8 +17,10 @@
 # compiled-bench.sh leaves on a warm machine) exists, the e2e stage links it into the model: the
 # token2wav weights are the same seeded build, and a worker uses a package only if its weights
 # digest matches (batches.kernels and the worker log say which ran). COMPILED=none: eager.
+# FLOW_GRAPHS ([model] flow_graphs, default config's 16; 0: none): small token2wav buckets' compiled
+# flow steps replayed as CUDA graphs (the summary's token2wav_buckets.graph_* say how many).
 # Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
-# COMPILED, FLOW_ATTENTION (padded | packed | flash), PY.
+# COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -79,6 +81,7 @@ xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
 export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MODEL__DIR="$M/model"
 export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
+[ -n "${FLOW_GRAPHS:-}" ] && export VOXBATCH_MODEL__FLOW_GRAPHS="$FLOW_GRAPHS"
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
@@ -144,13 +147,15 @@ summary = {
 }
 # token2wav buckets, from the worker log's per-batch lines (tts.rs): how full they were.
 import re
-buckets = {"text_batches": 0, "buckets": 0, "segments": 0, "tokens": 0, "padded_tokens": 0}
+buckets = {"text_batches": 0, "buckets": 0, "segments": 0, "tokens": 0, "padded_tokens": 0,
+           "graph_steps": 0, "graphs_captured": 0, "graph_capture_ms": 0}
 for line in open(f"{out}/worker.log", errors="replace"):
     if "token2wav buckets" not in line:
         continue
     fields = dict(re.findall(r"(\w+)=(\d+)", line))
     buckets["text_batches"] += 1
-    for k in ("buckets", "segments", "tokens", "padded_tokens"):
+    # graph_*: small buckets' flow steps replayed as CUDA graphs ([model] flow_graphs).
+    for k in ("buckets", "segments", "tokens", "padded_tokens", "graph_steps", "graphs_captured", "graph_capture_ms"):
         buckets[k] += int(fields.get(k, 0))
 if buckets["buckets"]:
     buckets["mean_bucket_size"] = buckets["segments"] / buckets["buckets"]

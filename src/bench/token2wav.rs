@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::bench::quality::{log_spectral_distance, snr_db};
 use crate::model::cosyvoice2::hift::{SourceDraws, SAMPLES_PER_FRAME};
+use crate::model::cosyvoice2::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use crate::model::cosyvoice2::Token2Wav;
 use crate::model::memory::MemoryProbe;
 use crate::model::{Device, Manifest, ModelError, Precision, SynthItem};
@@ -35,6 +36,8 @@ pub struct Token2WavBenchOptions {
     /// After the first measured setting's sweep: one run of its largest batch under the
     /// profiler, its kernels by time ([`KernelProfile`]).
     pub profile: bool,
+    /// Small batches' compiled flow steps as CUDA graphs (`[model] flow_graphs`).
+    pub flow_graphs: FlowGraphSettings,
     pub seed: u64,
 }
 
@@ -77,6 +80,11 @@ pub struct Token2WavReport {
     pub tokens_per_utterance: usize,
     pub repeats: usize,
     pub cudnn_benchmark: bool,
+    /// Step graphs kept at most (0: none) and the largest step captured (rows × frames).
+    pub flow_graphs: usize,
+    pub flow_graph_max_frames: i64,
+    /// What the graphs did over the whole run (captured, replays, capture seconds).
+    pub flow_graph_stats: Option<FlowGraphStats>,
     pub created_at: String,
     pub points: Vec<Point>,
     pub quality: Vec<Quality>,
@@ -140,9 +148,11 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
     let measured = |setting: &(Precision, Precision)| opts.precisions.contains(&setting.0) && vocoders.contains(&setting.1);
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let mut profile: Option<KernelProfile> = None;
+    let mut graphs = FlowGraphStats::default();
     for setting @ &(precision, vocoder) in &settings {
         let mut model = Token2Wav::load(&opts.model_dir, manifest.clone(), opts.device, precision)?;
         model.set_vocoder_precision(vocoder);
+        model.flow.set_graphs(opts.flow_graphs, opts.device);
         let wavs: Vec<Vec<f32>> = model.run(quality_items, Some(&draws))?.into_iter().map(|(_, w)| w).collect();
         match &reference {
             None => reference = Some(wavs),
@@ -226,6 +236,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
                 profile = Some(profile_run(&mut model, &items[..batch], opts.device, precision, vocoder));
             }
         }
+        graphs.add(&model.flow.graph_stats());
     }
     Ok(Token2WavReport {
         model: manifest.name.clone(),
@@ -235,6 +246,9 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         tokens_per_utterance: tokens,
         repeats: opts.repeats,
         cudnn_benchmark: opts.cudnn_benchmark,
+        flow_graphs: opts.flow_graphs.graphs,
+        flow_graph_max_frames: opts.flow_graphs.max_frames,
+        flow_graph_stats: (opts.flow_graphs.graphs > 0).then_some(graphs),
         created_at: chrono::Utc::now().to_rfc3339(),
         points,
         quality,
@@ -274,7 +288,7 @@ fn profile_run(model: &mut Token2Wav, items: &[SynthItem], device: Device, preci
 /// The Markdown table (one row per precision and batch).
 pub fn table(r: &Token2WavReport) -> String {
     let mut s = format!(
-        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}{}\n\n\
+        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}{}{}\n\n\
          | flow | HiFT | batch | s/batch | audio-s/s | encoder % | flow steps % | HiFT % | peak GiB |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         r.model,
@@ -283,7 +297,14 @@ pub fn table(r: &Token2WavReport) -> String {
         r.utterance_seconds,
         r.tokens_per_utterance,
         r.repeats,
-        if r.cudnn_benchmark { ", cuDNN benchmark mode" } else { "" }
+        if r.cudnn_benchmark { ", cuDNN benchmark mode" } else { "" },
+        match &r.flow_graph_stats {
+            Some(g) => format!(
+                ", flow step graphs ≤ {} of ≤ {} rows × frames ({} captured in {:.2} s, {} replays)",
+                r.flow_graphs, r.flow_graph_max_frames, g.captured, g.capture_seconds, g.replays
+            ),
+            None => String::new(),
+        }
     );
     for p in &r.points {
         let peak = p.peak_memory_bytes.map_or("-".to_string(), |b| format!("{:.2}", b as f64 / (1u64 << 30) as f64));

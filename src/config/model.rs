@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::ConfigError;
+use crate::model::cosyvoice2::flow_graphs::FlowGraphSettings;
 use crate::model::{Device, Precision};
 
 #[derive(Debug, Deserialize)]
@@ -14,6 +15,8 @@ pub struct RawModel {
     pub device: String,
     pub precision: String,
     pub cpu_threads: i64,
+    pub flow_graphs: i64,
+    pub flow_graph_max_frames: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -22,6 +25,9 @@ pub struct ModelConfig {
     pub device: Device,
     pub precision: Precision,
     pub cpu_threads: usize,
+    /// CosyVoice2: small batches' compiled flow steps as CUDA graphs (`flow_graphs` kept at most,
+    /// each of at most `flow_graph_max_frames` rows × frames).
+    pub flow_graphs: FlowGraphSettings,
 }
 
 impl RawModel {
@@ -31,6 +37,14 @@ impl RawModel {
             device: self.device.parse().map_err(|e: crate::model::ParseError| ConfigError::Invalid { key: "model.device", reason: e.to_string() })?,
             precision: self.precision.parse().map_err(|e: crate::model::ParseError| ConfigError::Invalid { key: "model.precision", reason: e.to_string() })?,
             cpu_threads: usize::try_from(self.cpu_threads).map_err(|_| ConfigError::Invalid { key: "model.cpu_threads", reason: "must be >= 0".into() })?,
+            flow_graphs: FlowGraphSettings {
+                graphs: usize::try_from(self.flow_graphs).map_err(|_| ConfigError::Invalid { key: "model.flow_graphs", reason: "must be >= 0".into() })?,
+                max_frames: if self.flow_graph_max_frames > 0 {
+                    self.flow_graph_max_frames
+                } else {
+                    return Err(ConfigError::Invalid { key: "model.flow_graph_max_frames", reason: "must be > 0".into() });
+                },
+            },
         })
     }
 }

@@ -305,17 +305,33 @@ pub struct LoadOptions {
     /// Kind `cosyvoice2`: the LLM's slots and token2wav's batches (`sizing::text_plan`); `None`
     /// gives `cosyvoice2::tts::TextPlan::small` over the built-in `[llm]` settings.
     pub text: Option<cosyvoice2::tts::TextPlan>,
+    /// CosyVoice2 kinds: small batches' compiled flow steps as CUDA graphs (`[model] flow_graphs`;
+    /// default none).
+    pub flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
 }
 
 /// Loads a model directory (its `manifest` already read) for `device` and `precision`: the one
-/// model loader.
-pub fn load(dir: &std::path::Path, manifest: Manifest, device: Device, precision: Precision, text: Option<cosyvoice2::tts::TextPlan>) -> Result<Box<dyn Synthesizer>, ModelError> {
+/// model loader. `flow_graphs`: CosyVoice2 kinds (see [`LoadOptions`]).
+pub fn load(
+    dir: &std::path::Path,
+    manifest: Manifest,
+    device: Device,
+    precision: Precision,
+    text: Option<cosyvoice2::tts::TextPlan>,
+    flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
+) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
-        ModelKind::Cosyvoice2Token2Wav => Ok(Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?)),
+        ModelKind::Cosyvoice2Token2Wav => {
+            let mut model = cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?;
+            model.flow.set_graphs(flow_graphs, device);
+            Ok(Box::new(model))
+        }
         ModelKind::Cosyvoice2 => {
             let plan = text_plan_or_default(dir, text)?;
-            Ok(Box::new(cosyvoice2::tts::TextToSpeech::load(dir, device, precision, plan)?))
+            let mut model = cosyvoice2::tts::TextToSpeech::load(dir, device, precision, plan)?;
+            model.token2wav.flow.set_graphs(flow_graphs, device);
+            Ok(Box::new(model))
         }
     }
 }
@@ -369,7 +385,7 @@ impl ModelHandle {
     /// Reads `dir`'s manifest and starts the inference thread, which loads the model: returns
     /// before the load is over. Blocking (files): call it off the async runtime.
     pub fn start(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
-        let LoadOptions { cpu_threads, text } = options;
+        let LoadOptions { cpu_threads, text, flow_graphs } = options;
         let manifest = Manifest::load(dir)?;
         // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
         let text = match manifest.kind {
@@ -389,7 +405,7 @@ impl ModelHandle {
                     tch::set_num_threads(cpu_threads as i32);
                 }
                 let started = Instant::now();
-                let mut model = match load(&thread_dir, thread_manifest, device, precision, text) {
+                let mut model = match load(&thread_dir, thread_manifest, device, precision, text, flow_graphs) {
                     Ok(m) => {
                         tracing::info!(%device, seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "model loaded");
                         let _ = state_tx.send(LoadState::Ready);

@@ -127,7 +127,7 @@ impl TestEnv {
     /// The model in `dir`, loaded as the tests load models (CPU, fp32, one thread) and as
     /// `voxbatch work` does: returned while its thread still loads it (`ModelHandle::start`).
     pub fn model_at(&self, dir: &std::path::Path) -> ModelHandle {
-        ModelHandle::start(dir, Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, text: None }).expect("start loading the model")
+        ModelHandle::start(dir, Device::Cpu, Precision::Fp32, voxbatch::model::LoadOptions { cpu_threads: 1, ..Default::default() }).expect("start loading the model")
     }
 
     /// Runs a worker with `cfg` until the queue is drained.

@@ -6,12 +6,16 @@
 //! doubled batch (conditioned ‖ unconditioned) for classifier-free guidance. Prompt mel frames
 //! condition the first frames and are cut from the output. The batch's mel is padded to a
 //! multiple of [`FRAME_MULTIPLE`] frames: every layer is causal or masked, so padding changes no
-//! item's frames, and attention bias rows of that length need no aligned copy.
+//! item's frames, and attention bias rows of that length need no aligned copy. Small batches'
+//! compiled steps replay as CUDA graphs (`flow_graphs`), where launches would set the pace.
+
+use std::cell::RefCell;
 
 use tch::{Kind, Tensor};
 
 use super::encoder::Encoder;
 use super::estimator::{Estimator, EstimatorDims, Frames};
+use super::flow_graphs::{FlowGraphSettings, FlowGraphStats, FlowGraphs};
 use super::layers::{length_mask, Linear, R};
 use super::weights::Weights;
 use crate::model::compiled::{CompiledStage, KernelCounts};
@@ -67,6 +71,8 @@ pub struct Flow {
     compiled: Option<CompiledStage>,
     /// Estimator steps run (compiled, eager) since the last `take_step_counts`.
     steps_run: KernelCounts,
+    /// Small batches' compiled steps as CUDA graphs (off until [`Flow::set_graphs`]).
+    graphs: RefCell<FlowGraphs>,
     noise: Tensor,
     steps: usize,
     cfg_rate: f64,
@@ -82,6 +88,7 @@ impl Flow {
             estimator: Estimator::new(w, "flow.decoder.estimator", d.estimator),
             compiled: None,
             steps_run: KernelCounts::default(),
+            graphs: RefCell::new(FlowGraphs::off()),
             noise: w.get("flow.rand_noise", &[1, 80, 15000]),
             steps: d.steps,
             cfg_rate: d.cfg_rate,
@@ -91,6 +98,22 @@ impl Flow {
     /// Runs the estimator's steps through `compiled` (or the eager port again with `None`).
     pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
         self.compiled = compiled;
+    }
+
+    /// Replays small batches' compiled steps as CUDA graphs on `device` as `settings` allow
+    /// (dropping any captured before).
+    pub fn set_graphs(&mut self, settings: FlowGraphSettings, device: crate::model::Device) {
+        self.graphs = RefCell::new(FlowGraphs::new(settings, device));
+    }
+
+    /// What the step graphs did since the flow loaded.
+    pub fn graph_stats(&self) -> FlowGraphStats {
+        self.graphs.borrow().stats()
+    }
+
+    /// Drops the captured step graphs and their memory (after an out-of-memory error).
+    pub fn clear_graphs(&self) {
+        self.graphs.borrow_mut().clear();
     }
 
     /// Whether the estimator runs compiled (for batches within the package's shapes).
@@ -216,13 +239,24 @@ impl Flow {
         let spks_in = Tensor::f_cat(&[spks.shallow_clone(), spks.f_zeros_like()?], 0)?;
         let cond_in = Tensor::f_cat(&[cond.shallow_clone(), cond.f_zeros_like()?], 0)?;
         let mut x = z.f_to_kind(Kind::Float)?;
-        // Every step runs on the same shapes: the compiled package or the eager port (whose
-        // attention layout, packed or padded, is made once).
+        // Every step runs on the same shapes: the compiled package (a small batch's as a replayed
+        // graph) or the eager port (whose attention layout, packed or padded, is made once).
         let runs = self.runs(2 * b, frames, &mask_in, &mu_in)?;
+        let mut graphs = self.graphs.borrow_mut();
         for step in 1..=self.steps {
             let x_in = Tensor::f_cat(&[&x, &x], 0)?;
             let t_in = t.f_expand([2 * b], false)?;
-            let d = self.estimate_with(&runs, &x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?;
+            let graphed = match &runs {
+                Runs::Compiled(c) => graphs.step(&c.package, [&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in], step == 1)?,
+                Runs::Eager(_) => None,
+            };
+            let d = match graphed {
+                Some(d) => {
+                    self.steps_run.count(true);
+                    d
+                }
+                None => self.estimate_with(&runs, &x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?,
+            };
             let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);
             let d = d.f_mul_scalar(1.0 + self.cfg_rate)?.f_sub(&cfg.f_mul_scalar(self.cfg_rate)?)?;
             // A new tensor, not in place: x starts as an expanded (broadcast) view of the fixed noise.

@@ -23,6 +23,7 @@ pub mod buckets;
 pub mod encoder;
 pub mod estimator;
 pub mod flow;
+pub mod flow_graphs;
 pub mod hift;
 pub mod layers;
 pub mod llm;
@@ -253,7 +254,9 @@ impl Token2Wav {
     }
 
     /// Gives the caching allocator's free blocks back to the device (after an out-of-memory error).
+    /// The flow's step graphs go too (captured again as batches need them).
     pub fn release_cached(&self) {
+        self.flow.clear_graphs();
         crate::model::memory::MemoryProbe::new(self.device).release_cached();
     }
 

@@ -253,6 +253,7 @@ impl TextToSpeech {
         }
         let started = Instant::now();
         let t2w_before = self.token2wav.work_seconds();
+        let graphs_before = self.token2wav.flow.graph_stats();
         let decoder_before = self.decoder.stats().clone();
         let mut stats = BucketStats::default();
         // Each bucket's waveforms are cut into its segments' audio on a thread of their own, while
@@ -270,12 +271,17 @@ impl TextToSpeech {
         for (item, segment, audio) in cut {
             pieces[item][segment] = Some(audio);
         }
+        // Small buckets' flow steps replayed as CUDA graphs (`flow_graphs`), and their captures.
+        let graphs = self.token2wav.flow.graph_stats();
         tracing::info!(
             buckets = stats.buckets,
             segments = stats.segments,
             tokens = stats.tokens,
             padded_tokens = stats.padded_tokens,
             fill = format!("{:.3}", stats.fill()),
+            graph_steps = graphs.replays - graphs_before.replays,
+            graphs_captured = graphs.captured - graphs_before.captured,
+            graph_capture_ms = ((graphs.capture_seconds - graphs_before.capture_seconds) * 1000.0) as u64,
             "token2wav buckets"
         );
         // Where the LLM's share of the batch went; the GPU idles through `host` and `capture`.
