@@ -264,9 +264,16 @@ fn packed_transformer_levels_give_each_item_the_padded_batchs_mel() {
 /// the reference's run is from its fp32 run. The port may differ from the reference by rounding
 /// only: at most [`ROUNDING_FACTOR`] × the reference's own distance from fp32 for the flow's stages
 /// (two implementations rounding in different places), and for the vocoder (fp32 on a CPU, TF32 on
-/// a GPU, from the same mel) the phase tolerance on a CPU, [`TF32_VOCODER_TOLERANCE`] on a GPU.
+/// a GPU, from the same mel) [`REDUCED_MEL_VOCODER_TOLERANCE`] on a CPU, [`TF32_VOCODER_TOLERANCE`]
+/// on a GPU.
 const ROUNDING_FACTOR: f64 = 2.0;
 const TF32_VOCODER_TOLERANCE: f64 = 2e-2;
+/// The fp32 vocoder from the reference's bf16/fp16 mel on a CPU: what goes through the harmonic
+/// source's phase integration, as [`phase_tolerance`] on a GPU. Measured 2.8e-5–4.5e-5 on session
+/// 9's CI machine and 2.0e-4 (item 0) on 2026-12-05's (AMD EPYC, same code and fixtures' recipe):
+/// the CPU's kernels round in another order and the phase carries it; the fp32 path's own bound
+/// (1e-4, `vocoder_stages_match_the_reference_per_item`) holds on both.
+const REDUCED_MEL_VOCODER_TOLERANCE: f64 = 5e-4;
 
 #[test]
 fn at_a_reduced_precision_each_stage_is_as_close_to_the_reference_as_rounding_allows() {
@@ -308,7 +315,7 @@ fn at_a_reduced_precision_each_stage_is_as_close_to_the_reference_as_rounding_al
             let ref_mel = reference(&format!("item{i}.mel")).unsqueeze(0);
             let frames = [ref_mel.size()[2]];
             let wav = model.in_vocoder_precision(|hift| hift.forward(&ref_mel, &frames, &draws(&fx, &[i])).map_err(inference)).unwrap().wav.get(0);
-            let tolerance = if test_device() == Device::Cpu { phase_tolerance() } else { TF32_VOCODER_TOLERANCE };
+            let tolerance = if test_device() == Device::Cpu { REDUCED_MEL_VOCODER_TOLERANCE } else { TF32_VOCODER_TOLERANCE };
             assert_within(&format!("{precision} item{i} waveform from the reference's {precision} mel"), &wav, reference(&format!("item{i}.wav")), tolerance);
         }
     }
