@@ -20,7 +20,8 @@
 # FLOW_GRAPHS ([model] flow_graphs, default config's 16; 0: none): small token2wav buckets' compiled
 # flow steps replayed as CUDA graphs (the summary's token2wav_buckets.graph_* say how many).
 # Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
-# COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, PY.
+# COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, CPU_THREADS ([model] cpu_threads:
+# libtorch's intra-op threads, default all cores — they spin beside the 8 frontend threads), PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -82,6 +83,7 @@ export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="post
 export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MODEL__DIR="$M/model"
 export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 [ -n "${FLOW_GRAPHS:-}" ] && export VOXBATCH_MODEL__FLOW_GRAPHS="$FLOW_GRAPHS"
+[ -n "${CPU_THREADS:-}" ] && export VOXBATCH_MODEL__CPU_THREADS="$CPU_THREADS"
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
