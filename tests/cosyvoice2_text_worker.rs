@@ -214,3 +214,53 @@ async fn a_model_that_fails_to_load_stops_its_worker_with_the_reason_and_loses_n
     assert_eq!(env.depths().await, (0, 0));
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_worker_that_stops_while_its_model_loads_waits_for_the_load_to_end() {
+    // A `--drain` worker with nothing to do stops at once, while its model (started just before)
+    // may still load on the inference thread; a process that exits then crashes in libtorch's
+    // teardown (a worker of the 16-process fleet test did, SIGSEGV). The load is held here: the
+    // model's model.toml is a FIFO, which the inference thread reads (after `ModelHandle::start`
+    // read it once) only when the test writes it again.
+    let env = TestEnv::new("cv2stopload").await;
+    let src = common::repo_path("models/cosyvoice2-tiny");
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name() != "model.toml" {
+            std::os::unix::fs::symlink(entry.path(), dir.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let toml = dir.path().join("model.toml");
+    assert!(std::process::Command::new("mkfifo").arg(&toml).status().unwrap().success());
+    let content = std::fs::read(src.join("model.toml")).unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let writer = std::thread::spawn(move || {
+        std::fs::write(&toml, &content).unwrap(); // for ModelHandle::start
+        let _ = released.recv();
+        std::fs::write(&toml, &content).unwrap(); // for the load on the inference thread
+    });
+    let model = env.model_at(dir.path());
+    let watch = model.clone();
+    let mut cfg = env.cfg.clone();
+    cfg.model.dir = dir.path().to_path_buf();
+    let storage = voxbatch::storage::Storage::open(&cfg.storage).await.unwrap();
+    let opts = voxbatch::worker::WorkerOptions { drain: true, worker_id: None };
+    let mut run = tokio::spawn(voxbatch::worker::run(cfg, model, env.db.clone(), storage, opts, std::future::pending()));
+    // An empty queue drains in well under a second; the load cannot end before the release.
+    let early = tokio::time::timeout(std::time::Duration::from_secs(3), &mut run).await;
+    let stopped_early = early.is_ok();
+    assert!(!watch.is_settled());
+    release.send(()).unwrap();
+    let summary = match early {
+        Ok(stopped) => stopped,
+        Err(_) => tokio::time::timeout(std::time::Duration::from_secs(60), run).await.expect("the worker stops once its model loaded"),
+    }
+    .unwrap()
+    .unwrap();
+    writer.join().unwrap();
+    assert!(!stopped_early, "the worker stopped while its model was still loading");
+    watch.ready().await.expect("the model loaded");
+    assert_eq!(summary.jobs_done, 0);
+    env.cleanup().await;
+}

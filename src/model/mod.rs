@@ -458,6 +458,11 @@ impl ModelHandle {
         Ok(handle)
     }
 
+    /// Whether the load has ended (loaded or failed).
+    pub fn is_settled(&self) -> bool {
+        !matches!(*self.state.borrow(), LoadState::Loading)
+    }
+
     /// Resolves once the model is loaded; `Err` (for every caller) when its load failed.
     pub async fn ready(&self) -> Result<(), ModelError> {
         let mut state = self.state.clone();

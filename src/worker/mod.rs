@@ -181,6 +181,7 @@ pub async fn run(
 ) -> Result<WorkerSummary, WorkerError> {
     let worker_id = opts.worker_id.clone().or_else(|| cfg.worker.id.clone()).unwrap_or_else(new_worker_id);
     let manifest = Arc::new(model.manifest().clone());
+    let loading = model.clone();
     let (device, precision) = (model.device(), model.precision());
     // The configured format must be writable here (codec library, model rate); a job asking for
     // another that is not gets WAV, so say which those are now.
@@ -349,6 +350,14 @@ pub async fn run(
     // The intake has stopped and dropped its sender: the stages finish what they hold.
     let infer_result = infer_task.await;
     let commit_result = commit_task.await;
+    // A worker that stops while its model still loads (a drained queue, a shutdown) waits for the
+    // load to end: a process that exits while libtorch loads on the inference thread crashes in
+    // libtorch's teardown (a `--drain` worker of the 16-process fleet test with no job to do did,
+    // SIGSEGV, 2026-12-05).
+    if !loading.is_settled() {
+        info!("waiting for the model to finish loading before the worker stops");
+    }
+    let _ = loading.ready().await;
     events_stop.cancel();
     if tokio::time::timeout(Duration::from_secs(30), events_task).await.is_err() {
         warn!("the last completion events are still pending; another worker's sweep publishes them");
