@@ -200,12 +200,11 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
             Profile::builtin(&manifest.name, &gpu_name, &precision, manifest.frames_per_token, manifest.samples_per_frame, manifest.weights_bytes())
         }
     };
-    // What a CosyVoice2 model's flow step graphs may hold on a GPU with a compiled estimator is not
-    // the batches' (the calibrated peaks do not include it).
-    let graphs = match (device, manifest.cosyvoice2.as_ref()) {
-        (Device::Cuda(_), Some(dims)) if crate::model::compiled::has_packages(&manifest.dir, device, cli_precision, dims.vocoder()) => {
-            cfg.model.flow_graphs.reserve_bytes() as f64
-        }
+    // What a CosyVoice2 model's flow step graphs may hold on a GPU with compiled packages (the
+    // profile precision above says so: `+compiled`) is not the batches' (the calibrated peaks do
+    // not include it).
+    let graphs = match device {
+        Device::Cuda(_) if precision.ends_with("+compiled") => cfg.model.flow_graphs.reserve_bytes() as f64,
         _ => 0.0,
     };
     let budget = budget - graphs;
