@@ -23,16 +23,20 @@
 # flow_attention values; PACKED=1 means packed), CUDNN_BENCHMARK (set: the compiled directory again
 # with `--cudnn-benchmark`), FLOW_GRAPHS (N: the compiled directory again with `--flow-graphs N`, small
 # batches' flow steps replayed as CUDA graphs — measure it with short utterances, e.g.
-# UTTERANCE_SECONDS=2 BATCHES=8,32,128), UTTERANCE_SECONDS (10).
+# UTTERANCE_SECONDS=2 BATCHES=8,32,128; FLOW_GRAPH_MAX_FRAMES raises the largest step captured, rows ×
+# frames, e.g. 1000000 for batches of 128 ten-second utterances), UTTERANCE_SECONDS (10), COMPILED_DIR
+# (/tmp/cv2full-compiled: where the compile stage writes and the bench reads the packages; another
+# directory compiles a variant beside the default one, e.g. LAYOUT=time-major-shift, started once
+# the first has built the model; give it its own SITE, default /tmp/site, where the wheels go).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/compiled-out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 log() { echo "[compiled $(date -u +%T)] $*"; }
-rm -rf /tmp/site
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+SITE=${SITE:-/tmp/site}; rm -rf "$SITE"
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
   $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 BIN=/tmp/voxbatch; xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
@@ -42,7 +46,7 @@ if [ ! -f "$M/model/token2wav.safetensors" ]; then
   $PY tools/make_parity_fixtures.py --config full --no-fixtures --out "$M" 2>&1 | grep -v Warning | tail -1
   $PY tools/convert_cosyvoice.py "$M/official" "$M/model" --name cosyvoice2-full-random | tail -1 | cut -c1-200
 fi
-C=/tmp/cv2full-compiled; mkdir -p "$C"
+C=${COMPILED_DIR:-/tmp/cv2full-compiled}; mkdir -p "$C"
 for f in "$M"/model/*; do [ "$(basename "$f")" = compiled ] || ln -sfn "$f" "$C/"; done
 P=${PRECISION:-bf16}
 STAGE=${STAGE:-all}
@@ -77,7 +81,7 @@ done
 for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
   d=${entry%%:*}; flag=; name=$(basename "$d")
   [ "$entry" != "$d" ] && { flag=--${entry#*:}; name=$name-${entry#*:}; }
-  [ "$flag" = --flow-graphs ] && flag="--flow-graphs $FLOW_GRAPHS"
+  [ "$flag" = --flow-graphs ] && flag="--flow-graphs $FLOW_GRAPHS ${FLOW_GRAPH_MAX_FRAMES:+--flow-graph-max-frames $FLOW_GRAPH_MAX_FRAMES}"
   log "bench token2wav: $name"
   # The whole output is kept (a failure's message and whatever the process printed before an
   # abort); the console gets the summary lines.

@@ -12,19 +12,23 @@ PY=${PY:-python3}
 # Wheel by wheel: a binary wheel built for another Python is skipped (the machine's own copy serves).
 # The LLM reference's transformers/huggingface_hub/tokenizers are left out: diffusers needs the
 # machine's newer huggingface_hub (resolve_revision), which that pinned one would shadow.
-rm -rf /tmp/site
+# Its own site folder: it may run beside compiled-bench.sh (which rebuilds /tmp/site) on one machine.
+SITE=/tmp/site-parity; rm -rf "$SITE"
 for w in $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-); do
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$w" 2>/dev/null || echo "skipped $(basename "$w")"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$w" 2>/dev/null || echo "skipped $(basename "$w")"
 done
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
 export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 # The fp32 fixtures on the CPU as always; the reference at bf16 and fp16 on the GPU as upstream runs it.
 $PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity --precisions bf16,fp16 --device cuda:0 2>&1 | tail -1
 $PY tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny | tail -1
+# ONLY=compiled: the compiled-vs-eager part alone (its packages need the converted tiny model above).
+if [ "${ONLY:-}" != compiled ]; then
 xz -dc .t2w/cosyvoice2_parity.xz > /tmp/cosyvoice2_parity && chmod +x /tmp/cosyvoice2_parity || exit 1
 VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^PRECISION|^test |test result|panicked"
+fi
 # Compiled vs eager at the same precision (issue 16): the tiny model's packages compiled on this GPU
 # (flow bf16, vocoder tf32), then tests/compiled.rs's GPU test (.t2w/compiled.xz).
 G=models/cosyvoice2-tiny-compiled-gpu; rm -rf "$G"; mkdir -p "$G"

@@ -193,7 +193,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
                     }
                     Err(e) => {
                         error = Some(e.to_string());
-                        probe.release_cached();
+                        model.release_cached();
                         failed = true;
                         break;
                     }

@@ -443,6 +443,10 @@ impl Synthesizer for Token2Wav {
         Token2Wav::set_voice(self, index, prompt)
     }
 
+    fn release_memory(&self, _probe: &crate::model::memory::MemoryProbe) {
+        self.release_cached();
+    }
+
     fn take_stages(&mut self) -> Vec<StageTime> {
         let work = std::mem::replace(&mut self.work, idle_work());
         if work.items == 0 {

@@ -493,6 +493,10 @@ impl Synthesizer for TextToSpeech {
         Some(self.decoder.slots())
     }
 
+    fn release_memory(&self, _probe: &crate::model::memory::MemoryProbe) {
+        self.token2wav.release_cached();
+    }
+
     fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
         fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, &self.llm_dims).map_err(ModelError::BadInput)?;
         self.token2wav.set_voice(index, prompt)
