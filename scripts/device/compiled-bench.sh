@@ -47,7 +47,11 @@ if [ ! -f "$M/model/token2wav.safetensors" ]; then
   $PY tools/convert_cosyvoice.py "$M/official" "$M/model" --name cosyvoice2-full-random | tail -1 | cut -c1-200
 fi
 C=${COMPILED_DIR:-/tmp/cv2full-compiled}; mkdir -p "$C"
-for f in "$M"/model/*; do [ "$(basename "$f")" = compiled ] || ln -sfn "$f" "$C/"; done
+# A compiled directory is the model's files (linked) plus its own compiled/. Linked again before each
+# bench too: text-e2e.sh rebuilds the model as kind cosyvoice2 (LLM and tokenizer files beside the
+# same token2wav weights), and a directory linked before that would name files it lacks.
+link_model() { for f in "$M"/model/*; do [ "$(basename "$f")" = compiled ] || ln -sfn "$f" "$1/"; done; }
+link_model "$C"
 P=${PRECISION:-bf16}
 STAGE=${STAGE:-all}
 if [ "$STAGE" != bench ]; then
@@ -80,6 +84,7 @@ done
 [ -n "${FLOW_GRAPHS:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:flow-graphs"
 for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
   d=${entry%%:*}; flag=; name=$(basename "$d")
+  [ "$d" != "$M/model" ] && [ -d "$d/compiled" ] && link_model "$d"
   [ "$entry" != "$d" ] && { flag=--${entry#*:}; name=$name-${entry#*:}; }
   [ "$flag" = --flow-graphs ] && flag="--flow-graphs $FLOW_GRAPHS ${FLOW_GRAPH_MAX_FRAMES:+--flow-graph-max-frames $FLOW_GRAPH_MAX_FRAMES}"
   log "bench token2wav: $name"
