@@ -289,12 +289,10 @@ pub trait Synthesizer {
     fn llm_slots(&self) -> Option<usize> {
         None
     }
-    /// Gives back what the model holds on the device beyond its weights and can make again
-    /// (after an out-of-memory error: CosyVoice2's flow step graphs), then the caching
-    /// allocator's free blocks. The model thread calls it after a whole batch ran out of memory.
-    fn release_memory(&self, probe: &memory::MemoryProbe) {
-        probe.release_cached();
-    }
+    /// Drops what the model holds on the device beyond its weights and can make again
+    /// (CosyVoice2's flow step graphs). The model thread calls it after a whole batch ran out of
+    /// memory, before giving the caching allocator's free blocks back.
+    fn release_memory(&self) {}
     /// Puts a voice at `index` (replacing, or appending at the end): models whose voices come
     /// from Postgres (CosyVoice2). Others keep the voices their directory fixes.
     fn set_voice(&mut self, index: usize, prompt: &crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
@@ -437,7 +435,8 @@ impl ModelHandle {
                     let peak_bytes = probe.peak();
                     let stages = model.take_stages();
                     if matches!(result, Err(ModelError::OutOfMemory { .. })) {
-                        model.release_memory(&probe);
+                        model.release_memory();
+                        probe.release_cached();
                     }
                     let _ = reply.send(result.map(|audio| SynthOutput { audio, infer, peak_bytes, stages }));
                 }

@@ -256,8 +256,13 @@ impl Token2Wav {
     /// Gives the caching allocator's free blocks back to the device (after an out-of-memory error).
     /// The flow's step graphs go too (captured again as batches need them).
     pub fn release_cached(&self) {
-        self.flow.clear_graphs();
+        self.drop_graphs();
         crate::model::memory::MemoryProbe::new(self.device).release_cached();
+    }
+
+    /// Drops the flow's step graphs and their memory pool (captured again as batches need them).
+    pub fn drop_graphs(&self) {
+        self.flow.clear_graphs();
     }
 
     /// Runs the vocoder at `precision` from now on (benchmarks; the worker keeps `model.toml`'s).
@@ -443,8 +448,8 @@ impl Synthesizer for Token2Wav {
         Token2Wav::set_voice(self, index, prompt)
     }
 
-    fn release_memory(&self, _probe: &crate::model::memory::MemoryProbe) {
-        self.release_cached();
+    fn release_memory(&self) {
+        self.drop_graphs();
     }
 
     fn take_stages(&mut self) -> Vec<StageTime> {

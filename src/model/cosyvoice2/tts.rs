@@ -493,8 +493,8 @@ impl Synthesizer for TextToSpeech {
         Some(self.decoder.slots())
     }
 
-    fn release_memory(&self, _probe: &crate::model::memory::MemoryProbe) {
-        self.token2wav.release_cached();
+    fn release_memory(&self) {
+        self.token2wav.drop_graphs();
     }
 
     fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
