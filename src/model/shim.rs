@@ -52,6 +52,15 @@ pub struct AutocastGuard {
 }
 
 impl AutocastGuard {
+    /// The dtype autocast computes in at `precision` (none at fp32 and tf32: no autocast).
+    pub fn kind(precision: Precision) -> Option<tch::Kind> {
+        match precision {
+            Precision::Fp16 => Some(tch::Kind::Half),
+            Precision::Bf16 => Some(tch::Kind::BFloat16),
+            Precision::Fp32 | Precision::Tf32 => None,
+        }
+    }
+
     pub fn enter(device: Device, precision: Precision) -> Result<AutocastGuard, ShimError> {
         let device_type = match device {
             Device::Cpu => CPU,

@@ -53,6 +53,14 @@ impl RelSelfAttention {
         }
     }
 
+    /// The projections' parameters in `kind` (`Linear::cast_for_autocast`). The position biases
+    /// stay fp32: they are added outside autocast's casts, and bf16 copies would round the sums.
+    fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
+        self.qkv.cast_for_autocast(kind)?;
+        self.out.cast_for_autocast(kind)?;
+        self.pos.cast_for_autocast(kind)
+    }
+
     /// `x`: `[B, T, D]`; `key_pad`: `[B, 1, 1, T]` true where the key is padding; `pos`: `[1, 2T−1, D]`.
     fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> R<Tensor> {
         let (b, t, _) = x.size3()?;
@@ -106,6 +114,11 @@ impl EncoderLayer {
             w_2: Linear::new(w, &format!("{p}.feed_forward.w_2"), units, D, true),
         }
     }
+    fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
+        self.attn.cast_for_autocast(kind)?;
+        self.w_1.cast_for_autocast(kind)?;
+        self.w_2.cast_for_autocast(kind)
+    }
     fn forward(&self, x: &Tensor, key_pad: &Tensor, pos: &Tensor) -> R<Tensor> {
         let x = x.f_add(&self.attn.forward(&self.norm_mha.forward(x)?, key_pad, pos)?)?;
         x.f_add(&self.w_2.forward(&self.w_1.forward(&self.norm_ff.forward(&x)?)?.f_silu()?)?)
@@ -153,6 +166,22 @@ impl Encoder {
             up_layers: (0..up_blocks).map(|i| EncoderLayer::new(w, &format!("{p}.up_encoders.{i}"), heads, units)).collect(),
             after_norm: LayerNorm::new(w, &format!("{p}.after_norm"), D, 1e-5),
         }
+    }
+
+    /// Its projections' and convolutions' parameters in `kind`, the flow's autocast dtype, once
+    /// (`Linear::cast_for_autocast`: the same values, fewer kernels a call — the encoder is eager
+    /// and, on short buckets, bound by its launches). Layer norms and the position biases stay
+    /// fp32, as autocast keeps them. The encoder must then run under that autocast only.
+    pub fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
+        self.embed.linear.cast_for_autocast(kind)?;
+        self.lookahead1.cast_for_autocast(kind)?;
+        self.lookahead2.cast_for_autocast(kind)?;
+        self.up_conv.cast_for_autocast(kind)?;
+        self.up_embed.linear.cast_for_autocast(kind)?;
+        for layer in self.layers.iter_mut().chain(self.up_layers.iter_mut()) {
+            layer.cast_for_autocast(kind)?;
+        }
+        Ok(())
     }
 
     /// `xs`: `[B, T, 512]` masked token embeddings; `mask`: `[B, T]` → `[B, 2T, 512]`.

@@ -95,6 +95,14 @@ impl Flow {
         }
     }
 
+    /// The encoder's and its output projection's parameters in `kind`, the autocast dtype every
+    /// call of [`Flow::encode`] then runs under (`Token2Wav::in_flow_precision`): see
+    /// `Encoder::cast_for_autocast`.
+    pub fn cast_encoder_for_autocast(&mut self, kind: Kind) -> R<()> {
+        self.encoder.cast_for_autocast(kind)?;
+        self.encoder_proj.cast_for_autocast(kind)
+    }
+
     /// Runs the estimator's steps through `compiled` (or the eager port again with `None`).
     pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
         self.compiled = compiled;

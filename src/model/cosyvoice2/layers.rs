@@ -32,6 +32,19 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> R<Tensor> {
         x.f_linear(&self.w, self.b.as_ref())
     }
+    /// Keeps weight and bias in `kind`, the dtype of the autocast this layer always runs under:
+    /// autocast then casts only the input instead of the parameters on every call (the same
+    /// values — one rounding to `kind` — and fewer kernels). A layer cast so must never run
+    /// outside that autocast.
+    pub fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
+        (self.w, self.b) = cast_parameters(&self.w, self.b.as_ref(), kind)?;
+        Ok(())
+    }
+}
+
+/// A layer's weight and optional bias in `kind` (see [`Linear::cast_for_autocast`]).
+fn cast_parameters(w: &Tensor, b: Option<&Tensor>, kind: Kind) -> R<(Tensor, Option<Tensor>)> {
+    Ok((w.f_to_kind(kind)?, b.map(|b| b.f_to_kind(kind)).transpose()?))
 }
 
 /// `Conv1d` with explicit (left, right) zero padding; `left == right` uses the kernel's own padding.
@@ -70,6 +83,10 @@ impl Conv1d {
         } else {
             x.f_constant_pad_nd([l, r])?.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], 1)
         }
+    }    /// As [`Linear::cast_for_autocast`].
+    pub fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
+        (self.w, self.b) = cast_parameters(&self.w, self.b.as_ref(), kind)?;
+        Ok(())
     }
 }
 

@@ -231,6 +231,11 @@ impl Token2Wav {
                 cfg_rate: dims.cfg_rate,
             },
         );
+        // The flow always runs under autocast at `precision` (`in_flow_precision`): its eager
+        // encoder keeps its parameters in that dtype instead of casting them on every call.
+        if let Some(kind) = AutocastGuard::kind(precision) {
+            flow.cast_encoder_for_autocast(kind).map_err(|e| err(format!("cannot cast the flow encoder to {precision}: {e}")))?;
+        }
         let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
         w.finish()?;
         // Packages are checked against the weights file's digest: read once, and only when there are packages.
@@ -493,6 +498,33 @@ mod tests {
         }
         assert_eq!(Vec::<f32>::try_from(at_speed(mel.shallow_clone(), Some(1.0)).unwrap().reshape([-1])).unwrap(), values, "speed 1: as it is");
         assert_eq!(at_speed(mel, None).unwrap().size(), [80, 7]);
+    }
+
+    #[test]
+    fn an_encoder_cast_once_for_autocast_gives_what_casting_on_every_call_gives() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
+        let manifest = Manifest::load(&dir).unwrap_or_else(|e| panic!("{e}; run scripts/bootstrap.sh"));
+        let per_call = Token2Wav::load(&dir, manifest.clone(), Device::Cpu, Precision::Fp32).unwrap();
+        let cast_once = Token2Wav::load(&dir, manifest, Device::Cpu, Precision::Bf16).unwrap();
+        let voice = &cast_once.voices()[cast_once.voices().len() - 1];
+        let tokens: Vec<i64> = (0..23).map(|i| (i * 7) % per_call.flow.vocab_size()).collect();
+        let short = &tokens[..9];
+        let items = [
+            FlowItem { tokens: &tokens, prompt_tokens: &voice.prompt_tokens, prompt_feat: &voice.prompt_feat, embedding: &voice.embedding },
+            FlowItem { tokens: short, prompt_tokens: &[], prompt_feat: &voice.prompt_feat, embedding: &voice.embedding },
+        ];
+        let _no_grad = tch::no_grad_guard();
+        // The fp32 model's encoder under bf16 autocast: autocast casts its parameters every call.
+        let expected = {
+            let _autocast = AutocastGuard::enter(Device::Cpu, Precision::Bf16).unwrap();
+            per_call.flow.encode(&items).unwrap().0
+        };
+        let got = cast_once.in_flow_precision(|flow| flow.encode(&items).map_err(ModelError::Inference)).unwrap().0;
+        assert_eq!(got.kind(), expected.kind());
+        let diff = got.to_kind(Kind::Float).f_sub(&expected.to_kind(Kind::Float)).unwrap().abs().max().double_value(&[]);
+        assert_eq!(diff, 0.0, "the same roundings, once at load instead of every call");
+        // And the bf16 model's encoder parameters are bf16 indeed: outside autocast it cannot run.
+        assert!(cast_once.flow.encode(&items).is_err(), "a bf16 model's encoder keeps its parameters in bf16");
     }
 
     #[test]
