@@ -30,6 +30,36 @@ fn rel_positions(t: i64, d: i64, device: tch::Device) -> R<Tensor> {
     Tensor::f_cat(&[positive, negative], 0)?.f_unsqueeze(0)
 }
 
+/// [`rel_positions`] computed once for the longest sequence seen so far and cut for each call:
+/// a relative position's encoding does not depend on the sequence's length, so the central
+/// `2t − 1` rows of a longer table are `rel_positions(t)` exactly — a view instead of a dozen
+/// small kernels per call (the eager encoder is launch-bound on short buckets). Grows by
+/// doubling; holds `(4t − 1) × 512` fp32 at most for the longest `t`.
+struct PositionTable {
+    table: std::cell::RefCell<Option<(i64, Tensor)>>,
+}
+
+impl PositionTable {
+    fn new() -> Self {
+        PositionTable { table: std::cell::RefCell::new(None) }
+    }
+
+    /// `rel_positions(t, D, device)`, as a view of the table.
+    fn get(&self, t: i64, device: tch::Device) -> R<Tensor> {
+        let mut slot = self.table.borrow_mut();
+        let (len, table) = match slot.take() {
+            Some((len, table)) if len >= t && table.device() == device => (len, table),
+            old => {
+                let len = old.map_or(t, |(len, _)| t.max(2 * len));
+                (len, rel_positions(len, D, device)?)
+            }
+        };
+        let cut = table.f_narrow(1, len - t, 2 * t - 1);
+        *slot = Some((len, table));
+        cut
+    }
+}
+
 struct RelSelfAttention {
     /// `linear_q`, `linear_k` and `linear_v` as one projection.
     qkv: Linear,
@@ -135,10 +165,10 @@ impl Embed {
     fn new(w: &Weights, p: &str) -> Self {
         Embed { linear: Linear::new(w, &format!("{p}.out.0"), D, D, true), norm: LayerNorm::new(w, &format!("{p}.out.1"), D, 1e-5) }
     }
-    fn forward(&self, x: &Tensor) -> R<(Tensor, Tensor)> {
+    fn forward(&self, x: &Tensor, positions: &PositionTable) -> R<(Tensor, Tensor)> {
         let (_, t, _) = x.size3()?;
         let x = self.norm.forward(&self.linear.forward(x)?)?.f_mul_scalar((D as f64).sqrt())?;
-        let pos = rel_positions(t, D, x.device())?;
+        let pos = positions.get(t, x.device())?;
         Ok((x, pos))
     }
 }
@@ -152,6 +182,8 @@ pub struct Encoder {
     up_embed: Embed,
     up_layers: Vec<EncoderLayer>,
     after_norm: LayerNorm,
+    /// The relative positions' encodings, for both frame rates.
+    positions: PositionTable,
 }
 
 impl Encoder {
@@ -165,6 +197,7 @@ impl Encoder {
             up_embed: Embed::new(w, &format!("{p}.up_embed")),
             up_layers: (0..up_blocks).map(|i| EncoderLayer::new(w, &format!("{p}.up_encoders.{i}"), heads, units)).collect(),
             after_norm: LayerNorm::new(w, &format!("{p}.after_norm"), D, 1e-5),
+            positions: PositionTable::new(),
         }
     }
 
@@ -186,7 +219,7 @@ impl Encoder {
 
     /// `xs`: `[B, T, 512]` masked token embeddings; `mask`: `[B, T]` → `[B, 2T, 512]`.
     pub fn forward(&self, xs: &Tensor, mask: &Tensor) -> R<Tensor> {
-        let (x, pos) = self.embed.forward(xs)?;
+        let (x, pos) = self.embed.forward(xs, &self.positions)?;
         let x = x.f_mul(&mask.f_unsqueeze(-1)?)?;
         // Pre-lookahead: each token sees the next three.
         let c = x.f_transpose(1, 2)?;
@@ -202,7 +235,7 @@ impl Encoder {
         let up = x.f_transpose(1, 2)?.f_repeat_interleave_self_int(2, 2, None)?;
         let x = self.up_conv.forward(&up)?.f_transpose(1, 2)?;
         let mask2 = mask.f_repeat_interleave_self_int(2, 1, None)?;
-        let (mut x, pos) = self.up_embed.forward(&x)?;
+        let (mut x, pos) = self.up_embed.forward(&x, &self.positions)?;
         let key_pad = mask2.f_eq(0.0)?.f_view([b, 1, 1, -1])?;
         for layer in &self.up_layers {
             x = layer.forward(&x, &key_pad, &pos)?;
@@ -221,6 +254,20 @@ mod tests {
         let zero = Tensor::zeros([b, h, t, 1], (x.kind(), x.device()));
         let padded = Tensor::cat(&[zero, x.shallow_clone()], -1).view([b, h, n + 1, t]);
         padded.narrow(2, 1, n).reshape([b, h, t, n]).narrow(3, 0, n / 2 + 1)
+    }
+
+    #[test]
+    fn a_position_table_cut_for_each_length_gives_that_lengths_encodings_exactly() {
+        let table = PositionTable::new();
+        let cpu = tch::Device::Cpu;
+        // Growing, shrinking and growing past a doubling.
+        for t in [3, 1, 7, 50, 2, 51, 130, 130, 9] {
+            let cut = table.get(t, cpu).unwrap();
+            let direct = rel_positions(t, D, cpu).unwrap();
+            assert_eq!(cut.size(), [1, 2 * t - 1, D], "t = {t}");
+            assert!(cut.equal(&direct), "t = {t}: the table's rows differ from rel_positions({t})");
+        }
+        assert_eq!(table.table.borrow().as_ref().map(|(len, _)| *len), Some(200), "3 → 7 → 50 → 100 → 200: grown by doubling");
     }
 
     #[test]
