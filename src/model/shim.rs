@@ -66,11 +66,8 @@ impl AutocastGuard {
             Device::Cpu => CPU,
             Device::Cuda(_) => CUDA,
         };
-        let dtype = match precision {
-            Precision::Fp16 => Some(0),
-            Precision::Bf16 => Some(1),
-            Precision::Fp32 | Precision::Tf32 => None,
-        };
+        // The shim's dtype codes: 0 half, 1 bfloat16.
+        let dtype = Self::kind(precision).map(|kind| if kind == tch::Kind::Half { 0 } else { 1 });
         if let Some(dtype) = dtype {
             autocast_set(device_type, true, dtype)?;
         }

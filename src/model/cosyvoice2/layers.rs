@@ -83,7 +83,8 @@ impl Conv1d {
         } else {
             x.f_constant_pad_nd([l, r])?.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], 1)
         }
-    }    /// As [`Linear::cast_for_autocast`].
+    }
+    /// As [`Linear::cast_for_autocast`].
     pub fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
         (self.w, self.b) = cast_parameters(&self.w, self.b.as_ref(), kind)?;
         Ok(())
