@@ -23,7 +23,8 @@
 # COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, CPU_THREADS ([model] cpu_threads:
 # libtorch's intra-op threads, default all cores — they spin beside the 8 frontend threads),
 # FRONTEND_THREADS ([frontend] threads, default half the cores up to 8: session 15's first batch
-# ran at 87.9 % NVML while the frontend prepared the next, its model-thread host work stalling), PY.
+# ran at 87.9 % NVML while the frontend prepared the next; whether the frontend slows the model
+# thread's host work is what comparing runs with fewer threads tells), PY.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -90,7 +91,7 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
-# summary below adds them up; at debug, each bucket's time by stage on the model thread (since
+# summary (scripts/device/text_e2e_summary.py) adds them up; at debug, each bucket's time by stage on the model thread (since
 # c24472d its waveforms are cut into segments on another thread; before, audio_out_ms was that).
 # voxbatch::model logs "model loaded" (the summary's load end).
 export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model=info,voxbatch::model::cosyvoice2::tts=debug}

@@ -154,15 +154,23 @@ pub fn has_packages(dir: &Path, device: Device, precision: Precision, vocoder: P
     present("estimator", precision) || present("hift", vocoder)
 }
 
+/// What [`profile_precision`] appends for a directory whose token2wav runs compiled kernels.
+const COMPILED_PROFILE_SUFFIX: &str = "+compiled";
+
 /// The precision a memory profile is filed under: `bf16`, or `bf16+compiled` for a directory whose
 /// token2wav runs compiled kernels (their peak memory is not the eager port's). Blocking (NVML).
 pub fn profile_precision(manifest: &super::Manifest, device: Device, precision: Precision) -> String {
     let Some(dims) = manifest.cosyvoice2.as_ref() else { return precision.to_string() };
     if has_packages(&manifest.dir, device, precision, dims.vocoder()) {
-        format!("{precision}+compiled")
+        format!("{precision}{COMPILED_PROFILE_SUFFIX}")
     } else {
         precision.to_string()
     }
+}
+
+/// Whether a [`profile_precision`] says the model runs compiled kernels.
+pub fn is_compiled_profile(profile_precision: &str) -> bool {
+    profile_precision.ends_with(COMPILED_PROFILE_SUFFIX)
 }
 
 /// A usable package: what it runs at and the largest batch and length (mel frames) it takes.

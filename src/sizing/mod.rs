@@ -204,7 +204,7 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
     // profile precision above says so: `+compiled`) is not the batches' (the calibrated peaks do
     // not include it).
     let graphs = match device {
-        Device::Cuda(_) if precision.ends_with("+compiled") => cfg.model.flow_graphs.reserve_bytes() as f64,
+        Device::Cuda(_) if crate::model::compiled::is_compiled_profile(&precision) => cfg.model.flow_graphs.reserve_bytes() as f64,
         _ => 0.0,
     };
     let budget = budget - graphs;
