@@ -57,6 +57,9 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
     assert!(compiled.flow.is_compiled(), "the estimator package of this machine's key is used");
     // The vocoder's package is filed under its own precision (tf32, which on a CPU is fp32).
     assert!(compiled.hift.compiled().is_some(), "the vocoder package of this machine's key is used");
+    // Which variant a package computes comes from its metadata (for the log): bootstrap compiles the defaults.
+    let hift_variant = &compiled.hift.compiled().unwrap().variant;
+    assert!(hift_variant.contains("layout=time-major") && hift_variant.contains("hift_channel_multiple=1"), "{hift_variant}");
     let (out_e, out_c) = (run(&mut eager), run(&mut compiled));
     // Each batch says which kernels its steps ran on (the worker records it per batch).
     use voxbatch::model::{kernels, Synthesizer};
@@ -127,6 +130,38 @@ fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
     let as_fp32 = package.run(&[&x, &mask, &mu, &t, &spks32, &cond]).unwrap().remove(0);
     assert_eq!(as_bf16.size(), [b, 80, frames]);
     assert!(as_bf16.equal(&as_fp32), "bf16 inputs are read as their fp32 values");
+}
+
+/// Each way tools/compile_token2wav.py can lay out the stages it compiles (the time-major
+/// estimator's convolution paths and Mish forms, the vocoder body's padded STFT channels)
+/// computes what the reference's own modules compute: its `--eager-check` on the tiny model in
+/// fp32, no compile. A variant must agree before it is worth a GPU's time to measure; on the GPU
+/// the compiled package is then checked against its eager module (`--check`).
+#[test]
+fn every_compile_variant_computes_the_reference_stages() {
+    let variants: [&[&str]; 3] = [
+        &["--layout", "time-major-strided", "--mish", "exp", "--hift-channel-multiple", "4"],
+        &["--layout", "time-major-shift", "--hift-channel-multiple", "8"],
+        &["--layout", "time-major", "--mish", "exp"],
+    ];
+    for args in variants {
+        let out = std::process::Command::new(repo_path(".venv/bin/python"))
+            .arg(repo_path("tools/compile_token2wav.py"))
+            .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--device", "cpu", "--precision", "fp32"])
+            .args(["--attention", "sdpa", "--eager-check"])
+            .args(args)
+            .output()
+            .expect("the project venv's python (scripts/bootstrap.sh)");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let reports: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(reports.len(), 2, "{args:?}: one report per stage: {stdout}");
+        for r in &reports {
+            let worst = r["max_abs_difference_vs_reference_eager"].as_f64().unwrap();
+            // fp32 on a CPU: the same sums in another order (the reference layout's own packages: 4e-6).
+            assert!(worst < 1e-4, "{args:?}: {} differs from the reference by {worst}", r["stage"]);
+        }
+    }
 }
 
 /// Issue 16's check on a GPU: the compiled stages against the eager port at the same precision

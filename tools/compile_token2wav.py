@@ -68,7 +68,23 @@ against 0.22) — so it stays an experiment. `--layout time-major-shift` (experi
 measured on a GPU) computes each causal convolution as one matmul of every frame by all three
 taps' weights and a sum of the taps' outputs shifted into place (`causal_conv`'s "shift" path): no
 window of frames is written — the time-major package's slowest element-wise kernel (0.127 s of 1.41
-per batch of 128) builds those windows.
+per batch of 128) builds those windows. `--layout time-major-strided` (experimental, not yet
+measured on a GPU) keeps the window but copies it from an overlapping strided view of the padded
+frames (`causal_conv`'s "strided" path). Why the window kernel is slow: on CUDA inductor lowers the
+`torch.cat` of the three shifted frames to one element-wise kernel that, for each output, evaluates
+every input's expression under a mask (`lowering.py`'s `pointwise_cat`) — the block's layer-norm
+output through Mish, the mask and the time embedding, three times for each of a frame's 3·C
+outputs; the kernel's name in the profile lists that Mish. A strided view makes inductor realize
+the padded producer once (its `as_strided` lowering realizes its input), so the window becomes a
+plain copy. `--mish exp` (experimental) computes the estimator's Mish through one exponential and
+one division instead of exp, log1p and tanh (`time_major_estimator.mish_exp`, within a few fp32
+ulps of torch's).
+
+`--hift-channel-multiple 4` (experimental, not yet measured on a GPU) pads the vocoder body's
+18-channel convolutions — the source downsamplers' input and conv_post's output — with zero
+channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and the compiled
+vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
+convolutions. Same result (the padded channels are zero in, dropped out).
 
 `--ff-gelu epilogue` (the default) computes each transformer block's feed-forward input projection
 and its GELU as one cuBLASLt matmul with the bias and GELU in the epilogue (`EpilogueGelu`): with
@@ -89,10 +105,12 @@ estimator's side-by-side frames) is written once rather than recomputed in each.
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
-                            [--layout reference|time-major|time-major-cudnn|time-major-shift] [--ff-gelu epilogue|exact]
-                            [--inductor-option KEY=VALUE]... [--check]
+                            [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
+                            [--ff-gelu epilogue|exact] [--mish exact|exp] [--hift-channel-multiple K]
+                            [--inductor-option KEY=VALUE]... [--check | --eager-check]
 """
 import argparse
+import dataclasses
 import functools
 import hashlib
 import json
@@ -266,7 +284,7 @@ def stage_weights(model_dir, prefix):
 
 
 # --layout values: the reference's channel-major modules, then the time-major ones.
-LAYOUTS = ["reference", "time-major", "time-major-cudnn", "time-major-shift"]
+LAYOUTS = ["reference", "time-major", "time-major-strided", "time-major-cudnn", "time-major-shift"]
 
 # --ff-gelu values: the reference's Linear then GELU, or both in one matmul's epilogue.
 FF_GELUS = ["exact", "epilogue"]
@@ -304,7 +322,7 @@ def fuse_ff_gelus(estimator):
     return fused
 
 
-def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference", ff_gelu="exact"):
+def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference", ff_gelu="exact", mish="exact"):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
     decoder_module.add_optional_chunk_mask = exportable_chunk_mask
@@ -327,7 +345,10 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
         fuse_ff_gelus(estimator)
     if layout != "reference":
         from time_major_estimator import TimeMajorDecoder
-        estimator = TimeMajorDecoder(estimator, {"time-major-cudnn": "cudnn", "time-major-shift": "shift"}.get(layout, "matmul"))
+        conv = {"time-major-strided": "strided", "time-major-cudnn": "cudnn", "time-major-shift": "shift"}.get(layout, "matmul")
+        estimator = TimeMajorDecoder(estimator, conv, mish)
+    elif mish != "exact":
+        sys.exit("--mish exp needs a time-major --layout (the reference's modules keep torch's Mish)")
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
 
 
@@ -370,14 +391,27 @@ class HiftBody(torch.nn.Module):
     channels-last memory (each frame's channels contiguous, the layout cuDNN's convolution kernels
     take), the convolutions as 2-D ones of height 1 — so cuDNN does not convert every convolution's
     input and output between layouts (≈ 0.1 s of the compiled vocoder's 0.48 s per batch of 128 on
-    the H200, 2026-12-04). Inputs and output keep the channel-major `[B, C, T]` interface."""
+    the H200, 2026-12-04). Inputs and output keep the channel-major `[B, C, T]` interface.
 
-    def __init__(self, weights, channels, device_type, dtype, time_major=False):
+    `channel_multiple` (`--hift-channel-multiple`, experimental, not yet measured on a GPU): the
+    convolutions on the 18 STFT channels — the source downsamplers' input and conv_post's output —
+    padded with zero channels to a multiple of this (4 → 20), the padded outputs dropped: same
+    result. cuDNN's fast TF32 kernels want channel counts in multiples of 4 (16 bytes); the profile
+    of the compiled vocoder (H200, 2026-12-05, batch 128) shows six calls of a slow "analytic" TF32
+    kernel (6 ms each) and 70 layout conversions beside its other convolutions."""
+
+    def __init__(self, weights, channels, device_type, dtype, time_major=False, channel_multiple=1):
         super().__init__()
         self.names = {}
+        stft = N_FFT + 2
+        self.stft_padding = -stft % channel_multiple
         for k, v in weights.items():
             name = k.replace(".", "__")
             v = v.float()
+            if self.stft_padding and k.startswith("source_downs.") and k.endswith(".weight"):
+                v = torch.nn.functional.pad(v, (0, 0, 0, self.stft_padding))  # [C_out, 18 + pad, kernel]
+            elif self.stft_padding and k.startswith("conv_post."):
+                v = torch.nn.functional.pad(v, (0, 0) * (v.dim() - 1) + (0, self.stft_padding))  # 18 + pad outputs
             if time_major and v.dim() == 3:  # convolution weights as 2-D kernels of height 1
                 v = v.unsqueeze(2).contiguous(memory_format=torch.channels_last)
             self.register_buffer(name, v)
@@ -440,9 +474,13 @@ class HiftBody(torch.nn.Module):
                 xs = xs + self.resblock(x, f"resblocks.{3 * i + j}", m)
             x = xs / 3.0
         out = self.conv(torch.nn.functional.leaky_relu(x), "conv_post").float()
+        if self.stft_padding:
+            out = out[:, :N_FFT + 2]
         return out.squeeze(2).contiguous() if self.time_major else out
 
     def forward(self, mel, s_stft, frames):
+        if self.stft_padding:
+            s_stft = torch.nn.functional.pad(s_stft, (0, 0, 0, self.stft_padding))
         if self.time_major:
             mel, s_stft = (x.unsqueeze(2).contiguous(memory_format=torch.channels_last) for x in (mel, s_stft))
         if self.dtype is None:
@@ -451,10 +489,10 @@ class HiftBody(torch.nn.Module):
             return self.body(mel, s_stft, frames)
 
 
-def build_hift(model_dir, device, precision, layout="reference"):
+def build_hift(model_dir, device, precision, layout="reference", channel_multiple=1):
     _, d = read_dims(model_dir)
     return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision],
-                    time_major=layout != "reference").eval().to(device)
+                    time_major=layout != "reference", channel_multiple=channel_multiple).eval().to(device)
 
 
 def hift_inputs(batch, frames, device, seed=0):
@@ -480,12 +518,45 @@ STAGES = {
 }
 
 
-def stage_parts(stage, attention, layout="reference", ff_gelu="exact"):
-    """A stage's (build, example inputs, dynamic shapes), the estimator built with `attention`,
-    `layout` and `ff_gelu`."""
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How a stage is computed beside its weights and precision: the estimator's attention,
+    layout, feed-forward GELU and Mish, the vocoder's layout and STFT channel multiple. The
+    defaults are the reference's own computation (what `--check` compares a variant with)."""
+    attention: str = "sdpa"
+    layout: str = "reference"
+    ff_gelu: str = "exact"
+    mish: str = "exact"
+    hift_channel_multiple: int = 1
+
+    def for_stage(self, stage):
+        """The fields that shape `stage` (the others left at their defaults)."""
+        if stage == "estimator":
+            return dataclasses.replace(self, hift_channel_multiple=1)
+        return Variant(layout=self.layout, hift_channel_multiple=self.hift_channel_multiple)
+
+    def is_reference(self, stage):
+        return self.for_stage(stage) == Variant()
+
+    def metadata(self, stage):
+        """The package metadata that records the variant (`voxbatch.*`)."""
+        v = self.for_stage(stage)
+        if stage == "estimator":
+            return {"voxbatch.attention": v.attention, "voxbatch.ff_gelu": v.ff_gelu, "voxbatch.mish": v.mish,
+                    "voxbatch.layout": v.layout}
+        return {"voxbatch.layout": v.layout, "voxbatch.hift_channel_multiple": str(v.hift_channel_multiple)}
+
+    def cli_args(self):
+        return ["--attention", self.attention, "--layout", self.layout, "--ff-gelu", self.ff_gelu, "--mish", self.mish,
+                "--hift-channel-multiple", str(self.hift_channel_multiple)]
+
+
+def stage_parts(stage, variant):
+    """A stage's (build, example inputs, dynamic shapes), built as `variant` says."""
     build, example, shapes = STAGES[stage]
-    build = functools.partial(build, attention=attention, layout=layout, ff_gelu=ff_gelu) if stage == "estimator" \
-        else functools.partial(build, layout=layout)
+    v = variant
+    build = functools.partial(build, attention=v.attention, layout=v.layout, ff_gelu=v.ff_gelu, mish=v.mish) \
+        if stage == "estimator" else functools.partial(build, layout=v.layout, channel_multiple=v.hift_channel_multiple)
     return build, example, shapes
 
 
@@ -511,12 +582,12 @@ TUNINGS = {
 }
 
 
-def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, attention="sdpa", tuning="none",
-                  layout="reference", inductor_options=None, ff_gelu="exact"):
+def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, variant=Variant(), tuning="none",
+                  inductor_options=None):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
     between the package and the eager module on two random batches (and, for an estimator with
     another attention or layout, between its eager module and the reference's SDPA one)."""
-    build, example, shapes = stage_parts(stage, attention, layout, ff_gelu)
+    build, example, shapes = stage_parts(stage, variant)
     set_tf32(device, precision)
     key = package_key(device, precision)
     module = build(model_dir, device, precision)
@@ -540,9 +611,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
                     "voxbatch.max_frames": str(max_frames), "voxbatch.max_batch": str(max_batch)}
         if stage == "estimator":
             metadata["voxbatch.frame_multiple"] = str(FRAME_MULTIPLE)
-            metadata["voxbatch.attention"] = attention
-            metadata["voxbatch.ff_gelu"] = ff_gelu
-        metadata["voxbatch.layout"] = layout
+        metadata.update(variant.metadata(stage))
         metadata["voxbatch.tuning"] = tuning
         if inductor_options:
             metadata["voxbatch.inductor_options"] = json.dumps(inductor_options, sort_keys=True)
@@ -552,21 +621,29 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     # Said before the check: a failure there must not hide that (and what) the compile wrote.
     print(json.dumps(report), flush=True)
     if check:
-        # Another attention's or layout's eager module against the reference's SDPA one, then the
-        # package against the eager module (in a child process).
-        if layout != "reference" or (stage == "estimator" and (attention != "sdpa" or ff_gelu != "exact")):
-            reference = stage_parts(stage, "sdpa")[0](model_dir, device, precision)
-            worst = worst_difference(module, reference, example, device)
-            print(json.dumps({"attention": attention, "layout": layout, "ff_gelu": ff_gelu,
-                              "max_abs_difference_vs_sdpa_eager": worst}), flush=True)
-        check_package_in_child(stage, model_dir, device, precision, attention, layout, path, ff_gelu)
+        # Another variant's eager module against the reference's own (SDPA, reference layout), then
+        # the package against the eager module (in a child process).
+        if not variant.is_reference(stage):
+            check_eager(stage, model_dir, device, precision, variant, module)
+        check_package_in_child(stage, model_dir, device, precision, variant, path)
 
 
-def check_package_in_child(stage, model_dir, device, precision, attention, layout, path, ff_gelu="exact"):
+def check_eager(stage, model_dir, device, precision, variant, module=None):
+    """Prints the worst difference between `variant`'s eager module and the reference's own
+    (`--eager-check`: no export, seconds on a CPU; tests/compiled.rs runs it for each variant)."""
+    build, example, _ = stage_parts(stage, variant)
+    set_tf32(device, precision)
+    module = module or build(model_dir, device, precision)
+    reference = stage_parts(stage, Variant())[0](model_dir, device, precision)
+    worst = worst_difference(module, reference, example, device)
+    print(json.dumps({"stage": stage, **variant.metadata(stage), "max_abs_difference_vs_reference_eager": worst}), flush=True)
+
+
+def check_package_in_child(stage, model_dir, device, precision, variant, path):
     """Runs this script's `--check-package` in a child process (see the module doc: a package
     loaded into Python has killed the process on the H200 host) and says how it ended."""
     args = [sys.executable, os.path.abspath(__file__), "--model", model_dir, "--device", str(device), "--stages", stage,
-            "--precision", precision, "--vocoder-precision", precision, "--attention", attention, "--layout", layout, "--ff-gelu", ff_gelu, "--check-package", path]
+            "--precision", precision, "--vocoder-precision", precision, *variant.cli_args(), "--check-package", path]
     done = subprocess.run(args, check=False)
     if done.returncode != 0:
         how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
@@ -575,9 +652,9 @@ def check_package_in_child(stage, model_dir, device, precision, attention, layou
                           "(tests/compiled.rs)"}), flush=True)
 
 
-def check_package(stage, model_dir, device, precision, attention, layout, path, ff_gelu="exact"):
+def check_package(stage, model_dir, device, precision, variant, path):
     """Loads the package at `path` and prints its worst difference from the eager module."""
-    build, example, _ = stage_parts(stage, attention, layout, ff_gelu)
+    build, example, _ = stage_parts(stage, variant)
     set_tf32(device, precision)
     module = build(model_dir, device, precision)
     loaded = torch._inductor.aoti_load_package(path)
@@ -633,16 +710,26 @@ def main():
     ap.add_argument("--layout", default="time-major", choices=LAYOUTS,
                     help="each stage's activations: time-major throughout (default; the estimator as "
                          "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-shift: the "
-                         "estimator's convolutions as one matmul per frame and a shifted sum, experimental; time-major-cudnn: "
+                         "estimator's convolutions as one matmul per frame and a shifted sum, experimental; time-major-strided: "
+                         "their windows copied from a strided view of the padded frames, experimental; time-major-cudnn: "
                          "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
                          "channel-major as the reference computes them")
     ap.add_argument("--ff-gelu", default="epilogue", choices=FF_GELUS,
                     help="the estimator's feed-forward GELU: epilogue (default): in the input projection's cuBLASLt "
                          "matmul (tanh approximation on CUDA), or exact, a separate kernel as the reference computes it")
+    ap.add_argument("--mish", default="exact", choices=["exact", "exp"],
+                    help="the time-major estimator's Mish: exact (default), torch's x·tanh(softplus(x)), or exp, the "
+                         "same function through one exponential and one division (experimental)")
+    ap.add_argument("--hift-channel-multiple", type=int, default=1, metavar="K",
+                    help="the vocoder body's convolutions on the 18 STFT channels padded with zero channels to a "
+                         "multiple of K (e.g. 4 → 20: cuDNN's TF32 kernels want multiples of 4); 1 (default): as they are. "
+                         "Same result; experimental")
     ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="KEY=VALUE",
                     help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2), "
                          "recorded in the package's metadata: for experiments")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--eager-check", action="store_true",
+                    help="no compile: print each stage's eager module's worst difference from the reference's own")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -652,12 +739,17 @@ def main():
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: estimator or hift")
         precision = a.precision if stage == "estimator" else vocoder
-        attention = resolve_attention(a.attention, device, precision)
-        if a.check_package:
-            check_package(stage, a.model, device, precision, attention, a.layout, a.check_package, a.ff_gelu)
+        variant = Variant(attention=resolve_attention(a.attention, device, precision), layout=a.layout,
+                          ff_gelu=a.ff_gelu, mish=a.mish, hift_channel_multiple=a.hift_channel_multiple)
+        if a.hift_channel_multiple < 1:
+            sys.exit("--hift-channel-multiple: 1 or more")
+        if a.eager_check:
+            check_eager(stage, a.model, device, precision, variant)
+        elif a.check_package:
+            check_package(stage, a.model, device, precision, variant, a.check_package)
         else:
-            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, attention, a.tuning,
-                          a.layout, dict(a.inductor_option), a.ff_gelu)
+            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, variant, a.tuning,
+                          dict(a.inductor_option))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ body): token2wav 840.5 audio-s/s against 664.6 with the reference's layout, flow
 a call); `TimeMajorDecoder(conv="cudnn")` (`--layout time-major-cudnn`) gives
 cuDNN the padded frames as a channels-last view instead: measured slower (832.8 against 885.0
 audio-s/s, 2026-12-04 session 12: cuDNN still converts layouts around each bf16 convolution).
+That kernel is slow because inductor builds the `torch.cat` of three shifted frames on CUDA as
+one element-wise kernel evaluating each input's expression (the block's Mish of its layer norm,
+the time embedding) under a mask for every output; `TimeMajorDecoder(conv="strided")`
+(`--layout time-major-strided`, not yet measured) copies the window from a strided view of the
+padded frames, which inductor writes once, and `mish="exp"` (`--mish exp`) computes Mish with one
+exponential instead of exp, log1p and tanh.
 
 Same computation, same precisions under autocast (matmuls in the autocast dtype, layer norms in
 fp32, the residual stream fp32 as in the reference): tools/compile_token2wav.py `--check` prints
@@ -30,9 +36,25 @@ import torch.nn.functional as F
 
 
 # How causal convolutions of kernel > 1 run: "matmul", the frames side by side then one matmul;
-# "cudnn", cuDNN's convolution given the time-major tensor as a channels-last view; "shift", one
-# matmul of each frame by every tap's weights, then each tap's output shifted into place and summed.
-CONV_PATHS = ("matmul", "cudnn", "shift")
+# "strided", the same matmul over a copy of the padded frames' overlapping view; "cudnn", cuDNN's
+# convolution given the time-major tensor as a channels-last view; "shift", one matmul of each frame
+# by every tap's weights, then each tap's output shifted into place and summed.
+CONV_PATHS = ("matmul", "strided", "cudnn", "shift")
+
+# How Mish is computed: "exact", torch's `x·tanh(softplus(x))`; "exp", the same function through
+# one exponential and one division (`mish_exp`).
+MISH_FORMS = ("exact", "exp")
+
+
+def mish_exp(x):
+    """Mish as `x · n / (n + 2)`, n = eˣ(eˣ + 2): tanh(log(1 + eˣ)) written out, one exponential
+    and one division instead of inductor's exp, log1p and tanh. Above x = 20 (where torch's softplus
+    returns x and tanh rounds to 1) n/(n + 2) is 1 in fp32, so the exponent is clamped there and
+    large inputs come out as x. Within a few fp32 ulps of `F.mish` (`--check` prints the estimator's
+    difference)."""
+    e = torch.exp(torch.clamp(x, max=20.0))
+    n = e * (e + 2.0)
+    return x * (n / (n + 2.0))
 
 
 def causal_conv(conv, x, path="matmul"):
@@ -42,7 +64,14 @@ def causal_conv(conv, x, path="matmul"):
     channel fastest ("cudnn": its channels-last kernels take that layout as it is), or ("shift")
     each frame times every tap's weights in one matmul (`[B, T, kernel·C_out]`), tap k's outputs
     delayed by kernel−1−k frames and summed: no window of frames is written, and the sum is
-    element-wise work inductor can fuse into the consumer (the block's layer norm)."""
+    element-wise work inductor can fuse into the consumer (the block's layer norm), or ("strided")
+    the window of "matmul" copied from an overlapping view of the padded frames (row t of the
+    window is the padded tensor's 3·C values from frame t on): the view makes inductor write the
+    padded producer once, in the matmul's dtype, and the window is a plain copy. With "matmul"
+    inductor on CUDA builds the window as one element-wise kernel that evaluates the producer
+    (the block's Mish, the time embedding) once per tap for each of the 3·C outputs of a frame —
+    the time-major package's slowest element-wise kernel (0.128 s for 140 calls in a batch of 128,
+    H200, 2026-12-05)."""
     kernel = conv.kernel_size[0]
     weight = conv.weight  # [C_out, C_in, kernel]
     if kernel == 1:
@@ -60,6 +89,15 @@ def causal_conv(conv, x, path="matmul"):
                 tap = F.pad(tap[:, :frames - delay], (0, 0, delay, 0))
             out = tap if out is None else out + tap
         return out + conv.bias if conv.bias is not None else out
+    if path == "strided":
+        # Cast before the pad, as autocast would cast the window: the padded frames are written once, small.
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind):
+            x = x.to(torch.get_autocast_dtype(kind))
+        padded = F.pad(x, (0, 0, kernel - 1, 0))
+        batch, padded_frames, channels = padded.shape
+        window = padded.as_strided((batch, frames, kernel * channels), (padded_frames * channels, channels, 1))
+        return F.linear(window, weight.permute(0, 2, 1).reshape(weight.shape[0], -1), conv.bias)
     padded = F.pad(x, (0, 0, kernel - 1, 0))
     if path == "cudnn":
         return F.conv1d(padded.transpose(1, 2), weight, conv.bias).transpose(1, 2)
@@ -68,17 +106,19 @@ def causal_conv(conv, x, path="matmul"):
     return F.linear(window, weight.permute(0, 2, 1).reshape(weight.shape[0], -1), conv.bias)
 
 
-def causal_block(block, x, mask, path):
-    """`CausalBlock1D`: convolution, LayerNorm over channels, Mish, masked before and after."""
-    conv, _, norm, _, mish = block.block
-    return mish(norm(causal_conv(conv, x * mask, path))) * mask
+def causal_block(block, x, mask, path, mish="exact"):
+    """`CausalBlock1D`: convolution, LayerNorm over channels, Mish (`mish`: MISH_FORMS), masked
+    before and after."""
+    conv, _, norm, _, exact_mish = block.block
+    h = norm(causal_conv(conv, x * mask, path))
+    return (mish_exp(h) if mish == "exp" else exact_mish(h)) * mask
 
 
-def causal_resnet(resnet, x, mask, time_emb, path):
+def causal_resnet(resnet, x, mask, time_emb, path, mish="exact"):
     """`CausalResnetBlock1D` (matcha's `ResnetBlock1D.forward`)."""
-    h = causal_block(resnet.block1, x, mask, path)
+    h = causal_block(resnet.block1, x, mask, path, mish)
     h = h + resnet.mlp(time_emb).unsqueeze(1)
-    h = causal_block(resnet.block2, h, mask, path)
+    h = causal_block(resnet.block2, h, mask, path, mish)
     return h + causal_conv(resnet.res_conv, x * mask)
 
 
@@ -86,10 +126,10 @@ class TimeMajorDecoder(torch.nn.Module):
     """`CausalConditionalDecoder.forward(x, mask, mu, t, spks, cond, streaming=False)` on
     time-major activations: same arguments (`[B, 80, T]` in and out), same weights."""
 
-    def __init__(self, reference, conv="matmul"):
+    def __init__(self, reference, conv="matmul", mish="exact"):
         super().__init__()
-        assert conv in CONV_PATHS, conv
-        self.conv = conv
+        assert conv in CONV_PATHS and mish in MISH_FORMS, (conv, mish)
+        self.conv, self.mish = conv, mish
         from cosyvoice.flow.decoder import CausalConv1d
         if len(reference.down_blocks) != 1 or not isinstance(reference.down_blocks[0][2], CausalConv1d) \
                 or not isinstance(reference.up_blocks[0][2], CausalConv1d):
@@ -119,21 +159,21 @@ class TimeMajorDecoder(torch.nn.Module):
         time_mask = mask.transpose(1, 2)  # [B, T, 1]
 
         resnet, blocks, downsample = ref.down_blocks[0]
-        h = causal_resnet(resnet, h, time_mask, time_emb, self.conv)
+        h = causal_resnet(resnet, h, time_mask, time_emb, self.conv, self.mish)
         h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
         skip = h
         h = causal_conv(downsample, h * time_mask, self.conv)
 
         for resnet, blocks in ref.mid_blocks:
-            h = causal_resnet(resnet, h, time_mask, time_emb, self.conv)
+            h = causal_resnet(resnet, h, time_mask, time_emb, self.conv, self.mish)
             h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
 
         resnet, blocks, upsample = ref.up_blocks[0]
         h = torch.cat([h[:, :skip.shape[1]], skip], dim=-1)
-        h = causal_resnet(resnet, h, time_mask, time_emb, self.conv)
+        h = causal_resnet(resnet, h, time_mask, time_emb, self.conv, self.mish)
         h = self.transformers(blocks, h, self.attention_bias(mask, frames, h.dtype), time_emb)
         h = causal_conv(upsample, h * time_mask, self.conv)
 
-        h = causal_block(ref.final_block, h, time_mask, self.conv)
+        h = causal_block(ref.final_block, h, time_mask, self.conv, self.mish)
         out = causal_conv(ref.final_proj, h * time_mask)
         return (out * time_mask).transpose(1, 2)

@@ -10,9 +10,10 @@
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
 # STAGES (estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
-# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-shift | time-major-cudnn | reference: each stage's
-# activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue | exact: the estimator's
-# feed-forward GELU, tools/compile_token2wav.py --ff-gelu), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
+# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-strided | time-major-shift |
+# time-major-cudnn | reference: each stage's activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue |
+# exact: the estimator's feed-forward GELU, tools/compile_token2wav.py --ff-gelu), MISH (exact | exp: --mish),
+# HIFT_CHANNEL_MULTIPLE (1 | 4 | 8: --hift-channel-multiple), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
 # settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
@@ -58,7 +59,8 @@ if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
-  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
+  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --mish "${MISH:-exact}" \
+  --hift-channel-multiple "${HIFT_CHANNEL_MULTIPLE:-1}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
   | tee "$OUT/compile-${STAGES/,/-}.log" | tail -6

@@ -30,10 +30,11 @@ xz -dc .t2w/cosyvoice2_parity.xz > /tmp/cosyvoice2_parity && chmod +x /tmp/cosyv
 VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^PRECISION|^test |test result|panicked"
 fi
 # Compiled vs eager at the same precision (issue 16): the tiny model's packages compiled on this GPU
-# (flow bf16, vocoder tf32), then tests/compiled.rs's GPU test (.t2w/compiled.xz).
+# (flow bf16, vocoder tf32; COMPILE_ARGS: more tools/compile_token2wav.py arguments, e.g. a variant's
+# "--layout time-major-strided --mish exp"), then tests/compiled.rs's GPU test (.t2w/compiled.xz).
 G=models/cosyvoice2-tiny-compiled-gpu; rm -rf "$G"; mkdir -p "$G"
 for f in models/cosyvoice2-tiny/*; do ln -s "$PWD/$f" "$G/"; done
-$PY tools/compile_token2wav.py --model "$G" --device "${DEVICE:-cuda:0}" --precision bf16 --max-frames 400 --max-batch 16 2>&1 \
+$PY tools/compile_token2wav.py --model "$G" --device "${DEVICE:-cuda:0}" --precision bf16 --max-frames 400 --max-batch 16 ${COMPILE_ARGS:-} 2>&1 \
   | grep -v -i "warn\|deprecat\|__new__" | cut -c1-300
 xz -dc .t2w/compiled.xz > /tmp/compiled_test && chmod +x /tmp/compiled_test || exit 1
 VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/compiled_test --ignored --test-threads 1 --nocapture 2>&1 | grep -E "^COMPILED|^test |test result|panicked"

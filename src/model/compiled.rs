@@ -183,7 +183,14 @@ pub struct CompiledStage {
     /// since 2026-12-04, whose attention needs aligned rows; 2 for earlier estimators, which took
     /// even lengths; 1 for the vocoder body), and at least two of them.
     pub frame_multiple: i64,
+    /// How the package computes its stage, as its metadata says (`layout=… mish=…`: the compile
+    /// tool's variant, tuning and inductor options; [`VARIANT_KEYS`]), for the log.
+    pub variant: String,
 }
+
+/// The metadata keys (after `voxbatch.`) that say how a package computes its stage: what
+/// tools/compile_token2wav.py's `Variant`, `--tuning` and `--inductor-option` wrote.
+pub const VARIANT_KEYS: [&str; 7] = ["layout", "attention", "ff_gelu", "mish", "hift_channel_multiple", "tuning", "inductor_options"];
 
 impl CompiledStage {
     /// Whether a call of `batch` rows and `frames` mel frames is within the package's shapes.
@@ -260,7 +267,12 @@ pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precisio
         },
         Err(e) => return unusable(format!("metadata: {e}")),
     };
-    PackageChoice::Compiled(CompiledStage { package, precision, max_batch: limits[0], max_frames: limits[1], frame_multiple })
+    let variant = VARIANT_KEYS
+        .iter()
+        .filter_map(|k| package.metadata(&format!("voxbatch.{k}")).ok().filter(|v| !v.is_empty()).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    PackageChoice::Compiled(CompiledStage { package, precision, max_batch: limits[0], max_frames: limits[1], frame_multiple, variant })
 }
 
 #[cfg(test)]

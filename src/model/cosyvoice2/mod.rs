@@ -135,7 +135,7 @@ fn compiled_stage(dir: &Path, stage: &str, device: Device, precision: Precision,
     };
     match find_package(dir, stage, device, precision, weights) {
         PackageChoice::Compiled(c) => {
-            tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, "runs compiled");
+            tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, variant = %c.variant, "runs compiled");
             Some(c)
         }
         PackageChoice::Absent { key } => {

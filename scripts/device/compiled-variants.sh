@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Issue 16's candidate packages side by side on one warm GPU machine, through compiled-bench.sh:
+# STAGE=compile compiles the default packages (estimator and vocoder body, /tmp/cv2full-compiled)
+# and, once the full model is built, every variant into its own directory (/tmp/cv2full-NAME), all
+# at once; each variant directory then holds the default's package for any stage it did not compile.
+# STAGE=bench benches the eager model (EAGER=1), the default directory and every variant that
+# compiled, at BATCHES with PROFILE, then the fastest of them again at SWEET's batches, and the
+# reference token2wav (REFERENCE=1: the official code path at batch 1, flow fp16 and bf16 autocast,
+# HiFT outside it with torch's default TF32) — all in one call, as docs/PERFORMANCE.md's tables need.
+# STAGE=all does both (a fresh machine; over 6 minutes).
+#
+# Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
+# settings (LAYOUT, MISH, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, TUNING, STAGES — default
+# estimator; a variant of the vocoder alone says STAGES=hift), e.g.
+#   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
+# and a variant may name another's packages with FROM=NAME (the union of two, no compile of its own:
+# "both:FROM=strided-exp+FROM=hift4"). Also STAGE (all | compile | bench), EAGER (1), SWEET (e.g.
+# 192,256; empty: none), REFERENCE (0), BATCHES (128), REPEATS (3), PROFILE (1), UTTERANCE_SECONDS,
+# OUT, PY. Logs: everything under WORK (/tmp/variants); OUT gets variants-compile.log,
+# variants-bench.log (each bench's summary lines and profile tables), variants-token2wav.jsonl (each
+# bench's JSON, one a line) and reference.json — few files, as the device tool returns few.
+# Carry: .whl .t2w (pack-gpu.sh).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/variants-out}; mkdir -p "$OUT"
+WORK=${WORK:-/tmp/variants}; mkdir -p "$WORK"
+PY=${PY:-python3}; export PY
+log() { echo "[variants $(date -u +%T)] $*"; }
+BENCH=${BENCH:-scripts/device/compiled-bench.sh}  # (another script only to try this one without a GPU)
+M=/tmp/cv2full
+DEFAULT=/tmp/cv2full-compiled
+STAGE=${STAGE:-all}
+ALLOWED=" LAYOUT MISH FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE TUNING STAGES FROM "
+
+# name_of SPEC / settings_of SPEC: a variant's name and its KEY=VALUE settings, one a line.
+name_of() { echo "${1%%:*}"; }
+settings_of() { [ "${1#*:}" != "$1" ] && echo "${1#*:}" | tr '+' '\n'; }
+for spec in ${VARIANTS:-}; do
+  name=$(name_of "$spec")
+  [[ "$name" =~ ^[a-z0-9-]+$ ]] || { log "variant name '$name': lower-case letters, digits and '-' only"; exit 2; }
+  while read -r kv; do
+    [ -z "$kv" ] && continue
+    case "$ALLOWED" in *" ${kv%%=*} "*) ;; *) log "variant $name: unknown setting '${kv%%=*}' (one of:$ALLOWED)"; exit 2 ;; esac
+  done < <(settings_of "$spec")
+done
+
+# link_missing FROM TO: TO's compiled/ gets FROM's own package (not one FROM links to) for each
+# stage and key it lacks.
+link_missing() {
+  for f in "$1"/compiled/*/*.pt2; do
+    [ -f "$f" ] && [ ! -L "$f" ] || continue
+    rel=${f#"$1"/}
+    [ -e "$2/$rel" ] || { mkdir -p "$(dirname "$2/$rel")"; ln -sfn "$(readlink -f "$f")" "$2/$rel"; }
+  done
+}
+
+if [ "$STAGE" != bench ]; then
+  log "compiling the default packages"
+  (OUT=$WORK/default STAGE=compile bash "$BENCH" > "$WORK/compile-default.log" 2>&1; echo "compile default rc=$?" >> "$WORK/compile-default.log") &
+  pids="$!"
+  # The variants start once the default's run has built the model (its compile has begun).
+  for _ in $(seq 300); do grep -q "compiling" "$WORK/compile-default.log" 2>/dev/null && break; sleep 2; done
+  for spec in ${VARIANTS:-}; do
+    name=$(name_of "$spec"); settings=$(settings_of "$spec")
+    echo "$settings" | grep -q '^FROM=' && continue
+    log "compiling variant $name: $(echo $settings)"
+    rm -rf "/tmp/cv2full-$name/compiled"
+    (env STAGES=estimator $settings COMPILED_DIR="/tmp/cv2full-$name" SITE="/tmp/site-$name" OUT="$WORK/$name" STAGE=compile \
+       bash "$BENCH" > "$WORK/compile-$name.log" 2>&1; echo "compile $name rc=$?" >> "$WORK/compile-$name.log") &
+    pids="$pids $!"
+  done
+  wait $pids
+  for f in "$WORK"/compile-*.log; do echo "== $(basename "$f")"; grep -v -e "^Looking" "$f" | cut -c1-400; done > "$OUT/variants-compile.log"
+  grep -h -E "rc=|compile_seconds|max_abs" "$WORK"/compile-*.log | cut -c1-300
+fi
+[ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
+
+# Every variant directory: its own packages, then the ones it names with FROM, then the default's.
+DIRS=$DEFAULT
+for spec in ${VARIANTS:-}; do
+  name=$(name_of "$spec"); V=/tmp/cv2full-$name; mkdir -p "$V"
+  for from in $(settings_of "$spec" | sed -n 's/^FROM=//p'); do link_missing "/tmp/cv2full-$from" "$V"; done
+  link_missing "$DEFAULT" "$V"
+  if ls "$V"/compiled/*/*.pt2 > /dev/null 2>&1; then DIRS="$DIRS $V"; else log "variant $name has no packages: not benched"; fi
+done
+[ "${EAGER:-1}" = 1 ] && DIRS="$M/model $DIRS"
+log "bench at batches ${BATCHES:-128}: $DIRS"
+OUT=$WORK/bench BENCH_DIRS="$DIRS" BATCHES=${BATCHES:-128} REPEATS=${REPEATS:-3} PROFILE=${PROFILE-1} STAGE=bench \
+  bash "$BENCH" 2>&1 | grep -E "audio-s/s|^\[compiled|exited"
+# The fastest compiled directory at the largest batch benched.
+largest=$(echo "${BATCHES:-128}" | tr ',' '\n' | sort -n | tail -1)
+best=; best_rate=0
+for d in $DIRS; do
+  [ "$d" = "$M/model" ] && continue
+  rate=$(grep -h "batch $largest: " "$WORK/bench/$(basename "$d").log" 2>/dev/null | sed -n 's/.*: \([0-9.]*\) audio-s\/s.*/\1/p' | head -1)
+  [ -n "$rate" ] && awk -v a="$rate" -v b="$best_rate" 'BEGIN { exit !(a > b) }' && { best=$d; best_rate=$rate; }
+done
+log "fastest at batch $largest: ${best:-none} ($best_rate audio-s/s)"
+if [ -n "${SWEET:-}" ] && [ -n "$best" ]; then
+  log "sweet spot: $(basename "$best") at batches $SWEET"
+  OUT=$WORK/sweet BENCH_DIRS="$best" BATCHES=$SWEET REPEATS=${REPEATS:-3} PROFILE= STAGE=bench \
+    bash "$BENCH" 2>&1 | grep -E "audio-s/s|^\| bf16|^\| fp16|exited"
+fi
+if [ "${REFERENCE:-0}" = 1 ]; then
+  log "reference token2wav (official code path, batch 1: flow fp16 and bf16 autocast, HiFT outside it)"
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $PY tools/bench_reference_token2wav.py --official "$M/official" \
+    --precisions fp16,bf16 --repeats 3 --out "$OUT/reference.json" 2>&1 | grep -v -i warn
+fi
+for f in "$WORK"/bench/*.log "$WORK"/sweet/*.log; do [ -e "$f" ] && { echo "== $f"; grep -v "INFO\|WARN" "$f"; }; done > "$OUT/variants-bench.log"
+for f in "$WORK"/bench/*/token2wav-*/token2wav.json "$WORK"/sweet/*/token2wav-*/token2wav.json; do
+  [ -e "$f" ] && $PY -c 'import json, sys; d = json.load(open(sys.argv[1])); d["file"] = sys.argv[1]; print(json.dumps(d))' "$f"
+done > "$OUT/variants-token2wav.jsonl"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+log "done"
