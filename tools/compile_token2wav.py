@@ -86,6 +86,11 @@ channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and 
 vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
 convolutions. Same result (the padded channels are zero in, dropped out).
 
+`--qkv fused` (experimental, not yet measured on a GPU) projects each attention's query, key and
+value in one matmul (`fuse_qkv`): the profile of the 905.2-audio-s/s package shows the three
+256-wide projections as 1,680 matmul calls (0.110 s of a batch of 128); one 768-wide matmul reads
+the layer-norm output once and fills the GPU better.
+
 `--ff-gelu epilogue` (the default) computes each transformer block's feed-forward input projection
 and its GELU as one cuBLASLt matmul with the bias and GELU in the epilogue (`EpilogueGelu`): with
 `exact` the profile of the time-major package shows the FF's GELU as its own kernel, 0.109 s of a
@@ -106,7 +111,7 @@ Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimato
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
-                            [--ff-gelu epilogue|exact] [--mish exact|exp] [--hift-channel-multiple K]
+                            [--ff-gelu epilogue|exact] [--mish exact|exp] [--qkv separate|fused] [--hift-channel-multiple K]
                             [--inductor-option KEY=VALUE]... [--check | --eager-check]
 """
 import argparse
@@ -165,13 +170,18 @@ class SelfAttention:
     """diffusers' `AttnProcessor2_0` as the estimator's self-attention uses it (no cross-attention,
     norms, residual or rescale), with the attention itself left to `attend`: query, key and value
     `[B, T, heads·d]` and each item's valid keys `[B, T]` (the first row of the decoder's bias:
-    every row of a non-streaming bias is the same key-padding mask) → `[B, T, heads·d]`."""
+    every row of a non-streaming bias is the same key-padding mask) → `[B, T, heads·d]`. An
+    `Attention` given `fuse_qkv` projects query, key and value in one matmul (`--qkv fused`)."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, *args, **kwargs):
         assert encoder_hidden_states is None and attn.spatial_norm is None and attn.group_norm is None
         assert attn.norm_q is None and attn.norm_k is None and not attn.residual_connection
         b, t, _ = hidden_states.shape
-        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        if hasattr(attn, "qkv_weight"):
+            qkv = torch.nn.functional.linear(hidden_states, attn.qkv_weight, attn.qkv_bias)
+            query, key, value = qkv.split(attn.qkv_sizes, dim=-1)
+        else:
+            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         if attention_mask is None:
             valid = torch.ones(b, t, dtype=torch.bool, device=query.device)
         else:
@@ -308,6 +318,19 @@ class EpilogueGelu(torch.nn.Module):
         return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def fuse_qkv(attn):
+    """One `[q + k + v, C]` weight (and bias, where the projections have one) for an `Attention`'s
+    query, key and value projections, registered on it as buffers (`--qkv fused`): the three
+    256-wide matmuls over the same input become one 768-wide matmul, the input read once.
+    `SelfAttention` then splits the result into views."""
+    projections = (attn.to_q, attn.to_k, attn.to_v)
+    attn.register_buffer("qkv_weight", torch.cat([p.weight.detach() for p in projections]))
+    biases = [p.bias for p in projections]
+    attn.register_buffer("qkv_bias", None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else torch.zeros(p.out_features) for b, p in zip(biases, projections)]))
+    attn.qkv_sizes = [p.out_features for p in projections]
+
+
 def fuse_ff_gelus(estimator):
     """Every transformer block's FF input projection + GELU → `EpilogueGelu` (`--ff-gelu epilogue`)."""
     from diffusers.models.activations import GELU
@@ -322,7 +345,8 @@ def fuse_ff_gelus(estimator):
     return fused
 
 
-def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference", ff_gelu="exact", mish="exact"):
+def build_estimator(model_dir, device, precision, attention="sdpa", layout="reference", ff_gelu="exact", mish="exact",
+                    qkv="separate"):
     ref = mpf.import_reference()
     import cosyvoice.flow.decoder as decoder_module
     decoder_module.add_optional_chunk_mask = exportable_chunk_mask
@@ -341,6 +365,10 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
         for module in estimator.modules():
             if isinstance(module, Attention):
                 module.set_processor(processor())
+                if qkv == "fused":
+                    fuse_qkv(module)
+    elif qkv == "fused":
+        sys.exit("--qkv fused needs one of voxbatch's attention processors (--attention flash, flex or cudnn)")
     if ff_gelu == "epilogue":
         fuse_ff_gelus(estimator)
     if layout != "reference":
@@ -527,6 +555,7 @@ class Variant:
     layout: str = "reference"
     ff_gelu: str = "exact"
     mish: str = "exact"
+    qkv: str = "separate"
     hift_channel_multiple: int = 1
 
     def for_stage(self, stage):
@@ -543,19 +572,19 @@ class Variant:
         v = self.for_stage(stage)
         if stage == "estimator":
             return {"voxbatch.attention": v.attention, "voxbatch.ff_gelu": v.ff_gelu, "voxbatch.mish": v.mish,
-                    "voxbatch.layout": v.layout}
+                    "voxbatch.qkv": v.qkv, "voxbatch.layout": v.layout}
         return {"voxbatch.layout": v.layout, "voxbatch.hift_channel_multiple": str(v.hift_channel_multiple)}
 
     def cli_args(self):
         return ["--attention", self.attention, "--layout", self.layout, "--ff-gelu", self.ff_gelu, "--mish", self.mish,
-                "--hift-channel-multiple", str(self.hift_channel_multiple)]
+                "--qkv", self.qkv, "--hift-channel-multiple", str(self.hift_channel_multiple)]
 
 
 def stage_parts(stage, variant):
     """A stage's (build, example inputs, dynamic shapes), built as `variant` says."""
     build, example, shapes = STAGES[stage]
     v = variant
-    build = functools.partial(build, attention=v.attention, layout=v.layout, ff_gelu=v.ff_gelu, mish=v.mish) \
+    build = functools.partial(build, attention=v.attention, layout=v.layout, ff_gelu=v.ff_gelu, mish=v.mish, qkv=v.qkv) \
         if stage == "estimator" else functools.partial(build, layout=v.layout, channel_multiple=v.hift_channel_multiple)
     return build, example, shapes
 
@@ -720,6 +749,9 @@ def main():
     ap.add_argument("--mish", default="exact", choices=["exact", "exp"],
                     help="the time-major estimator's Mish: exact (default), torch's x·tanh(softplus(x)), or exp, the "
                          "same function through one exponential and one division (experimental)")
+    ap.add_argument("--qkv", default="separate", choices=["separate", "fused"],
+                    help="the estimator's attention projections: separate (default), as the reference, or fused, query, key "
+                         "and value in one matmul (with --attention flash, flex or cudnn; experimental)")
     ap.add_argument("--hift-channel-multiple", type=int, default=1, metavar="K",
                     help="the vocoder body's convolutions on the 18 STFT channels padded with zero channels to a "
                          "multiple of K (e.g. 4 → 20: cuDNN's TF32 kernels want multiples of 4); 1 (default): as they are. "
@@ -740,7 +772,7 @@ def main():
             sys.exit(f"unknown stage {stage!r}: estimator or hift")
         precision = a.precision if stage == "estimator" else vocoder
         variant = Variant(attention=resolve_attention(a.attention, device, precision), layout=a.layout,
-                          ff_gelu=a.ff_gelu, mish=a.mish, hift_channel_multiple=a.hift_channel_multiple)
+                          ff_gelu=a.ff_gelu, mish=a.mish, qkv=a.qkv, hift_channel_multiple=a.hift_channel_multiple)
         if a.hift_channel_multiple < 1:
             sys.exit("--hift-channel-multiple: 1 or more")
         if a.eager_check:

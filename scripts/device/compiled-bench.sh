@@ -12,7 +12,8 @@
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
 # attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-strided | time-major-shift |
 # time-major-cudnn | reference: each stage's activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue |
-# exact: the estimator's feed-forward GELU, tools/compile_token2wav.py --ff-gelu), MISH (exact | exp: --mish),
+# exact: the estimator's feed-forward GELU, tools/compile_token2wav.py --ff-gelu), MISH (exact | exp: --mish), QKV
+# (separate | fused: --qkv),
 # HIFT_CHANNEL_MULTIPLE (1 | 4 | 8: --hift-channel-multiple), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
 # settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
@@ -59,7 +60,7 @@ if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
-  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --mish "${MISH:-exact}" \
+  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --mish "${MISH:-exact}" --qkv "${QKV:-separate}" \
   --hift-channel-multiple "${HIFT_CHANNEL_MULTIPLE:-1}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \

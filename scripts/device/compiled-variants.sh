@@ -10,13 +10,14 @@
 # STAGE=all does both (a fresh machine; over 6 minutes).
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
-# settings (LAYOUT, MISH, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, TUNING, STAGES — default
+# settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, TUNING, STAGES — default
 # estimator; a variant of the vocoder alone says STAGES=hift), e.g.
 #   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
 # and a variant may name another's packages with FROM=NAME (the union of two, no compile of its own:
 # "both:FROM=strided-exp+FROM=hift4"). Also STAGE (all | compile | bench), EAGER (1), SWEET (e.g.
 # 192,256; empty: none), REFERENCE (0), BATCHES (128), REPEATS (3), PROFILE (1), UTTERANCE_SECONDS,
-# OUT, PY. Logs: everything under WORK (/tmp/variants); OUT gets variants-compile.log,
+# MAX_BATCH (512: the packages' largest batch, which must be at least twice the largest batch
+# benched), OUT, PY. Logs: everything under WORK (/tmp/variants); OUT gets variants-compile.log,
 # variants-bench.log (each bench's summary lines and profile tables), variants-token2wav.jsonl (each
 # bench's JSON, one a line) and reference.json — few files, as the device tool returns few.
 # Carry: .whl .t2w (pack-gpu.sh).
@@ -30,7 +31,10 @@ BENCH=${BENCH:-scripts/device/compiled-bench.sh}  # (another script only to try 
 M=/tmp/cv2full
 DEFAULT=/tmp/cv2full-compiled
 STAGE=${STAGE:-all}
-ALLOWED=" LAYOUT MISH FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE TUNING STAGES FROM "
+# Every package takes batches of up to 512 rows: the flow's classifier-free guidance doubles a
+# batch, and a batch past a package's limit runs eager — SWEET=256 must not measure the eager port.
+export MAX_BATCH=${MAX_BATCH:-512}
+ALLOWED=" LAYOUT MISH QKV FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE TUNING STAGES FROM "
 
 # name_of SPEC / settings_of SPEC: a variant's name and its KEY=VALUE settings, one a line.
 name_of() { echo "${1%%:*}"; }

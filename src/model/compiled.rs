@@ -190,7 +190,7 @@ pub struct CompiledStage {
 
 /// The metadata keys (after `voxbatch.`) that say how a package computes its stage: what
 /// tools/compile_token2wav.py's `Variant`, `--tuning` and `--inductor-option` wrote.
-pub const VARIANT_KEYS: [&str; 7] = ["layout", "attention", "ff_gelu", "mish", "hift_channel_multiple", "tuning", "inductor_options"];
+pub const VARIANT_KEYS: [&str; 8] = ["layout", "attention", "ff_gelu", "mish", "qkv", "hift_channel_multiple", "tuning", "inductor_options"];
 
 impl CompiledStage {
     /// Whether a call of `batch` rows and `frames` mel frames is within the package's shapes.
