@@ -10,8 +10,9 @@
 # STAGE=all does both (a fresh machine; over 6 minutes).
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
-# settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, TUNING, STAGES — default
-# estimator; a variant of the vocoder alone says STAGES=hift), e.g.
+# settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, TUNING, INDUCTOR_OPTIONS — one
+# KEY=VALUE, e.g. INDUCTOR_OPTIONS=freezing=True —, STAGES — default estimator; a variant of the vocoder
+# alone says STAGES=hift), e.g.
 #   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
 # and a variant may name another's packages with FROM=NAME (the union of two, no compile of its own:
 # "both:FROM=strided-exp+FROM=hift4"). Also STAGE (all | compile | bench), EAGER (1), SWEET (e.g.
@@ -34,7 +35,7 @@ STAGE=${STAGE:-all}
 # Every package takes batches of up to 512 rows: the flow's classifier-free guidance doubles a
 # batch, and a batch past a package's limit runs eager — SWEET=256 must not measure the eager port.
 export MAX_BATCH=${MAX_BATCH:-512}
-ALLOWED=" LAYOUT MISH QKV FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE TUNING STAGES FROM "
+ALLOWED=" LAYOUT MISH QKV FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE TUNING INDUCTOR_OPTIONS STAGES FROM "
 
 # name_of SPEC / settings_of SPEC: a variant's name and its KEY=VALUE settings, one a line.
 name_of() { echo "${1%%:*}"; }
