@@ -16,7 +16,8 @@
 #   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
 # and a variant may name another's packages with FROM=NAME (the union of two, no compile of its own:
 # "both:FROM=strided-exp+FROM=hift4"). Also STAGE (all | compile | bench), EAGER (1), SWEET (e.g.
-# 192,256; empty: none), REFERENCE (0), BATCHES (128), REPEATS (3), PROFILE (1), UTTERANCE_SECONDS,
+# 192,256; empty: none), FLOW_GRAPHS and FLOW_GRAPH_MAX_FRAMES (the sweet spot once more with flow
+# steps as CUDA graphs, compiled-bench.sh's), REFERENCE (0), BATCHES (128), REPEATS (3), PROFILE (1), UTTERANCE_SECONDS,
 # MAX_BATCH (512: the packages' largest batch, which must be at least twice the largest batch
 # benched), OUT, PY. Logs: everything under WORK (/tmp/variants); OUT gets variants-compile.log,
 # variants-bench.log (each bench's summary lines and profile tables), variants-token2wav.jsonl (each
@@ -96,7 +97,7 @@ for spec in ${VARIANTS:-}; do
 done
 [ "${EAGER:-1}" = 1 ] && DIRS="$M/model $DIRS"
 log "bench at batches ${BATCHES:-128}: $DIRS"
-OUT=$WORK/bench BENCH_DIRS="$DIRS" BATCHES=${BATCHES:-128} REPEATS=${REPEATS:-3} PROFILE=${PROFILE-1} STAGE=bench \
+OUT=$WORK/bench FLOW_GRAPHS= BENCH_DIRS="$DIRS" BATCHES=${BATCHES:-128} REPEATS=${REPEATS:-3} PROFILE=${PROFILE-1} STAGE=bench \
   bash "$BENCH" 2>&1 | grep -E "audio-s/s|^\[compiled|exited"
 # The fastest compiled directory at the largest batch benched.
 largest=$(echo "${BATCHES:-128}" | tr ',' '\n' | sort -n | tail -1)
@@ -109,7 +110,9 @@ done
 log "fastest at batch $largest: ${best:-none} ($best_rate audio-s/s)"
 if [ -n "${SWEET:-}" ] && [ -n "$best" ]; then
   log "sweet spot: $(basename "$best") at batches $SWEET"
-  OUT=$WORK/sweet BENCH_DIRS="$best" BATCHES=$SWEET REPEATS=${REPEATS:-3} PROFILE= STAGE=bench \
+  # (FLOW_GRAPHS=N also runs it with every flow step replayed as a CUDA graph: compiled-bench.sh's
+  # flow-graphs entry is COMPILED_DIR's; FLOW_GRAPH_MAX_FRAMES must cover rows × frames, e.g. 1000000.)
+  OUT=$WORK/sweet COMPILED_DIR="$best" BENCH_DIRS="$best" BATCHES=$SWEET REPEATS=${REPEATS:-3} PROFILE= STAGE=bench \
     bash "$BENCH" 2>&1 | grep -E "audio-s/s|^\| bf16|^\| fp16|exited"
 fi
 if [ "${REFERENCE:-0}" = 1 ]; then
