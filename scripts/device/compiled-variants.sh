@@ -65,7 +65,11 @@ if [ "$STAGE" != bench ]; then
   (OUT=$WORK/default STAGE=compile bash "$BENCH" > "$WORK/compile-default.log" 2>&1; echo "compile default rc=$?" >> "$WORK/compile-default.log") &
   pids="$!"
   # The variants start once the default's run has built the model (its compile has begun).
-  for _ in $(seq 300); do grep -q "compiling" "$WORK/compile-default.log" 2>/dev/null && break; sleep 2; done
+  for _ in $(seq 300); do
+    grep -q "compiling" "$WORK/compile-default.log" 2>/dev/null && break
+    kill -0 "$pids" 2>/dev/null || { log "the default's compile ended before compiling:"; tail -5 "$WORK/compile-default.log"; exit 1; }
+    sleep 2
+  done
   for spec in ${VARIANTS:-}; do
     name=$(name_of "$spec"); settings=$(settings_of "$spec")
     echo "$settings" | grep -q '^FROM=' && continue
@@ -120,7 +124,12 @@ if [ "${REFERENCE:-0}" = 1 ]; then
   PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $PY tools/bench_reference_token2wav.py --official "$M/official" \
     --precisions fp16,bf16 --repeats 3 --out "$OUT/reference.json" 2>&1 | grep -v -i warn
 fi
-for f in "$WORK"/bench/*.log "$WORK"/sweet/*.log; do [ -e "$f" ] && { echo "== $f"; grep -v "INFO\|WARN" "$f"; }; done > "$OUT/variants-bench.log"
+# (The .log files hold compiled-bench.sh's summary lines: which packages ran with which variant,
+# the tables and profiles; the .full.log files beside them stay on the machine.)
+for f in "$WORK"/bench/*.log "$WORK"/sweet/*.log; do
+  case "$f" in *.full.log) continue ;; esac
+  [ -e "$f" ] && { echo "== $f"; cut -c1-400 "$f"; }
+done > "$OUT/variants-bench.log"
 for f in "$WORK"/bench/*/token2wav-*/token2wav.json "$WORK"/sweet/*/token2wav-*/token2wav.json; do
   [ -e "$f" ] && $PY -c 'import json, sys; d = json.load(open(sys.argv[1])); d["file"] = sys.argv[1]; print(json.dumps(d))' "$f"
 done > "$OUT/variants-token2wav.jsonl"
