@@ -104,15 +104,15 @@ if [ "$LLM_BUILT" = 1 ] || [ ! -f models/cosyvoice2-tiny-parity/parity.safetenso
   PYTHONPATH="$LLM_SITE" .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
 fi
 
-# The tiny model's flow estimator and vocoder body compiled for this CPU (AOTInductor, ≈ 2 minutes),
+# The tiny model's flow encoder and estimator and vocoder body compiled for this CPU (AOTInductor, ≈ 2 minutes),
 # in a directory of its own (links to the tiny model's files): tests compare them with the eager port
 # and check that a broken or mismatched package falls back to eager. The plain tiny model stays eager.
 TINY_PKG=models/cosyvoice2-tiny-compiled/compiled/cpu-torch2.11.0-fp32/hift.pt2
 if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ tools/time_major_estimator.py -nt "$TINY_PKG" ] || [ models/cosyvoice2-tiny/token2wav.safetensors -nt "$TINY_PKG" ]; then
-  log "compiling the tiny model's flow estimator and vocoder body (AOTInductor, CPU)"
+  log "compiling the tiny model's flow encoder and estimator and vocoder body (AOTInductor, CPU)"
   mkdir -p models/cosyvoice2-tiny-compiled
   for f in models/cosyvoice2-tiny/*; do ln -sfn "../cosyvoice2-tiny/$(basename "$f")" models/cosyvoice2-tiny-compiled/; done
-  .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --stages estimator,hift --precision fp32 \
+  .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --stages encoder,estimator,hift --precision fp32 \
     --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 

@@ -1,5 +1,5 @@
-//! Compiled token2wav stages (issue 16) on the CPU: the tiny model's flow estimator and vocoder
-//! body compiled by `tools/compile_token2wav.py` (AOTInductor; bootstrap builds
+//! Compiled token2wav stages (issue 16) on the CPU: the tiny model's flow encoder, estimator and
+//! vocoder body compiled by `tools/compile_token2wav.py` (AOTInductor; bootstrap builds
 //! `models/cosyvoice2-tiny-compiled`) give the eager port's mel and audio, and every package that
 //! cannot serve — absent for this machine's key, unreadable, or made from other weights — leaves
 //! its stage on the eager port instead of failing the model. On a GPU (ignored here;
@@ -34,7 +34,7 @@ fn variant() -> tempfile::TempDir {
     }
     let package = dir.path().join("compiled").join(KEY);
     std::fs::create_dir_all(&package).unwrap();
-    for stage in ["estimator.pt2", "hift.pt2"] {
+    for stage in ["encoder.pt2", "estimator.pt2", "hift.pt2"] {
         std::fs::copy(src.join("compiled").join(KEY).join(stage), package.join(stage)).unwrap();
     }
     dir
@@ -53,8 +53,10 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
 
     let mut eager = load(&repo_path("models/cosyvoice2-tiny"));
     assert!(!eager.flow.is_compiled() && eager.hift.compiled().is_none(), "a directory without packages runs eager");
+    assert!(!eager.flow.encoder_is_compiled());
     let mut compiled = load(&repo_path("models/cosyvoice2-tiny-compiled"));
     assert!(compiled.flow.is_compiled(), "the estimator package of this machine's key is used");
+    assert!(compiled.flow.encoder_is_compiled(), "the encoder package of this machine's key is used");
     // The vocoder's package is filed under its own precision (tf32, which on a CPU is fp32).
     assert!(compiled.hift.compiled().is_some(), "the vocoder package of this machine's key is used");
     // Which variant a package computes comes from its metadata (for the log): bootstrap compiles the defaults.
@@ -81,14 +83,14 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
     let other_key = variant();
     std::fs::rename(other_key.path().join("compiled").join(KEY), other_key.path().join("compiled").join("sm90-torch2.11.0-bf16")).unwrap();
     let from_other_key = load(other_key.path());
-    assert!(!from_other_key.flow.is_compiled() && from_other_key.hift.compiled().is_none());
+    assert!(!from_other_key.flow.is_compiled() && !from_other_key.flow.encoder_is_compiled() && from_other_key.hift.compiled().is_none());
     // An unreadable package: that stage eager (a warning), not a failure; the other stays compiled.
     let broken = variant();
     std::fs::write(broken.path().join("compiled").join(KEY).join("estimator.pt2"), b"not a package").unwrap();
     let mut from_broken = load(broken.path());
-    assert!(!from_broken.flow.is_compiled() && from_broken.hift.compiled().is_some());
+    assert!(!from_broken.flow.is_compiled() && from_broken.flow.encoder_is_compiled() && from_broken.hift.compiled().is_some());
     let (from_broken_out, eager_out) = (run(&mut from_broken), run(&mut eager));
-    assert_eq!(kernels(&from_broken.take_stages()), Some("mixed"), "eager estimator steps, compiled vocoder");
+    assert_eq!(kernels(&from_broken.take_stages()), Some("mixed"), "eager estimator steps, compiled encoder and vocoder");
     assert!(relative_error(&Tensor::from_slice(&from_broken_out[0].1), &Tensor::from_slice(&eager_out[0].1)) < 1e-3);
     // A vocoder of another precision than its package's (a benchmark's setting): eager.
     compiled.set_vocoder_precision(Precision::Bf16);
@@ -103,7 +105,7 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
     std::fs::write(&weights, bytes).unwrap();
     let from_reconverted = load(reconverted.path());
     assert!(
-        !from_reconverted.flow.is_compiled() && from_reconverted.hift.compiled().is_none(),
+        !from_reconverted.flow.is_compiled() && !from_reconverted.flow.encoder_is_compiled() && from_reconverted.hift.compiled().is_none(),
         "a package is used only with the weights it was compiled from"
     );
 }
@@ -149,7 +151,7 @@ fn every_compile_variant_computes_the_reference_stages() {
         let out = std::process::Command::new(repo_path(".venv/bin/python"))
             .arg(repo_path("tools/compile_token2wav.py"))
             .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--device", "cpu", "--precision", "fp32"])
-            .args(["--attention", "sdpa", "--eager-check"])
+            .args(["--attention", "sdpa", "--stages", "estimator,hift", "--eager-check"])
             .args(args)
             .output()
             .expect("the project venv's python (scripts/bootstrap.sh)");
@@ -190,10 +192,30 @@ fn on_a_gpu_each_compiled_stage_gives_the_eager_ports_output_at_the_same_precisi
     let load = |d: &Path| Token2Wav::load(d, Manifest::load(d).unwrap(), device, Precision::Bf16).unwrap();
     let compiled = load(&dir);
     assert!(compiled.flow.is_compiled() && compiled.hift.compiled().is_some(), "packages of this GPU's key in {}", dir.display());
+    assert!(compiled.flow.encoder_is_compiled(), "the encoder package of this GPU's key in {}", dir.display());
     let eager = load(&repo_path("models/cosyvoice2-tiny"));
     let dev = device.to_tch();
     tch::manual_seed(11);
     let _no_grad = tch::no_grad_guard();
+
+    // The encoder stage: a voice's prompt and 23 tokens, and 9 tokens alone (padded); each item's
+    // own frames compared.
+    use voxbatch::model::cosyvoice2::flow::FlowItem;
+    let voice = &compiled.voices()[0];
+    let tokens: Vec<i64> = (0..23).map(|i| (i * 7) % 64).collect();
+    let items = [
+        FlowItem { tokens: &tokens, prompt_tokens: &voice.prompt_tokens, prompt_feat: &voice.prompt_feat, embedding: &voice.embedding },
+        FlowItem { tokens: &tokens[..9], prompt_tokens: &[], prompt_feat: &voice.prompt_feat, embedding: &voice.embedding },
+    ];
+    let encode = |m: &Token2Wav| {
+        let (mu, lens) = m.in_flow_precision(|flow| flow.encode(&items).map_err(ModelError::Inference)).unwrap();
+        Tensor::cat(&lens.iter().enumerate().map(|(i, &l)| mu.get(i as i64).narrow(0, 0, l)).collect::<Vec<_>>(), 0).to_kind(Kind::Float)
+    };
+    let (enc_c, enc_e) = (encode(&compiled), encode(&eager));
+    assert_eq!(compiled.flow.take_step_counts().0, 1, "the encoder ran its package");
+    let enc_snr = snr_db(&enc_c, &enc_e);
+    eprintln!("COMPILED encoder (bf16) vs eager: SNR {enc_snr:.1} dB");
+    assert!(enc_snr >= GPU_STAGE_SNR_DB, "encoder {enc_snr:.1} dB: below {GPU_STAGE_SNR_DB} dB");
 
     // One estimator call: 3 items (6 rows with CFG), 96 frames, two of them padded.
     let (rows, frames) = (6, 96);

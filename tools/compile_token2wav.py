@@ -3,6 +3,12 @@
 AOTInductor packages (issue 16), each exported with a dynamic batch and length and compiled by
 `torch._inductor.aoti_compile_and_package` for one device and precision:
 
+- `encoder`: the flow's encoder stage, the reference `UpsampleConformerEncoder` and `encoder_proj`
+  (`FlowEncoder` below) over the masked token embeddings, with the model's `flow.encoder.*` and
+  `flow.encoder_proj.*` weights, at the flow's precision; its length is tokens (`--max-frames`/2,
+  at most 2,500). Not yet measured on a GPU: the eager port's encoder took 0.040 s of a 1.41-s
+  batch of 128 ten-second utterances (H200, 2026-12-05), and 60–122 ms a call at the end of a
+  text batch, where short buckets make it host-bound;
 - `estimator`: the flow's estimator, the reference `CausalConditionalDecoder` (PyPI
   `token2wav-cosyvoice`) built at the model's `[cosyvoice2]` dimensions with the model's own
   `flow.decoder.estimator.*` weights (frames even, as two mel frames per token make them), at the
@@ -107,7 +113,7 @@ the compile and records it in the package's metadata (`voxbatch.inductor_options
 `realize_reads_threshold=2`, so that a producer read by three consumers (the time-major
 estimator's side-by-side frames) is written once rather than recomputed in each.
 
-Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
+Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages encoder,estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
@@ -540,7 +546,90 @@ def hift_shapes(max_batch, max_frames):
     return {"mel": {0: batch, 2: frames}, "s_stft": {0: batch, 2: 120 * frames + 1}, "frames": {0: batch}}
 
 
+class MaskedEmbed(torch.nn.Module):
+    """The encoder's input embedding (linear, layer norm, positions) with padded positions set to
+    zero after it, as src/model/cosyvoice2/encoder.rs does: the look-ahead convolution after it sees
+    the three next positions, so without this a shorter item's last tokens would see the batch's
+    padding embedded (a bias and a layer norm make it non-zero) where the official code, one
+    utterance at a time, sees zeros. Nothing else in the encoder lets padding reach valid positions
+    (its attention masks padded keys, its upsampling convolution looks back only)."""
+
+    def __init__(self, embed):
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, xs, masks, offset=0):
+        xs, pos_emb, masks = self.embed(xs, masks, offset)
+        return xs * masks.transpose(1, 2).to(xs.dtype), pos_emb, masks
+
+
+class FlowEncoder(torch.nn.Module):
+    """The flow's encoder stage as the reference flow runs it (`CausalMaskedDiffWithXvec.inference`
+    between the token embedding and the decoder): the `UpsampleConformerEncoder` over the masked
+    token embeddings `[B, T, 512]` and their lengths `[B]` (int64), then `encoder_proj` → mu
+    `[B, 2·T, 80]` under the flow's autocast, in its dtype as the reference's projection gives it
+    (the flow rounds its noise to mu's dtype, as the reference does). The embedding lookup stays
+    with the caller (src/model/cosyvoice2/flow.rs `Flow::encode`)."""
+
+    def __init__(self, encoder, proj, device_type, dtype):
+        super().__init__()
+        self.encoder, self.proj, self.device_type, self.dtype = encoder, proj, device_type, dtype
+
+    def run(self, tokens, lengths):
+        out, _ = self.encoder(tokens, lengths, streaming=False)
+        return self.proj(out)
+
+    def forward(self, tokens, lengths):
+        if self.dtype is None:
+            return self.run(tokens, lengths)
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.run(tokens, lengths)
+
+
+def build_encoder(model_dir, device, precision, **_):
+    ref = mpf.import_reference()
+    import cosyvoice.transformer.upsample_encoder as encoder_module
+    encoder_module.add_optional_chunk_mask = exportable_chunk_mask
+    _, d = read_dims(model_dir)
+    if d.get("encoder_up_blocks", 4) != 4:
+        sys.exit(f"the reference encoder has 4 layers after its upsampling; model.toml says {d['encoder_up_blocks']}")
+    encoder = ref.UpsampleConformerEncoder(
+        input_size=512, output_size=512, attention_heads=d["encoder_heads"], linear_units=d["encoder_units"],
+        num_blocks=d["encoder_blocks"], dropout_rate=0.0, positional_dropout_rate=0.0, attention_dropout_rate=0.0,
+        normalize_before=True, input_layer="linear", pos_enc_layer_type="rel_pos_espnet",
+        selfattention_layer_type="rel_selfattn", use_cnn_module=False, macaron_style=False, static_chunk_size=25)
+    missing, unexpected = encoder.load_state_dict(stage_weights(model_dir, "flow.encoder."), strict=False)
+    if missing or unexpected:
+        sys.exit(f"token2wav.safetensors does not fit the encoder: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    encoder.embed = MaskedEmbed(encoder.embed)
+    proj = torch.nn.Linear(512, 80)
+    proj.load_state_dict(stage_weights(model_dir, "flow.encoder_proj."))
+    return FlowEncoder(encoder.eval(), proj.eval(), device.type, PRECISIONS[precision]).to(device)
+
+
+def encoder_inputs(batch, tokens, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.full((batch,), tokens, dtype=torch.int64)
+    lengths[-1] = tokens * 3 // 4  # one shorter item
+    h = torch.randn(batch, tokens, 512, generator=g)
+    h[-1, lengths[-1]:] = 0  # masked, as the flow's embeddings are
+    return h.to(device), lengths.to(device)
+
+
+# The reference encoder's relative position table (5,000 positions) covers 2,500 tokens.
+ENCODER_MAX_TOKENS = 2500
+
+
+def encoder_shapes(max_batch, max_tokens):
+    # The token count is DYNAMIC, not a Dim with bounds: the relative position encoding's guards
+    # ((2T − 1) mod T ≠ 0 …) hold for every T ≥ 2 but cannot be proven, and a bounded Dim refuses
+    # them; they stay in the package as runtime checks (the worker calls it with T ≥ 2, `fits`).
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    return {"tokens": {0: batch, 1: torch.export.Dim.DYNAMIC}, "lengths": {0: batch}}
+
+
 STAGES = {
+    "encoder": (build_encoder, encoder_inputs, encoder_shapes),
     "estimator": (build_estimator, estimator_inputs, estimator_shapes),
     "hift": (build_hift, hift_inputs, hift_shapes),
 }
@@ -559,9 +648,11 @@ class Variant:
     hift_channel_multiple: int = 1
 
     def for_stage(self, stage):
-        """The fields that shape `stage` (the others left at their defaults)."""
+        """The fields that shape `stage` (the others left at their defaults; the encoder has none)."""
         if stage == "estimator":
             return dataclasses.replace(self, hift_channel_multiple=1)
+        if stage == "encoder":
+            return Variant()
         return Variant(layout=self.layout, hift_channel_multiple=self.hift_channel_multiple)
 
     def is_reference(self, stage):
@@ -573,6 +664,8 @@ class Variant:
         if stage == "estimator":
             return {"voxbatch.attention": v.attention, "voxbatch.ff_gelu": v.ff_gelu, "voxbatch.mish": v.mish,
                     "voxbatch.qkv": v.qkv, "voxbatch.layout": v.layout}
+        if stage == "encoder":
+            return {}
         return {"voxbatch.layout": v.layout, "voxbatch.hift_channel_multiple": str(v.hift_channel_multiple)}
 
     def cli_args(self):
@@ -584,8 +677,10 @@ def stage_parts(stage, variant):
     """A stage's (build, example inputs, dynamic shapes), built as `variant` says."""
     build, example, shapes = STAGES[stage]
     v = variant
-    build = functools.partial(build, attention=v.attention, layout=v.layout, ff_gelu=v.ff_gelu, mish=v.mish, qkv=v.qkv) \
-        if stage == "estimator" else functools.partial(build, layout=v.layout, channel_multiple=v.hift_channel_multiple)
+    if stage == "estimator":
+        build = functools.partial(build, attention=v.attention, layout=v.layout, ff_gelu=v.ff_gelu, mish=v.mish, qkv=v.qkv)
+    elif stage == "hift":
+        build = functools.partial(build, layout=v.layout, channel_multiple=v.hift_channel_multiple)
     return build, example, shapes
 
 
@@ -622,7 +717,9 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
     module = build(model_dir, device, precision)
     started = time.time()
     with torch.no_grad():
-        exported = torch.export.export(module, example(4, 104, device), dynamic_shapes=shapes(max_batch, max_frames))
+        # The encoder's lengths are tokens (two mel frames each), at most what its position table covers.
+        limit = min(max_frames // 2, ENCODER_MAX_TOKENS) if stage == "encoder" else max_frames
+        exported = torch.export.export(module, example(4, 104, device), dynamic_shapes=shapes(max_batch, limit))
         # Which attention the graph holds (a fused SDPA kernel, or softmax and matmuls): the report says.
         attention_ops = {}
         for graph_module in exported.graph_module.modules():  # autocast regions are submodules
@@ -637,7 +734,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         path = os.path.join(out_dir, f"{stage}.pt2")
         metadata = {"voxbatch.key": key, "voxbatch.stage": stage, "voxbatch.torch": torch.__version__.split("+")[0],
                     "voxbatch.precision": precision, "voxbatch.weights": weights_digest(model_dir),
-                    "voxbatch.max_frames": str(max_frames), "voxbatch.max_batch": str(max_batch)}
+                    "voxbatch.max_frames": str(limit), "voxbatch.max_batch": str(max_batch)}
         if stage == "estimator":
             metadata["voxbatch.frame_multiple"] = str(FRAME_MULTIPLE)
         metadata.update(variant.metadata(stage))
@@ -724,8 +821,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--stages", default="estimator,hift", help="comma-separated: estimator, hift")
-    ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS), help="the flow's (estimator)")
+    ap.add_argument("--stages", default="encoder,estimator,hift", help="comma-separated: encoder, estimator, hift")
+    ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS), help="the flow's (encoder, estimator)")
     ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
     ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
@@ -769,8 +866,8 @@ def main():
     vocoder = a.vocoder_precision or dims.get("vocoder_precision") or ("fp32" if dims.get("vocoder_fp32") else "tf32")
     for stage in a.stages.split(","):
         if stage not in STAGES:
-            sys.exit(f"unknown stage {stage!r}: estimator or hift")
-        precision = a.precision if stage == "estimator" else vocoder
+            sys.exit(f"unknown stage {stage!r}: encoder, estimator or hift")
+        precision = a.precision if stage in ("encoder", "estimator") else vocoder
         variant = Variant(attention=resolve_attention(a.attention, device, precision), layout=a.layout,
                           ff_gelu=a.ff_gelu, mish=a.mish, qkv=a.qkv, hift_channel_multiple=a.hift_channel_multiple)
         if a.hift_channel_multiple < 1:

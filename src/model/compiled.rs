@@ -151,7 +151,7 @@ pub fn has_packages(dir: &Path, device: Device, precision: Precision, vocoder: P
     let present = |stage: &str, p: Precision| {
         package_key(device, p).is_ok_and(|key| dir.join("compiled").join(key).join(format!("{stage}.pt2")).is_file())
     };
-    present("estimator", precision) || present("hift", vocoder)
+    present("encoder", precision) || present("estimator", precision) || present("hift", vocoder)
 }
 
 /// What [`profile_precision`] appends for a directory whose token2wav runs compiled kernels.

@@ -69,7 +69,9 @@ pub struct Flow {
     /// The estimator compiled (AOTInductor), when the model directory has a package for this
     /// machine; the eager `estimator` otherwise and for batches outside the package's shapes.
     compiled: Option<CompiledStage>,
-    /// Estimator steps run (compiled, eager) since the last `take_step_counts`.
+    /// The encoder stage (encoder and `encoder_proj`) compiled, likewise; its lengths are tokens.
+    compiled_encoder: Option<CompiledStage>,
+    /// Encoder calls and estimator steps run (compiled, eager) since the last `take_step_counts`.
     steps_run: KernelCounts,
     /// Small batches' compiled steps as CUDA graphs (off until [`Flow::set_graphs`]).
     graphs: RefCell<FlowGraphs>,
@@ -87,6 +89,7 @@ impl Flow {
             encoder_proj: Linear::new(w, "flow.encoder_proj", 512, 80, true),
             estimator: Estimator::new(w, "flow.decoder.estimator", d.estimator),
             compiled: None,
+            compiled_encoder: None,
             steps_run: KernelCounts::default(),
             graphs: RefCell::new(FlowGraphs::off()),
             noise: w.get("flow.rand_noise", &[1, 80, 15000]),
@@ -106,6 +109,16 @@ impl Flow {
     /// Runs the estimator's steps through `compiled` (or the eager port again with `None`).
     pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
         self.compiled = compiled;
+    }
+
+    /// Runs the encoder stage through `compiled` (or the eager port again with `None`).
+    pub fn set_compiled_encoder(&mut self, compiled: Option<CompiledStage>) {
+        self.compiled_encoder = compiled;
+    }
+
+    /// Whether the encoder stage runs compiled (for batches within the package's shapes).
+    pub fn encoder_is_compiled(&self) -> bool {
+        self.compiled_encoder.is_some()
     }
 
     /// Replays small batches' compiled steps as CUDA graphs on `device` as `settings` allow
@@ -129,7 +142,7 @@ impl Flow {
         self.compiled.is_some()
     }
 
-    /// Estimator steps run (compiled, eager) since the last call.
+    /// Encoder calls and estimator steps run (compiled, eager) since the last call.
     pub fn take_step_counts(&self) -> (u64, u64) {
         self.steps_run.take()
     }
@@ -154,8 +167,16 @@ impl Flow {
         let tokens = Tensor::f_from_slice(&flat)?.f_view([items.len() as i64, t])?.f_to_device(device)?;
         let mask = length_mask(&lens, t, device)?;
         let h = Tensor::f_embedding(&self.embedding, &tokens.f_clamp_min(0)?, -1, false, false)?.f_mul(&mask.f_unsqueeze(-1)?)?;
+        let mel_lens = lens.iter().map(|l| 2 * l).collect();
+        let compiled = self.compiled_encoder.as_ref().filter(|c| c.fits(items.len() as i64, t));
+        self.steps_run.count(compiled.is_some());
+        if let Some(c) = compiled {
+            let token_lens = Tensor::f_from_slice(&lens)?.f_to_device(device)?;
+            let mu = c.package.run(&[&h, &token_lens])?.into_iter().next();
+            return Ok((mu.ok_or_else(|| tch::TchError::Torch("the compiled encoder returned nothing".into()))?, mel_lens));
+        }
         let h = self.encoder.forward(&h, &mask)?;
-        Ok((self.encoder_proj.forward(&h)?, lens.iter().map(|l| 2 * l).collect()))
+        Ok((self.encoder_proj.forward(&h)?, mel_lens))
     }
 
     pub fn vocab_size(&self) -> i64 {

@@ -240,6 +240,7 @@ impl Token2Wav {
         w.finish()?;
         // Packages are checked against the weights file's digest: read once, and only when there are packages.
         let digest = dir.join("compiled").is_dir().then(|| crate::model::compiled::weights_digest(&dir.join(WEIGHTS_FILE)));
+        flow.set_compiled_encoder(compiled_stage(dir, "encoder", device, precision, digest.as_ref()));
         flow.set_compiled(compiled_stage(dir, "estimator", device, precision, digest.as_ref()));
         hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), digest.as_ref()));
 
