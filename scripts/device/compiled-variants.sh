@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16's candidate packages side by side on one warm GPU machine, through compiled-bench.sh:
-# STAGE=compile compiles the default packages (estimator and vocoder body, /tmp/cv2full-compiled)
+# STAGE=compile compiles the default packages (encoder, estimator and vocoder body, /tmp/cv2full-compiled)
 # and, once the full model is built, every variant into its own directory (/tmp/cv2full-NAME), all
 # at once; each variant directory then holds the default's package for any stage it did not compile.
 # STAGE=bench benches the eager model (EAGER=1), the default directory and every variant that
@@ -61,8 +61,10 @@ link_missing() {
 }
 
 if [ "$STAGE" != bench ]; then
+  # The default's estimator in one process, its encoder and vocoder body in another (started with
+  # the variants): the estimator's compile is the longest, so nothing waits behind it.
   log "compiling the default packages"
-  (OUT=$WORK/default STAGE=compile bash "$BENCH" > "$WORK/compile-default.log" 2>&1; echo "compile default rc=$?" >> "$WORK/compile-default.log") &
+  (OUT=$WORK/default STAGES=estimator STAGE=compile bash "$BENCH" > "$WORK/compile-default.log" 2>&1; echo "compile default rc=$?" >> "$WORK/compile-default.log") &
   pids="$!"
   # The variants start once the default's run has built the model (its compile has begun).
   for _ in $(seq 300); do
@@ -70,6 +72,9 @@ if [ "$STAGE" != bench ]; then
     kill -0 "$pids" 2>/dev/null || { log "the default's compile ended before compiling:"; tail -5 "$WORK/compile-default.log"; exit 1; }
     sleep 2
   done
+  (OUT=$WORK/default-other STAGES=encoder,hift SITE=/tmp/site-default-other STAGE=compile bash "$BENCH" > "$WORK/compile-default-other.log" 2>&1
+   echo "compile default-other rc=$?" >> "$WORK/compile-default-other.log") &
+  pids="$pids $!"
   for spec in ${VARIANTS:-}; do
     name=$(name_of "$spec"); settings=$(settings_of "$spec")
     echo "$settings" | grep -q '^FROM=' && continue
