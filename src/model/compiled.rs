@@ -10,7 +10,8 @@
 //! otherwise — or if it cannot be loaded — the eager port runs and a warning says why. Never a
 //! failure: compiled kernels are an optimisation.
 //!
-//! Stages: `estimator` (the flow's Euler steps, at the flow's precision) and `hift` (the vocoder's
+//! Stages: `encoder` (the flow's encoder and its projection to mu; lengths in tokens) and
+//! `estimator` (the flow's Euler steps), both at the flow's precision, and `hift` (the vocoder's
 //! convolutional body, at the vocoder's precision). A package serves batches within the limits
 //! its metadata states (`voxbatch.max_batch`, `voxbatch.max_frames`); larger ones run eager.
 //!
@@ -181,7 +182,7 @@ pub struct CompiledStage {
     pub max_frames: i64,
     /// Lengths it takes are multiples of this (`voxbatch.frame_multiple`: 8 for estimators exported
     /// since 2026-12-04, whose attention needs aligned rows; 2 for earlier estimators, which took
-    /// even lengths; 1 for the vocoder body), and at least two of them.
+    /// even lengths; 1 for the vocoder body and the encoder), and at least two of them.
     pub frame_multiple: i64,
     /// How the package computes its stage, as its metadata says (`layout=… mish=…`: the compile
     /// tool's variant, tuning and inductor options; [`VARIANT_KEYS`]), for the log.
@@ -193,7 +194,8 @@ pub struct CompiledStage {
 pub const VARIANT_KEYS: [&str; 8] = ["layout", "attention", "ff_gelu", "mish", "qkv", "hift_channel_multiple", "tuning", "inductor_options"];
 
 impl CompiledStage {
-    /// Whether a call of `batch` rows and `frames` mel frames is within the package's shapes.
+    /// Whether a call of `batch` rows and `frames` (mel frames; tokens for the encoder) is within
+    /// the package's shapes.
     pub fn fits(&self, batch: i64, frames: i64) -> bool {
         batch <= self.max_batch && frames <= self.max_frames && frames >= 2 * self.frame_multiple && frames % self.frame_multiple == 0
     }

@@ -1,7 +1,8 @@
 //! CosyVoice2's flow, `CausalMaskedDiffWithXvec.inference`, batched: speech tokens (with an optional
 //! prompt) and a speaker x-vector → mel `[80, 2·tokens]` per item.
 //!
-//! Token embedding → [`Encoder`] → projection to 80 (`mu`) → conditional flow matching: from the
+//! Token embedding → [`Encoder`] → projection to 80 (`mu`; the two as one compiled package where
+//! the model directory has one) → conditional flow matching: from the
 //! model's fixed noise, `steps` Euler steps on a cosine time schedule, each one estimator call on a
 //! doubled batch (conditioned ‖ unconditioned) for classifier-free guidance. Prompt mel frames
 //! condition the first frames and are cut from the output. The batch's mel is padded to a

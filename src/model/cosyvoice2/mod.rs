@@ -11,10 +11,10 @@
 //! `voices.safetensors` (per voice: x-vector, optional prompt tokens and prompt mel, and the LLM's
 //! prompt: speech tokens and prompt text ids).
 //!
-//! The flow's estimator and the vocoder's convolutional body run through compiled AOTInductor
-//! packages when the directory has them for this machine (`compiled/<key>/estimator.pt2` at the
-//! flow's precision, `compiled/<key>/hift.pt2` at the vocoder's; `tools/compile_token2wav.py`),
-//! else eager.
+//! The flow's encoder stage and estimator and the vocoder's convolutional body run through
+//! compiled AOTInductor packages when the directory has them for this machine
+//! (`compiled/<key>/encoder.pt2` and `estimator.pt2` at the flow's precision,
+//! `compiled/<key>/hift.pt2` at the vocoder's; `tools/compile_token2wav.py`), else eager.
 //!
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
 //! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
