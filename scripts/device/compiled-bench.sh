@@ -64,7 +64,7 @@ $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" -
   --hift-channel-multiple "${HIFT_CHANNEL_MULTIPLE:-1}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
-  | tee "$OUT/compile-${STAGES/,/-}.log" | tail -6
+  | tee "$OUT/compile-${STAGES//,/-}.log" | tail -6
 # (The log is written as the compile goes: a call that runs out of time still says how far it got.)
 fi
 [ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
