@@ -136,7 +136,7 @@ fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
 
 /// Each way tools/compile_token2wav.py can lay out the stages it compiles (the time-major
 /// estimator's convolution paths and Mish forms, its fused attention projections, the vocoder
-/// body's padded STFT channels)
+/// body's padded STFT channels and phase-split dilated convolutions)
 /// computes what the reference's own modules compute: its `--eager-check` on the tiny model in
 /// fp32, no compile. A variant must agree before it is worth a GPU's time to measure; on the GPU
 /// the compiled package is then checked against its eager module (`--check`).
@@ -144,7 +144,7 @@ fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
 fn every_compile_variant_computes_the_reference_stages() {
     let variants: [&[&str]; 3] = [
         &["--layout", "time-major-strided", "--mish", "exp", "--hift-channel-multiple", "4", "--attention", "flash", "--qkv", "fused"],
-        &["--layout", "time-major-shift", "--hift-channel-multiple", "8"],
+        &["--layout", "time-major-shift", "--hift-channel-multiple", "8", "--hift-dilation", "phases"],
         &["--layout", "time-major", "--mish", "exp"],
     ];
     for args in variants {

@@ -90,7 +90,10 @@ ulps of torch's).
 18-channel convolutions — the source downsamplers' input and conv_post's output — with zero
 channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and the compiled
 vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
-convolutions. Same result (the padded channels are zero in, dropped out).
+convolutions. Same result (the padded channels are zero in, dropped out). `--hift-dilation phases`
+(experimental, not yet measured on a GPU) runs each of its dilated convolutions as an undilated one
+over the time axis split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic"
+calls match the dilated convolutions of kernel 7 and 11 at the highest resolution.
 
 `--qkv fused` (experimental, not yet measured on a GPU) projects each attention's query, key and
 value in one matmul (`fuse_qkv`): the profile of the 905.2-audio-s/s package shows the three
@@ -118,6 +121,7 @@ Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages encoder,
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
                             [--ff-gelu epilogue|exact] [--mish exact|exp] [--qkv separate|fused] [--hift-channel-multiple K]
+                            [--hift-dilation dilated|phases]
                             [--inductor-option KEY=VALUE]... [--check | --eager-check]
 """
 import argparse
@@ -432,9 +436,16 @@ class HiftBody(torch.nn.Module):
     padded with zero channels to a multiple of this (4 → 20), the padded outputs dropped: same
     result. cuDNN's fast TF32 kernels want channel counts in multiples of 4 (16 bytes); the profile
     of the compiled vocoder (H200, 2026-12-05, batch 128) shows six calls of a slow "analytic" TF32
-    kernel (6 ms each) and 70 layout conversions beside its other convolutions."""
+    kernel (6 ms each) and 70 layout conversions beside its other convolutions.
 
-    def __init__(self, weights, channels, device_type, dtype, time_major=False, channel_multiple=1):
+    `dilation="phases"` (`--hift-dilation phases`, experimental, not yet measured on a GPU;
+    time-major only): each dilated convolution (the resblocks' first convolutions at dilations 3
+    and 5) as an undilated one over the time axis split into `dilation` phases (`phase_conv`): same
+    products and sums. The six slow "analytic" calls above are as many as the dilated convolutions
+    of kernel 7 and 11 at the highest resolution; the other high-resolution convolutions take
+    ≈ 2.1 ms a call there."""
+
+    def __init__(self, weights, channels, device_type, dtype, time_major=False, channel_multiple=1, dilation="dilated"):
         super().__init__()
         self.names = {}
         stft = N_FFT + 2
@@ -451,6 +462,9 @@ class HiftBody(torch.nn.Module):
             self.register_buffer(name, v)
             self.names[k] = name
         self.channels, self.device_type, self.dtype, self.time_major = channels, device_type, dtype, time_major
+        if dilation not in HIFT_DILATIONS or (dilation == "phases" and not time_major):
+            raise ValueError(f"--hift-dilation {dilation}: one of {HIFT_DILATIONS}, phases with a time-major layout")
+        self.phase_dilation = dilation == "phases"
 
     def w(self, key):
         return getattr(self, self.names[key])
@@ -460,8 +474,29 @@ class HiftBody(torch.nn.Module):
         if padding is None:
             padding = dilation * (weight.shape[-1] - 1) // 2
         if self.time_major:
+            if self.phase_dilation and dilation > 1 and stride == 1 and padding == dilation * (weight.shape[-1] - 1) // 2:
+                return self.phase_conv(x, weight, self.w(f"{prefix}.bias"), dilation)
             return torch.nn.functional.conv2d(x, weight, self.w(f"{prefix}.bias"), (1, stride), (0, padding), (1, dilation))
         return torch.nn.functional.conv1d(x, weight, self.w(f"{prefix}.bias"), stride, padding, dilation)
+
+    @staticmethod
+    def phase_conv(x, weight, bias, dilation):
+        """A "same"-padded convolution of dilation d over channels-last `[B, C, 1, T]` as an
+        undilated one: output t = d·s + r sums the inputs d·(s + j − c) + r, i.e. phase r's own
+        sequence s ↦ x[d·s + r] convolved without dilation. The time axis (zero-padded to a
+        multiple of d: zeros, as the convolution's own padding) is read as `[B, C, T/d, d]` — the
+        same memory, each phase a column — and convolved along the rows with the kernel stood
+        upright (`[k, 1]`), then read back and cut to T. No copy but the pad, which inductor fuses
+        into the producer. The pad is 1 to d frames, never none: an export traced with a pad keeps
+        that branch, and a length that needed none would fail its guard."""
+        b, c, _, t = x.shape
+        padded = (t // dilation + 1) * dilation
+        x = torch.nn.functional.pad(x, (0, padded - t))
+        phases = x.permute(0, 2, 3, 1).reshape(b, padded // dilation, dilation, c).permute(0, 3, 1, 2)
+        kernel = weight.shape[-1]
+        out = torch.nn.functional.conv2d(phases, weight.transpose(2, 3), bias, 1, ((kernel - 1) // 2, 0))
+        out = out.permute(0, 2, 3, 1).reshape(b, 1, padded, out.shape[1]).permute(0, 3, 1, 2)
+        return out[..., :t]
 
     def upsample(self, x, i, stride, kernel):
         weight, bias, padding = self.w(f"ups.{i}.weight"), self.w(f"ups.{i}.bias"), (kernel - stride) // 2
@@ -523,10 +558,17 @@ class HiftBody(torch.nn.Module):
             return self.body(mel, s_stft, frames)
 
 
-def build_hift(model_dir, device, precision, layout="reference", channel_multiple=1):
+# --hift-dilation values: dilated convolutions as they are, or split into phases (HiftBody.phase_conv).
+HIFT_DILATIONS = ("dilated", "phases")
+
+
+def build_hift(model_dir, device, precision, layout="reference", channel_multiple=1, dilation="dilated"):
     _, d = read_dims(model_dir)
-    return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision],
-                    time_major=layout != "reference", channel_multiple=channel_multiple).eval().to(device)
+    try:
+        return HiftBody(stage_weights(model_dir, "hift."), d["hift_channels"], device.type, PRECISIONS[precision],
+                        time_major=layout != "reference", channel_multiple=channel_multiple, dilation=dilation).eval().to(device)
+    except ValueError as e:
+        sys.exit(str(e))
 
 
 def hift_inputs(batch, frames, device, seed=0):
@@ -540,9 +582,15 @@ def hift_inputs(batch, frames, device, seed=0):
     return mel.to(device), s_stft.to(device), lengths.to(device)
 
 
-def hift_shapes(max_batch, max_frames):
-    frames = torch.export.Dim("frames", min=2, max=max_frames)
+def hift_shapes(max_batch, max_frames, bounded=True):
     batch = torch.export.Dim("batch", min=1, max=max_batch)
+    if not bounded:
+        # `--hift-dilation phases`: the phase split's floor divisions make guards that hold for every
+        # length but cannot be proven within a bounded Dim; DYNAMIC keeps them as runtime checks (the
+        # worker keeps to voxbatch.max_frames itself).
+        return {"mel": {0: batch, 2: torch.export.Dim.DYNAMIC}, "s_stft": {0: batch, 2: torch.export.Dim.DYNAMIC},
+                "frames": {0: batch}}
+    frames = torch.export.Dim("frames", min=2, max=max_frames)
     return {"mel": {0: batch, 2: frames}, "s_stft": {0: batch, 2: 120 * frames + 1}, "frames": {0: batch}}
 
 
@@ -646,14 +694,15 @@ class Variant:
     mish: str = "exact"
     qkv: str = "separate"
     hift_channel_multiple: int = 1
+    hift_dilation: str = "dilated"
 
     def for_stage(self, stage):
         """The fields that shape `stage` (the others left at their defaults; the encoder has none)."""
         if stage == "estimator":
-            return dataclasses.replace(self, hift_channel_multiple=1)
+            return dataclasses.replace(self, hift_channel_multiple=1, hift_dilation="dilated")
         if stage == "encoder":
             return Variant()
-        return Variant(layout=self.layout, hift_channel_multiple=self.hift_channel_multiple)
+        return Variant(layout=self.layout, hift_channel_multiple=self.hift_channel_multiple, hift_dilation=self.hift_dilation)
 
     def is_reference(self, stage):
         return self.for_stage(stage) == Variant()
@@ -666,11 +715,12 @@ class Variant:
                     "voxbatch.qkv": v.qkv, "voxbatch.layout": v.layout}
         if stage == "encoder":
             return {}
-        return {"voxbatch.layout": v.layout, "voxbatch.hift_channel_multiple": str(v.hift_channel_multiple)}
+        return {"voxbatch.layout": v.layout, "voxbatch.hift_channel_multiple": str(v.hift_channel_multiple),
+                "voxbatch.hift_dilation": v.hift_dilation}
 
     def cli_args(self):
         return ["--attention", self.attention, "--layout", self.layout, "--ff-gelu", self.ff_gelu, "--mish", self.mish,
-                "--qkv", self.qkv, "--hift-channel-multiple", str(self.hift_channel_multiple)]
+                "--qkv", self.qkv, "--hift-channel-multiple", str(self.hift_channel_multiple), "--hift-dilation", self.hift_dilation]
 
 
 def stage_parts(stage, variant):
@@ -680,7 +730,8 @@ def stage_parts(stage, variant):
     if stage == "estimator":
         build = functools.partial(build, attention=v.attention, layout=v.layout, ff_gelu=v.ff_gelu, mish=v.mish, qkv=v.qkv)
     elif stage == "hift":
-        build = functools.partial(build, layout=v.layout, channel_multiple=v.hift_channel_multiple)
+        build = functools.partial(build, layout=v.layout, channel_multiple=v.hift_channel_multiple, dilation=v.hift_dilation)
+        shapes = functools.partial(shapes, bounded=v.hift_dilation != "phases")
     return build, example, shapes
 
 
@@ -853,6 +904,9 @@ def main():
                     help="the vocoder body's convolutions on the 18 STFT channels padded with zero channels to a "
                          "multiple of K (e.g. 4 → 20: cuDNN's TF32 kernels want multiples of 4); 1 (default): as they are. "
                          "Same result; experimental")
+    ap.add_argument("--hift-dilation", default="dilated", choices=HIFT_DILATIONS,
+                    help="the vocoder body's dilated convolutions: dilated (default), as they are, or phases, each as an "
+                         "undilated convolution over the time axis split into phases (time-major only; experimental)")
     ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="KEY=VALUE",
                     help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2), "
                          "recorded in the package's metadata: for experiments")
@@ -869,7 +923,8 @@ def main():
             sys.exit(f"unknown stage {stage!r}: encoder, estimator or hift")
         precision = a.precision if stage in ("encoder", "estimator") else vocoder
         variant = Variant(attention=resolve_attention(a.attention, device, precision), layout=a.layout,
-                          ff_gelu=a.ff_gelu, mish=a.mish, qkv=a.qkv, hift_channel_multiple=a.hift_channel_multiple)
+                          ff_gelu=a.ff_gelu, mish=a.mish, qkv=a.qkv, hift_channel_multiple=a.hift_channel_multiple,
+                          hift_dilation=a.hift_dilation)
         if a.hift_channel_multiple < 1:
             sys.exit("--hift-channel-multiple: 1 or more")
         if a.eager_check and variant.is_reference(stage):

@@ -14,7 +14,8 @@
 # time-major-cudnn | reference: each stage's activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue |
 # exact: the estimator's feed-forward GELU, tools/compile_token2wav.py --ff-gelu), MISH (exact | exp: --mish), QKV
 # (separate | fused: --qkv),
-# HIFT_CHANNEL_MULTIPLE (1 | 4 | 8: --hift-channel-multiple), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
+# HIFT_CHANNEL_MULTIPLE (1 | 4 | 8: --hift-channel-multiple), HIFT_DILATION (dilated | phases:
+# --hift-dilation), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
 # settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
@@ -61,7 +62,7 @@ STAGES=${STAGES:-encoder,estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
   --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --mish "${MISH:-exact}" --qkv "${QKV:-separate}" \
-  --hift-channel-multiple "${HIFT_CHANNEL_MULTIPLE:-1}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
+  --hift-channel-multiple "${HIFT_CHANNEL_MULTIPLE:-1}" --hift-dilation "${HIFT_DILATION:-dilated}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
   | tee "$OUT/compile-${STAGES//,/-}.log" | tail -6

@@ -10,7 +10,7 @@
 # STAGE=all does both (a fresh machine; over 6 minutes).
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
-# settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, TUNING, INDUCTOR_OPTIONS — one
+# settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, HIFT_DILATION, TUNING, INDUCTOR_OPTIONS — one
 # KEY=VALUE, e.g. INDUCTOR_OPTIONS=freezing=True —, STAGES — default estimator; a variant of the vocoder
 # alone says STAGES=hift), e.g.
 #   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
@@ -36,7 +36,7 @@ STAGE=${STAGE:-all}
 # Every package takes batches of up to 512 rows: the flow's classifier-free guidance doubles a
 # batch, and a batch past a package's limit runs eager — SWEET=256 must not measure the eager port.
 export MAX_BATCH=${MAX_BATCH:-512}
-ALLOWED=" LAYOUT MISH QKV FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE TUNING INDUCTOR_OPTIONS STAGES FROM "
+ALLOWED=" LAYOUT MISH QKV FF_GELU ATTENTION HIFT_CHANNEL_MULTIPLE HIFT_DILATION TUNING INDUCTOR_OPTIONS STAGES FROM "
 
 # name_of SPEC / settings_of SPEC: a variant's name and its KEY=VALUE settings, one a line.
 name_of() { echo "${1%%:*}"; }

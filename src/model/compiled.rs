@@ -191,7 +191,8 @@ pub struct CompiledStage {
 
 /// The metadata keys (after `voxbatch.`) that say how a package computes its stage: what
 /// tools/compile_token2wav.py's `Variant`, `--tuning` and `--inductor-option` wrote.
-pub const VARIANT_KEYS: [&str; 8] = ["layout", "attention", "ff_gelu", "mish", "qkv", "hift_channel_multiple", "tuning", "inductor_options"];
+pub const VARIANT_KEYS: [&str; 9] =
+    ["layout", "attention", "ff_gelu", "mish", "qkv", "hift_channel_multiple", "hift_dilation", "tuning", "inductor_options"];
 
 impl CompiledStage {
     /// Whether a call of `batch` rows and `frames` (mel frames; tokens for the encoder) is within
