@@ -19,7 +19,8 @@
 # 192,256; empty: none), FLOW_GRAPHS and FLOW_GRAPH_MAX_FRAMES (the sweet spot once more with flow
 # steps as CUDA graphs, compiled-bench.sh's), REFERENCE (0), BATCHES (128), REPEATS (3), PROFILE (1), UTTERANCE_SECONDS,
 # MAX_BATCH (512: the packages' largest batch, which must be at least twice the largest batch
-# benched), OUT, PY. Logs: everything under WORK (/tmp/variants); OUT gets variants-compile.log,
+# benched), COMPILE_LIMIT (540: seconds every compile may take, counted from the stage's start),
+# OUT, PY. Logs: everything under WORK (/tmp/variants); OUT gets variants-compile.log,
 # variants-bench.log (each bench's summary lines and profile tables), variants-token2wav.jsonl (each
 # bench's JSON, one a line) and reference.json — few files, as the device tool returns few.
 # Carry: .whl .t2w (pack-gpu.sh).
@@ -63,8 +64,14 @@ link_missing() {
 if [ "$STAGE" != bench ]; then
   # The default's estimator in one process, its encoder and vocoder body in another (started with
   # the variants): the estimator's compile is the longest, so nothing waits behind it.
+  # Every compile stops at COMPILE_LIMIT seconds from here (default 540: the device tool's calls end
+  # at 600 s, and a call cut off there loses the stage's summary): a compile cut short says so in
+  # its log (rc=124) and its variant is not benched.
+  LIMIT=${COMPILE_LIMIT:-540}; SECONDS=0
+  left() { echo $((LIMIT - SECONDS > 10 ? LIMIT - SECONDS : 10)); }
   log "compiling the default packages"
-  (OUT=$WORK/default STAGES=estimator STAGE=compile bash "$BENCH" > "$WORK/compile-default.log" 2>&1; echo "compile default rc=$?" >> "$WORK/compile-default.log") &
+  (OUT=$WORK/default STAGES=estimator STAGE=compile timeout -k 10 "$(left)" bash "$BENCH" > "$WORK/compile-default.log" 2>&1
+   echo "compile default rc=$?" >> "$WORK/compile-default.log") &
   pids="$!"
   # The variants start once the default's run has built the model (its compile has begun).
   for _ in $(seq 300); do
@@ -72,7 +79,8 @@ if [ "$STAGE" != bench ]; then
     kill -0 "$pids" 2>/dev/null || { log "the default's compile ended before compiling:"; tail -5 "$WORK/compile-default.log"; exit 1; }
     sleep 2
   done
-  (OUT=$WORK/default-other STAGES=encoder,hift SITE=/tmp/site-default-other STAGE=compile bash "$BENCH" > "$WORK/compile-default-other.log" 2>&1
+  (OUT=$WORK/default-other STAGES=encoder,hift SITE=/tmp/site-default-other STAGE=compile timeout -k 10 "$(left)" bash "$BENCH" \
+     > "$WORK/compile-default-other.log" 2>&1
    echo "compile default-other rc=$?" >> "$WORK/compile-default-other.log") &
   pids="$pids $!"
   for spec in ${VARIANTS:-}; do
@@ -81,7 +89,7 @@ if [ "$STAGE" != bench ]; then
     log "compiling variant $name: $(echo $settings)"
     rm -rf "/tmp/cv2full-$name/compiled"
     (env STAGES=estimator $settings COMPILED_DIR="/tmp/cv2full-$name" SITE="/tmp/site-$name" OUT="$WORK/$name" STAGE=compile \
-       bash "$BENCH" > "$WORK/compile-$name.log" 2>&1; echo "compile $name rc=$?" >> "$WORK/compile-$name.log") &
+       timeout -k 10 "$(left)" bash "$BENCH" > "$WORK/compile-$name.log" 2>&1; echo "compile $name rc=$?" >> "$WORK/compile-$name.log") &
     pids="$pids $!"
   done
   wait $pids
