@@ -363,10 +363,8 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
     from diffusers.models.attention_processor import Attention
     Attention.prepare_attention_mask = exportable_prepare_attention_mask
     _, d = read_dims(model_dir)
-    estimator = ref.CausalConditionalDecoder(
-        in_channels=320, out_channels=80, channels=[d["decoder_channels"]], dropout=0.0,
-        attention_head_dim=d["decoder_head_dim"], n_blocks=d["decoder_blocks"], num_mid_blocks=d["decoder_mid_blocks"],
-        num_heads=d["decoder_heads"], act_fn="gelu", static_chunk_size=50, num_decoding_left_chunks=-1)
+    estimator = mpf.flow_estimator(ref, d["decoder_channels"], d["decoder_head_dim"], d["decoder_blocks"],
+                                   d["decoder_mid_blocks"], d["decoder_heads"])
     missing, unexpected = estimator.load_state_dict(stage_weights(model_dir, "flow.decoder.estimator."), strict=False)
     if missing or unexpected:
         sys.exit(f"token2wav.safetensors does not fit the estimator: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -641,11 +639,7 @@ def build_encoder(model_dir, device, precision, **_):
     _, d = read_dims(model_dir)
     if d.get("encoder_up_blocks", 4) != 4:
         sys.exit(f"the reference encoder has 4 layers after its upsampling; model.toml says {d['encoder_up_blocks']}")
-    encoder = ref.UpsampleConformerEncoder(
-        input_size=512, output_size=512, attention_heads=d["encoder_heads"], linear_units=d["encoder_units"],
-        num_blocks=d["encoder_blocks"], dropout_rate=0.0, positional_dropout_rate=0.0, attention_dropout_rate=0.0,
-        normalize_before=True, input_layer="linear", pos_enc_layer_type="rel_pos_espnet",
-        selfattention_layer_type="rel_selfattn", use_cnn_module=False, macaron_style=False, static_chunk_size=25)
+    encoder = mpf.flow_encoder(ref, d["encoder_heads"], d["encoder_units"], d["encoder_blocks"])  # eval() below: no dropout
     missing, unexpected = encoder.load_state_dict(stage_weights(model_dir, "flow.encoder."), strict=False)
     if missing or unexpected:
         sys.exit(f"token2wav.safetensors does not fit the encoder: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -78,16 +78,28 @@ def import_reference():
     return types.SimpleNamespace(**locals())
 
 
-def build(ref, c):
-    encoder = ref.UpsampleConformerEncoder(
-        input_size=512, output_size=512, attention_heads=c["enc_heads"], linear_units=c["enc_units"],
-        num_blocks=c["enc_blocks"], dropout_rate=0.1, positional_dropout_rate=0.1, attention_dropout_rate=0.1,
+def flow_encoder(ref, heads, units, blocks):
+    """The flow's `UpsampleConformerEncoder` as CosyVoice2's configuration builds it (also
+    tools/compile_token2wav.py's encoder stage, at a converted model's dimensions)."""
+    return ref.UpsampleConformerEncoder(
+        input_size=512, output_size=512, attention_heads=heads, linear_units=units,
+        num_blocks=blocks, dropout_rate=0.1, positional_dropout_rate=0.1, attention_dropout_rate=0.1,
         normalize_before=True, input_layer="linear", pos_enc_layer_type="rel_pos_espnet",
         selfattention_layer_type="rel_selfattn", use_cnn_module=False, macaron_style=False, static_chunk_size=25)
-    estimator = ref.CausalConditionalDecoder(
-        in_channels=320, out_channels=80, channels=[c["dec_channels"]], dropout=0.0,
-        attention_head_dim=c["dec_head_dim"], n_blocks=c["dec_blocks"], num_mid_blocks=c["dec_mid_blocks"],
-        num_heads=c["dec_heads"], act_fn="gelu", static_chunk_size=50, num_decoding_left_chunks=-1)
+
+
+def flow_estimator(ref, channels, head_dim, blocks, mid_blocks, heads):
+    """The flow's `CausalConditionalDecoder` as CosyVoice2's configuration builds it (also
+    tools/compile_token2wav.py's estimator stage)."""
+    return ref.CausalConditionalDecoder(
+        in_channels=320, out_channels=80, channels=[channels], dropout=0.0,
+        attention_head_dim=head_dim, n_blocks=blocks, num_mid_blocks=mid_blocks,
+        num_heads=heads, act_fn="gelu", static_chunk_size=50, num_decoding_left_chunks=-1)
+
+
+def build(ref, c):
+    encoder = flow_encoder(ref, c["enc_heads"], c["enc_units"], c["enc_blocks"])
+    estimator = flow_estimator(ref, c["dec_channels"], c["dec_head_dim"], c["dec_blocks"], c["dec_mid_blocks"], c["dec_heads"])
     cfm_params = ref.DictConfig({"sigma_min": 1e-06, "solver": "euler", "t_scheduler": "cosine",
                                  "training_cfg_rate": 0.2, "inference_cfg_rate": 0.7, "reg_loss_type": "l1"})
     decoder = ref.CausalConditionalCFM(in_channels=240, n_spks=1, spk_emb_dim=80, cfm_params=cfm_params,
