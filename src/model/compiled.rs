@@ -149,10 +149,19 @@ pub fn weights_digest(file: &Path) -> Result<String, String> {
 /// chosen before). A package that then proves unusable runs eager under a compiled profile: the
 /// batch sizing's out-of-memory back-off covers that case, and the load warns. Blocking (NVML).
 pub fn has_packages(dir: &Path, device: Device, precision: Precision, vocoder: Precision) -> bool {
-    let present = |stage: &str, p: Precision| {
-        package_key(device, p).is_ok_and(|key| dir.join("compiled").join(key).join(format!("{stage}.pt2")).is_file())
-    };
-    present("encoder", precision) || present("estimator", precision) || present("hift", vocoder)
+    has_package(dir, device, "encoder", precision) || has_estimator_package(dir, device, precision) || has_package(dir, device, "hift", vocoder)
+}
+
+/// Whether a model directory holds this machine's estimator package at `precision`: what the flow
+/// step graphs capture (without it they capture nothing, and the batch sizing reserves nothing for
+/// them). Blocking (NVML).
+pub fn has_estimator_package(dir: &Path, device: Device, precision: Precision) -> bool {
+    has_package(dir, device, "estimator", precision)
+}
+
+/// Whether `dir/compiled/<this machine's key at precision>/<stage>.pt2` is a file.
+fn has_package(dir: &Path, device: Device, stage: &str, precision: Precision) -> bool {
+    package_key(device, precision).is_ok_and(|key| dir.join("compiled").join(key).join(format!("{stage}.pt2")).is_file())
 }
 
 /// What [`profile_precision`] appends for a directory whose token2wav runs compiled kernels.
@@ -167,11 +176,6 @@ pub fn profile_precision(manifest: &super::Manifest, device: Device, precision: 
     } else {
         precision.to_string()
     }
-}
-
-/// Whether a [`profile_precision`] says the model runs compiled kernels.
-pub fn is_compiled_profile(profile_precision: &str) -> bool {
-    profile_precision.ends_with(COMPILED_PROFILE_SUFFIX)
 }
 
 /// A usable package: what it runs at and the largest batch and length (mel frames) it takes.
@@ -295,5 +299,11 @@ mod tests {
         std::fs::create_dir_all(&mine).unwrap();
         std::fs::write(mine.join("hift.pt2"), b"x").unwrap();
         assert!(has_packages(dir.path(), cpu, Precision::Bf16, tf32), "the vocoder's package, keyed by its own precision");
+        assert!(!has_estimator_package(dir.path(), cpu, Precision::Fp32), "a vocoder package is no estimator package");
+        std::fs::write(mine.join("encoder.pt2"), b"x").unwrap();
+        assert!(!has_estimator_package(dir.path(), cpu, Precision::Fp32), "nor is an encoder package");
+        std::fs::write(mine.join("estimator.pt2"), b"x").unwrap();
+        assert!(has_estimator_package(dir.path(), cpu, Precision::Fp32));
+        assert!(!has_estimator_package(dir.path(), cpu, Precision::Bf16), "keyed by the flow's precision");
     }
 }

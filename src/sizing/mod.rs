@@ -200,11 +200,12 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
             Profile::builtin(&manifest.name, &gpu_name, &precision, manifest.frames_per_token, manifest.samples_per_frame, manifest.weights_bytes())
         }
     };
-    // What a CosyVoice2 model's flow step graphs may hold on a GPU with compiled packages (the
-    // profile precision above says so: `+compiled`) is not the batches' (the calibrated peaks do
-    // not include it).
+    // What a CosyVoice2 model's flow step graphs may hold on a GPU with an estimator package (what
+    // they capture) is not the batches' (the calibrated peaks do not include it).
     let graphs = match device {
-        Device::Cuda(_) if crate::model::compiled::is_compiled_profile(&precision) => cfg.model.flow_graphs.reserve_bytes() as f64,
+        Device::Cuda(_) if manifest.cosyvoice2.is_some() && crate::model::compiled::has_estimator_package(&manifest.dir, device, cli_precision) => {
+            cfg.model.flow_graphs.reserve_bytes() as f64
+        }
         _ => 0.0,
     };
     let budget = budget - graphs;
