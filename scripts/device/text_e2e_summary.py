@@ -35,9 +35,11 @@ summary = {
 }
 # token2wav buckets, from the worker log's per-batch lines (tts.rs): how full they were.
 import re
+# The worker log, read once: every summary below walks its lines.
+WORKER_LOG = open(f"{out}/worker.log", errors="replace").read().splitlines()
 buckets = {"text_batches": 0, "buckets": 0, "segments": 0, "tokens": 0, "padded_tokens": 0,
            "graph_steps": 0, "graphs_captured": 0, "graph_capture_ms": 0}
-for line in open(f"{out}/worker.log", errors="replace"):
+for line in WORKER_LOG:
     if "token2wav buckets" not in line:
         continue
     fields = dict(re.findall(r"(\w+)=(\d+)", line))
@@ -58,7 +60,7 @@ def ms_fields_summed(marker):
     "model loaded" on (the load's warm-up sentence left out; the worker starts before its model
     has loaded, so "worker started" comes earlier)."""
     sums, started = {}, False
-    for line in open(f"{out}/worker.log", errors="replace"):
+    for line in WORKER_LOG:
         started = started or is_load_end(line)
         if started and marker in line:
             for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
@@ -74,7 +76,7 @@ import datetime as dt
 def stamp(line):
     return dt.datetime.strptime(line[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
 tails, last_buckets = [], None
-for line in open(f"{out}/worker.log", errors="replace"):
+for line in WORKER_LOG:
     if "token2wav buckets" in line:
         last_buckets = stamp(line)
     elif " inferred jobs=" in line and last_buckets is not None:
@@ -84,7 +86,7 @@ summary["batch_end_seconds"] = tails
 # times them (an "inferred" line at each batch's end with its infer_ms; log times are UTC, as the
 # machine's nvidia-smi stamps are).
 spans = []
-for line in open(f"{out}/worker.log", errors="replace"):
+for line in WORKER_LOG:
     m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z .*inferred jobs=\d+ infer_ms=(\d+)", line)
     if m:
         end = datetime.datetime.strptime(m.group(1)[:26], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
@@ -103,7 +105,7 @@ if spans:
 # of "model loaded" is the warm-up).
 load_lines = {"weights loaded": "", "warmed up": "warm_up_", "model loaded": "total_"}
 loaded_at = None
-for line in open(f"{out}/worker.log", errors="replace"):
+for line in WORKER_LOG:
     for marker, prefix in load_lines.items():
         if marker in line:
             for k, v in re.findall(r'(\w+)="?([\d.]+)"?', line[27:]):
