@@ -132,11 +132,7 @@ if [ -n "${SWEET:-}" ] && [ -n "$best" ]; then
   OUT=$WORK/sweet COMPILED_DIR="$best" BENCH_DIRS="$best" BATCHES=$SWEET REPEATS=${REPEATS:-3} PROFILE= STAGE=bench \
     bash "$BENCH" 2>&1 | grep -E "audio-s/s|^\| bf16|^\| fp16|exited"
 fi
-if [ "${REFERENCE:-0}" = 1 ]; then
-  log "reference token2wav (official code path, batch 1: flow fp16 and bf16 autocast, HiFT outside it)"
-  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $PY tools/bench_reference_token2wav.py --official "$M/official" \
-    --precisions fp16,bf16 --repeats 3 --out "$OUT/reference.json" 2>&1 | grep -v -i warn
-fi
+# The benches' logs go to OUT before the reference runs: a call cut off during it keeps them.
 # (The .log files hold compiled-bench.sh's summary lines: which packages ran with which variant,
 # the tables and profiles; the .full.log files beside them stay on the machine.)
 for f in "$WORK"/bench/*.log "$WORK"/sweet/*.log; do
@@ -146,5 +142,10 @@ done > "$OUT/variants-bench.log"
 for f in "$WORK"/bench/*/token2wav-*/token2wav.json "$WORK"/sweet/*/token2wav-*/token2wav.json; do
   [ -e "$f" ] && $PY -c 'import json, sys; d = json.load(open(sys.argv[1])); d["file"] = sys.argv[1]; print(json.dumps(d))' "$f"
 done > "$OUT/variants-token2wav.jsonl"
+if [ "${REFERENCE:-0}" = 1 ]; then
+  log "reference token2wav (official code path, batch 1: flow fp16 and bf16 autocast, HiFT outside it)"
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $PY tools/bench_reference_token2wav.py --official "$M/official" \
+    --precisions fp16,bf16 --repeats 3 --out "$OUT/reference.json" 2>&1 | grep -v -i warn
+fi
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 log "done"
