@@ -167,6 +167,38 @@ fn every_compile_variant_computes_the_reference_stages() {
     }
 }
 
+/// The estimator's kernels as a CUDA compile generates them, listed on this machine without a GPU
+/// (`compile_token2wav.py --cuda-kernels`, tools/fake_cuda.py): the time-major layout's window
+/// kernel fuses the ResNet blocks' Mish into the `cat` of each convolution's three frames (the
+/// H200 profile's slowest element-wise kernel, `…add_cat_constant_pad_nd_mish…`: Mish evaluated
+/// once per window copy), and the strided layout has no such kernel — the window is read from the
+/// padded frames, written once.
+#[test]
+fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
+    let kernels = |layout: &str| -> Vec<String> {
+        let out = std::process::Command::new(repo_path(".venv/bin/python"))
+            .arg(repo_path("tools/compile_token2wav.py"))
+            .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--stages", "estimator", "--cuda-kernels"])
+            .args(["--layout", layout, "--kernels-batch", "16", "--kernels-frames", "200"])
+            .output()
+            .expect("the project venv's python (scripts/bootstrap.sh)");
+        assert!(out.status.success(), "{layout}: {}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["voxbatch.layout"], layout);
+        assert!(report["triton_launches"].as_u64().unwrap() > 50, "{layout}: {report}");
+        report["kernels"].as_object().unwrap().keys().cloned().collect()
+    };
+    // A window: the `cat` of shifted slices of the padded frames (the U-Net's skip `cat` has no pad
+    // and computes each value once).
+    let window_with_mish = |names: &[String]| {
+        names.iter().filter(|k| k.contains("_cat_") && k.contains("constant_pad_nd") && k.contains("mish")).cloned().collect::<Vec<_>>()
+    };
+    let time_major = kernels("time-major");
+    assert!(!window_with_mish(&time_major).is_empty(), "the diagnosed kernel is gone from the default layout: {time_major:?}");
+    let strided = kernels("time-major-strided");
+    assert!(window_with_mish(&strided).is_empty(), "the strided layout still fuses Mish into a window: {:?}", window_with_mish(&strided));
+}
+
 /// Issue 16's check on a GPU: the compiled stages against the eager port at the same precision
 /// (flow bf16, vocoder tf32), with the tiny model's packages compiled on that GPU —
 /// `scripts/device/parity-gpu.sh` writes them to models/cosyvoice2-tiny-compiled-gpu and runs this

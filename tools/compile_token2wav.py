@@ -132,6 +132,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -799,6 +800,23 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         check_package_in_child(stage, model_dir, device, precision, variant, path)
 
 
+def list_cuda_kernels(stage, model_dir, precision, variant, inductor_options=None, batch=4, frames=104):
+    """Prints the Triton kernels a CUDA compile of `stage` would launch for one call of `batch` rows
+    and `frames` (static shapes), generated on this machine without a GPU (tools/fake_cuda.py): each
+    kernel's name (the ops it fuses) with its launches, the extern calls, the wrapper's path."""
+    import collections
+    import fake_cuda
+    fake_cuda.patch()
+    build, example, _ = stage_parts(stage, variant)
+    module = build(model_dir, torch.device("cpu"), precision)
+    module.device_type = "cuda"  # its autocast, as on the GPU
+    wrapper = os.path.join(tempfile.gettempdir(), f"cuda-kernels-{stage}.py")
+    launches, extern = fake_cuda.cuda_kernels(module, example(batch, frames, "cpu"), inductor_options, wrapper)
+    print(json.dumps({"stage": stage, "precision": precision, **variant.metadata(stage), "batch": batch, "frames": frames,
+                      "triton_launches": len(launches), "extern_calls": len(extern),
+                      "kernels": collections.Counter(launches), "extern": collections.Counter(extern), "wrapper": wrapper}))
+
+
 def check_eager(stage, model_dir, device, precision, variant, module=None):
     """Prints the worst difference between `variant`'s eager module and the reference's own
     (`--eager-check`: no export, seconds on a CPU; tests/compiled.rs runs it for each variant)."""
@@ -907,6 +925,12 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--eager-check", action="store_true",
                     help="no compile: print each stage's eager module's worst difference from the reference's own")
+    ap.add_argument("--cuda-kernels", action="store_true",
+                    help="no compile: list the Triton kernels a CUDA compile would launch for one call (each named "
+                         "after the ops it fuses, as GPU profiles name them), generated on this machine without a GPU "
+                         "(tools/fake_cuda.py; static shapes --kernels-batch × --kernels-frames)")
+    ap.add_argument("--kernels-batch", type=int, default=4)
+    ap.add_argument("--kernels-frames", type=int, default=104)
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
     device = torch.device(a.device)
@@ -925,6 +949,8 @@ def main():
             print(json.dumps({"stage": stage, "eager_check": "computed as the reference computes it: nothing to compare"}))
         elif a.eager_check:
             check_eager(stage, a.model, device, precision, variant)
+        elif a.cuda_kernels:
+            list_cuda_kernels(stage, a.model, precision, variant, dict(a.inductor_option), a.kernels_batch, a.kernels_frames)
         elif a.check_package:
             check_package(stage, a.model, device, precision, variant, a.check_package)
         else:
