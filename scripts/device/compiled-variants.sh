@@ -7,7 +7,10 @@
 # compiled, at BATCHES with PROFILE, then the fastest of them again at SWEET's batches, and the
 # reference token2wav (REFERENCE=1: the official code path at batch 1, flow fp16 and bf16 autocast,
 # HiFT outside it with torch's default TF32) — all in one call, as docs/PERFORMANCE.md's tables need.
-# STAGE=all does both (a fresh machine; over 6 minutes).
+# STAGE=all does both (a fresh machine; over 6 minutes). The shortest call for one candidate: no
+# VARIANTS and its settings in the environment (e.g. LAYOUT=time-major-strided MISH=exp QKV=fused
+# INDUCTOR_OPTIONS=freezing=True HIFT_CHANNEL_MULTIPLE=4 HIFT_DILATION=phases): the default's two
+# compiles inherit them, so the default directory is that candidate (about 7 minutes with STAGE=all).
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
 # settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, HIFT_DILATION, TUNING, INDUCTOR_OPTIONS — one
