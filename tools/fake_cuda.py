@@ -9,7 +9,8 @@ after the ops it fuses, as the GPU's profiles show them) and each launch in call
 
 It works by standing in for the few queries inductor makes of a real device (its properties, bf16
 support, Triton's backend), an H100/H200-like sm90 part; they are torch internals, checked with
-torch 2.11.0 only — `patch()` fails loudly where one has moved. Nothing here is timed or run: the
+torch 2.11.0 only — where one has moved, the listing stops with
+inductor's "no NVIDIA driver" error and says it wrote no wrapper. Nothing here is timed or run: the
 kernels' speed is the GPU's to say (scripts/device/compiled-variants.sh).
 
 Neighbours: tools/compile_token2wav.py (`--cuda-kernels` builds a stage as it would compile it and
