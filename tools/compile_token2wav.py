@@ -122,7 +122,7 @@ Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages encoder,
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
                             [--ff-gelu epilogue|exact] [--mish exact|exp] [--qkv separate|fused] [--hift-channel-multiple K]
                             [--hift-dilation dilated|phases]
-                            [--inductor-option KEY=VALUE]... [--check | --eager-check]
+                            [--inductor-option KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
 """
 import argparse
 import dataclasses
@@ -929,8 +929,9 @@ def main():
                     help="no compile: list the Triton kernels a CUDA compile would launch for one call (each named "
                          "after the ops it fuses, as GPU profiles name them), generated on this machine without a GPU "
                          "(tools/fake_cuda.py; static shapes --kernels-batch × --kernels-frames)")
-    ap.add_argument("--kernels-batch", type=int, default=4)
-    ap.add_argument("--kernels-frames", type=int, default=104)
+    ap.add_argument("--kernels-batch", type=int, default=4, help="--cuda-kernels: rows of the call (CFG doubles the flow's)")
+    ap.add_argument("--kernels-frames", type=int, default=104,
+                    help="--cuda-kernels: mel frames of the call (tokens for the encoder; a multiple of 8 for the estimator)")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
     device = torch.device(a.device)

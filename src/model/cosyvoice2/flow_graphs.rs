@@ -16,9 +16,9 @@
 //! Memory: per graph its input buffers and output (4 × rows × frames × 80 fp32 ≈ 42 MB at the
 //! default limit), and the shared pool holds one call's activations at the largest captured shape;
 //! the batch sizing leaves the most that can come to aside where an estimator package is there to
-//! capture ([`FlowGraphSettings::reserve_bytes`], ≈ 1.2 GB at the defaults), and a token2wav out-of-memory error drops them all
-//! (`Token2Wav::release_cached`: from a text batch's bucket and, through
-//! `Synthesizer::release_memory`, after any whole batch on the model thread).
+//! capture ([`FlowGraphSettings::reserve_bytes`], ≈ 1.2 GB at the defaults), and a token2wav
+//! out-of-memory error drops them all (`Token2Wav::release_cached`: from a text batch's bucket
+//! and, through `Synthesizer::release_memory`, after any whole batch on the model thread).
 //!
 //! Neighbours: `flow` (its Euler loop calls [`FlowGraphs::step`]), `model::cuda_graph` (capture and
 //! replay), `model::compiled` (the package a graph captures).
