@@ -941,7 +941,9 @@ def main():
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: encoder, estimator or hift")
         precision = a.precision if stage in ("encoder", "estimator") else vocoder
-        variant = Variant(attention=resolve_attention(a.attention, device, precision), layout=a.layout,
+        # --cuda-kernels lists what a CUDA compile builds, whatever --device says: `auto` resolves as on CUDA.
+        attention = resolve_attention(a.attention, torch.device("cuda") if a.cuda_kernels else device, precision)
+        variant = Variant(attention=attention, layout=a.layout,
                           ff_gelu=a.ff_gelu, mish=a.mish, qkv=a.qkv, hift_channel_multiple=a.hift_channel_multiple,
                           hift_dilation=a.hift_dilation)
         if a.hift_channel_multiple < 1:
