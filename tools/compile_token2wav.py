@@ -134,6 +134,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -788,7 +789,13 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         if inductor_options:
             metadata["voxbatch.inductor_options"] = json.dumps(inductor_options, sort_keys=True)
         configs = {"aot_inductor.metadata": metadata, **TUNINGS[tuning], **(inductor_options or {})}
-        torch._inductor.aoti_compile_and_package(exported, package_path=path, inductor_configs=configs)
+        # Written beside its name and renamed once whole: a compile cut off (a time limit, a crash)
+        # leaves no `<stage>.pt2` for a worker to load, nor a truncated one over the last good package.
+        # (Under its own name in a hidden folder: the archive's root folder is named after the file.)
+        partial = os.path.join(out_dir, ".partial", f"{stage}.pt2")
+        os.makedirs(os.path.dirname(partial), exist_ok=True)
+        torch._inductor.aoti_compile_and_package(exported, package_path=partial, inductor_configs=configs)
+        os.replace(partial, path)
     report = {"package": path, "key": key, "compile_seconds": time.time() - started, "attention_ops": attention_ops, **metadata}
     # Said before the check: a failure there must not hide that (and what) the compile wrote.
     print(json.dumps(report), flush=True)
@@ -862,11 +869,17 @@ def worst_difference(a, b, example, device):
 
 
 def inductor_option(text):
-    """`KEY=VALUE` → (key, value), the value read as a bool, int or float where it is one. The key
-    must be one of torch._inductor.config's."""
-    key, sep, value = text.partition("=")
+    """`[STAGE:]KEY=VALUE` → (stage or None, key, value), the value read as a bool, int or float
+    where it is one. The key must be one of torch._inductor.config's; a stage prefix (encoder,
+    estimator, hift) limits the setting to that stage's compile."""
+    stage, colon, rest = text.partition(":")
+    if not colon or "=" in stage:
+        stage, rest = None, text
+    elif stage not in STAGES:
+        raise argparse.ArgumentTypeError(f"{text!r}: {stage!r} is not a stage (encoder, estimator or hift)")
+    key, sep, value = rest.partition("=")
     if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r}: KEY=VALUE")
+        raise argparse.ArgumentTypeError(f"{text!r}: [STAGE:]KEY=VALUE")
     import torch._inductor.config as inductor_config
     try:
         inductor_config.get_config_copy()[key]
@@ -874,10 +887,15 @@ def inductor_option(text):
         raise argparse.ArgumentTypeError(f"{key!r} is not an inductor setting") from None
     for read in (lambda v: {"true": True, "false": False}[v.lower()], int, float):
         try:
-            return key, read(value)
+            return stage, key, read(value)
         except (KeyError, ValueError):
             pass
-    return key, value
+    return stage, key, value
+
+
+def stage_inductor_options(options, stage):
+    """The `--inductor-option` settings that apply to `stage`'s compile, as a dict."""
+    return {key: value for only, key, value in options if only in (None, stage)}
 
 
 def main():
@@ -919,9 +937,10 @@ def main():
     ap.add_argument("--hift-dilation", default="dilated", choices=HIFT_DILATIONS,
                     help="the vocoder body's dilated convolutions: dilated (default), as they are, or phases, each as an "
                          "undilated convolution over the time axis split into phases (time-major only; experimental)")
-    ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="KEY=VALUE",
-                    help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2), "
-                         "recorded in the package's metadata: for experiments")
+    ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="[STAGE:]KEY=VALUE",
+                    help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2, or "
+                         "estimator:freezing=True for one stage's compile alone), recorded in the package's "
+                         "metadata: for experiments")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--eager-check", action="store_true",
                     help="no compile: print each stage's eager module's worst difference from the reference's own")
@@ -937,9 +956,12 @@ def main():
     device = torch.device(a.device)
     _, dims = read_dims(a.model)
     vocoder = a.vocoder_precision or dims.get("vocoder_precision") or ("fp32" if dims.get("vocoder_fp32") else "tf32")
-    for stage in a.stages.split(","):
+    stages = a.stages.split(",")
+    for stage in stages:
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: encoder, estimator or hift")
+    failed = []
+    for stage in stages:
         precision = a.precision if stage in ("encoder", "estimator") else vocoder
         # --cuda-kernels lists what a CUDA compile builds, whatever --device says: `auto` resolves as on CUDA.
         attention = resolve_attention(a.attention, torch.device("cuda") if a.cuda_kernels else device, precision)
@@ -953,12 +975,20 @@ def main():
         elif a.eager_check:
             check_eager(stage, a.model, device, precision, variant)
         elif a.cuda_kernels:
-            list_cuda_kernels(stage, a.model, precision, variant, dict(a.inductor_option), a.kernels_batch, a.kernels_frames)
+            list_cuda_kernels(stage, a.model, precision, variant, stage_inductor_options(a.inductor_option, stage), a.kernels_batch, a.kernels_frames)
         elif a.check_package:
             check_package(stage, a.model, device, precision, variant, a.check_package)
         else:
-            compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, variant, a.tuning,
-                          dict(a.inductor_option))
+            # One stage's failed compile does not stop the next stage's: the report says which failed.
+            try:
+                compile_stage(stage, a.model, device, precision, a.max_batch, a.max_frames, a.check, variant, a.tuning,
+                              stage_inductor_options(a.inductor_option, stage))
+            except Exception as e:  # noqa: BLE001 — reported, and the exit status says so
+                traceback.print_exc()
+                print(json.dumps({"stage": stage, "failed": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
+                failed.append(stage)
+    if failed:
+        sys.exit(f"compile failed for: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

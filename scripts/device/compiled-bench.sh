@@ -66,9 +66,11 @@ $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" -
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
   | tee "$OUT/compile-${STAGES//,/-}.log" | tail -6
+compile_rc=${PIPESTATUS[0]}
 # (The log is written as the compile goes: a call that runs out of time still says how far it got.)
+[ "$compile_rc" = 0 ] || log "compile exited $compile_rc (a stage failed: its error is above; the others were compiled)"
 fi
-[ "$STAGE" = compile ] && { log "compile stage done"; exit 0; }
+[ "$STAGE" = compile ] && { log "compile stage done"; exit "${compile_rc:-0}"; }
 # EAGER_ATTENTION="packed flash": one more directory per value, the eager model with that
 # `flow_attention` (packed: the estimator's transformer levels on valid frames only, FlashAttention
 # varlen; flash: the padded batch through FlashAttention with each item's key count), benched after

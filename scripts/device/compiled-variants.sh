@@ -104,12 +104,12 @@ fi
 # Every variant directory: its own packages, then the ones it names with FROM, then the default's.
 DIRS=$DEFAULT
 # own_packages DIR: how many packages DIR holds itself (not links).
-own_packages() { find "$1/compiled" -name '*.pt2' -type f 2>/dev/null | wc -l; }
+own_packages() { find "$1/compiled" -mindepth 2 -maxdepth 2 -name '*.pt2' -type f 2>/dev/null | wc -l; }
 for spec in ${VARIANTS:-}; do
   name=$(name_of "$spec"); V=/tmp/cv2full-$name; mkdir -p "$V"
   for from in $(settings_of "$spec" | sed -n 's/^FROM=//p'); do link_missing "/tmp/cv2full-$from" "$V"; done
   # A variant whose compile did not finish would be the default's packages again: not benched.
-  if [ "$(own_packages "$V")" = 0 ] && ! find "$V/compiled" -name '*.pt2' -type l 2>/dev/null | grep -q .; then
+  if [ "$(own_packages "$V")" = 0 ] && ! find "$V/compiled" -mindepth 2 -maxdepth 2 -name '*.pt2' -type l 2>/dev/null | grep -q .; then
     log "variant $name has no packages of its own (its compile failed or did not finish): not benched"; continue
   fi
   link_missing "$DEFAULT" "$V"
