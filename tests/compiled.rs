@@ -199,6 +199,37 @@ fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
     assert!(window_with_mish(&strided).is_empty(), "the strided layout still fuses Mish into a window: {:?}", window_with_mish(&strided));
 }
 
+/// `--inductor-option STAGE:KEY=VALUE` reaches that stage's compile alone: with
+/// `estimator:freezing=True` the estimator's CUDA kernels (listed without a GPU, as above) cast no
+/// fp32 weight to bf16 on each call — inductor folded them into the package — while the encoder,
+/// compiled in the same run without it, still does (freezing failed in the encoder's CUDA compile
+/// on an H100: docs/PERFORMANCE.md, session 18).
+#[test]
+fn a_stage_prefixed_inductor_option_reaches_that_stage_alone() {
+    let out = std::process::Command::new(repo_path(".venv/bin/python"))
+        .arg(repo_path("tools/compile_token2wav.py"))
+        .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--stages", "encoder,estimator", "--cuda-kernels"])
+        .args(["--inductor-option", "estimator:freezing=True", "--kernels-batch", "8", "--kernels-frames", "104"])
+        .output()
+        .expect("the project venv's python (scripts/bootstrap.sh)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A plain weight cast is a kernel fusing nothing but `_to_copy`: `triton_poi_fused__to_copy_<n>`.
+    let weight_casts = |report: &serde_json::Value| -> u64 {
+        let kernels = report["kernels"].as_object().unwrap();
+        kernels
+            .iter()
+            .filter(|(name, _)| name.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())))
+            .map(|(_, launches)| launches.as_u64().unwrap())
+            .sum()
+    };
+    let reports: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    assert_eq!(reports[0]["stage"], "encoder");
+    assert!(weight_casts(&reports[0]) > 10, "the encoder was frozen too: {}", reports[0]);
+    assert_eq!(reports[1]["stage"], "estimator");
+    assert_eq!(weight_casts(&reports[1]), 0, "the estimator still casts its weights: {}", reports[1]);
+}
+
 /// Issue 16's check on a GPU: the compiled stages against the eager port at the same precision
 /// (flow bf16, vocoder tf32), with the tiny model's packages compiled on that GPU —
 /// `scripts/device/parity-gpu.sh` writes them to models/cosyvoice2-tiny-compiled-gpu and runs this

@@ -9,12 +9,12 @@
 # HiFT outside it with torch's default TF32) — all in one call, as docs/PERFORMANCE.md's tables need.
 # STAGE=all does both (a fresh machine; over 6 minutes). The shortest call for one candidate: no
 # VARIANTS and its settings in the environment (e.g. LAYOUT=time-major-strided MISH=exp QKV=fused
-# INDUCTOR_OPTIONS=freezing=True HIFT_CHANNEL_MULTIPLE=4 HIFT_DILATION=phases): the default's two
+# INDUCTOR_OPTIONS=estimator:freezing=True HIFT_CHANNEL_MULTIPLE=4 HIFT_DILATION=phases): the default's two
 # compiles inherit them, so the default directory is that candidate (STAGE=all: an estimated 7 minutes, not yet run).
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
 # settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, HIFT_DILATION, TUNING, INDUCTOR_OPTIONS — one
-# KEY=VALUE, e.g. INDUCTOR_OPTIONS=freezing=True —, STAGES — default estimator; a variant of the vocoder
+# KEY=VALUE, e.g. INDUCTOR_OPTIONS=estimator:freezing=True: freezing failed in the encoder's CUDA compile —, STAGES — default estimator; a variant of the vocoder
 # alone says STAGES=hift), e.g.
 #   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
 # and a variant may name another's packages with FROM=NAME (the union of two, no compile of its own:
