@@ -8,7 +8,8 @@
 # Carry: .whl .t2w/voxbatch.xz (pack-gpu.sh). Env: OUT, STAGE (all | compile | bench: compiling the
 # full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
-# STAGES (encoder,estimator,hift: what the compile stage compiles), TUNING (none | coordinate-descent |
+# STAGES (estimator,hift: what the compile stage compiles; encoder is experimental — its package
+# crashed a GPU bench, docs/PERFORMANCE.md session 18), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
 # attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-strided | time-major-shift |
 # time-major-cudnn | reference: each stage's activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue |
@@ -58,7 +59,7 @@ link_model "$C"
 P=${PRECISION:-bf16}
 STAGE=${STAGE:-all}
 if [ "$STAGE" != bench ]; then
-STAGES=${STAGES:-encoder,estimator,hift}
+STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
   --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --mish "${MISH:-exact}" --qkv "${QKV:-separate}" \

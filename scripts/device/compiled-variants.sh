@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16's candidate packages side by side on one warm GPU machine, through compiled-bench.sh:
-# STAGE=compile compiles the default packages (encoder, estimator and vocoder body, /tmp/cv2full-compiled)
+# STAGE=compile compiles the default packages (estimator and vocoder body; OTHER_STAGES=encoder,hift adds the experimental encoder, /tmp/cv2full-compiled)
 # and, once the full model is built, every variant into its own directory (/tmp/cv2full-NAME), all
 # at once; each variant directory then holds the default's package for any stage it did not compile.
 # STAGE=bench benches the eager model (EAGER=1), the default directory and every variant that
@@ -65,7 +65,7 @@ link_missing() {
 }
 
 if [ "$STAGE" != bench ]; then
-  # The default's estimator in one process, its encoder and vocoder body in another (started with
+  # The default's estimator in one process, its vocoder body (OTHER_STAGES) in another (started with
   # the variants): the estimator's compile is the longest, so nothing waits behind it.
   # Every compile stops at COMPILE_LIMIT seconds from here (default 540: the device tool's calls end
   # at 600 s, and a call cut off there loses the stage's summary): a compile cut short says so in
@@ -82,7 +82,7 @@ if [ "$STAGE" != bench ]; then
     kill -0 "$pids" 2>/dev/null || { log "the default's compile ended before compiling:"; tail -5 "$WORK/compile-default.log"; exit 1; }
     sleep 2
   done
-  (OUT=$WORK/default-other STAGES=encoder,hift SITE=/tmp/site-default-other STAGE=compile timeout -k 10 "$(left)" bash "$BENCH" \
+  (OUT=$WORK/default-other STAGES=${OTHER_STAGES:-hift} SITE=/tmp/site-default-other STAGE=compile timeout -k 10 "$(left)" bash "$BENCH" \
      > "$WORK/compile-default-other.log" 2>&1
    echo "compile default-other rc=$?" >> "$WORK/compile-default-other.log") &
   pids="$pids $!"
