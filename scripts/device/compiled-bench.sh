@@ -101,7 +101,8 @@ for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
     --utterance-seconds "${UTTERANCE_SECONDS:-10}" --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
   rc=$?
   grep -E "audio-s/s|compiled|eager|failed|^\| " "$OUT/$name.full.log" | tee "$OUT/$name.log"
-  [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/$name.full.log"; }
+  # (Each tail line marked "[compiled tail]": compiled-variants.sh's console filter keeps them.)
+  [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/$name.full.log" | sed 's/^/[compiled tail] /'; }
   # DIAGNOSE=1: a failed run again with synchronous launches, so the failing kernel is the one named.
   if [ -n "${DIAGNOSE:-}" ] && { [ $rc != 0 ] || grep -q "failed" "$OUT/$name.log"; }; then
     log "again with CUDA_LAUNCH_BLOCKING=1 (batches ${DIAGNOSE_BATCHES:-128}, one repeat)"
