@@ -167,6 +167,18 @@ fn every_compile_variant_computes_the_reference_stages() {
     }
 }
 
+/// `compile_token2wav.py --cuda-kernels` on the tiny model with `args`: one report per stage.
+fn cuda_kernel_reports(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(repo_path(".venv/bin/python"))
+        .arg(repo_path("tools/compile_token2wav.py"))
+        .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--cuda-kernels"])
+        .args(args)
+        .output()
+        .expect("the project venv's python (scripts/bootstrap.sh)");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 /// The estimator's kernels as a CUDA compile generates them, listed on this machine without a GPU
 /// (`compile_token2wav.py --cuda-kernels`, tools/fake_cuda.py): the time-major layout's window
 /// kernel fuses the ResNet blocks' Mish into the `cat` of each convolution's three frames (the
@@ -176,14 +188,8 @@ fn every_compile_variant_computes_the_reference_stages() {
 #[test]
 fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
     let kernels = |layout: &str| -> Vec<String> {
-        let out = std::process::Command::new(repo_path(".venv/bin/python"))
-            .arg(repo_path("tools/compile_token2wav.py"))
-            .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--stages", "estimator", "--cuda-kernels"])
-            .args(["--layout", layout, "--kernels-batch", "16", "--kernels-frames", "200"])
-            .output()
-            .expect("the project venv's python (scripts/bootstrap.sh)");
-        assert!(out.status.success(), "{layout}: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let reports = cuda_kernel_reports(&["--stages", "estimator", "--layout", layout, "--kernels-batch", "16", "--kernels-frames", "200"]);
+        let report = &reports[0];
         assert_eq!(report["voxbatch.layout"], layout);
         assert!(report["triton_launches"].as_u64().unwrap() > 50, "{layout}: {report}");
         report["kernels"].as_object().unwrap().keys().cloned().collect()
@@ -206,13 +212,8 @@ fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
 /// on an H100: docs/PERFORMANCE.md, session 18).
 #[test]
 fn a_stage_prefixed_inductor_option_reaches_that_stage_alone() {
-    let out = std::process::Command::new(repo_path(".venv/bin/python"))
-        .arg(repo_path("tools/compile_token2wav.py"))
-        .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--stages", "encoder,estimator", "--cuda-kernels"])
-        .args(["--inductor-option", "estimator:freezing=True", "--kernels-batch", "8", "--kernels-frames", "104"])
-        .output()
-        .expect("the project venv's python (scripts/bootstrap.sh)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reports =
+        cuda_kernel_reports(&["--stages", "encoder,estimator", "--inductor-option", "estimator:freezing=True", "--kernels-batch", "8", "--kernels-frames", "104"]);
     // A plain weight cast is a kernel fusing nothing but `_to_copy`: `triton_poi_fused__to_copy_<n>`.
     let weight_casts = |report: &serde_json::Value| -> u64 {
         let kernels = report["kernels"].as_object().unwrap();
@@ -222,7 +223,6 @@ fn a_stage_prefixed_inductor_option_reaches_that_stage_alone() {
             .map(|(_, launches)| launches.as_u64().unwrap())
             .sum()
     };
-    let reports: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(reports.len(), 2, "{reports:?}");
     assert_eq!(reports[0]["stage"], "encoder");
     assert!(weight_casts(&reports[0]) > 10, "the encoder was frozen too: {}", reports[0]);

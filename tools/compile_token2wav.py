@@ -6,9 +6,11 @@ AOTInductor packages (issue 16), each exported with a dynamic batch and length a
 - `encoder`: the flow's encoder stage, the reference `UpsampleConformerEncoder` and `encoder_proj`
   (`FlowEncoder` below) over the masked token embeddings, with the model's `flow.encoder.*` and
   `flow.encoder_proj.*` weights, at the flow's precision; its length is tokens (`--max-frames`/2,
-  at most 2,500). Not yet measured on a GPU: the eager port's encoder took 0.040 s of a 1.41-s
-  batch of 128 ten-second utterances (H200, 2026-12-05), and 60–122 ms a call at the end of a
-  text batch, where short buckets make it host-bound;
+  at most 2,500). Experimental and not in the default `--stages`: a token2wav bench on an H100
+  died with SIGSEGV right after loading this package (docs/PERFORMANCE.md, session 18; on a CPU it
+  runs and matches the eager port). The eager port's encoder took 0.040 s of a 1.41-s batch of 128
+  ten-second utterances (H200, 2026-12-05), and 60–122 ms a call at the end of a text batch, where
+  short buckets make it host-bound;
 - `estimator`: the flow's estimator, the reference `CausalConditionalDecoder` (PyPI
   `token2wav-cosyvoice`) built at the model's `[cosyvoice2]` dimensions with the model's own
   `flow.decoder.estimator.*` weights (frames even, as two mel frames per token make them), at the
@@ -111,8 +113,9 @@ audio-s/s against 840.5 with `exact` (session 11), the GELU kernel gone into a `
 0.086 s; quality against true fp32 unchanged (SNR 13.6 dB mean, as with `exact`: random weights).
 `exact` keeps the reference's separate GELU.
 
-`--inductor-option KEY=VALUE` (repeatable, for experiments) passes one of inductor's settings to
-the compile and records it in the package's metadata (`voxbatch.inductor_options`): e.g.
+`--inductor-option [STAGE:]KEY=VALUE` (repeatable, for experiments) passes one of inductor's
+settings to the compile (with a stage prefix, e.g. `estimator:freezing=True`, to that stage's
+alone) and records it in the package's metadata (`voxbatch.inductor_options`): e.g.
 `realize_reads_threshold=2`, so that a producer read by three consumers (the time-major
 estimator's side-by-side frames) is written once rather than recomputed in each.
 
@@ -122,7 +125,7 @@ Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimato
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
                             [--ff-gelu epilogue|exact] [--mish exact|exp] [--qkv separate|fused] [--hift-channel-multiple K]
                             [--hift-dilation dilated|phases]
-                            [--inductor-option KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
+                            [--inductor-option [STAGE:]KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
 """
 import argparse
 import dataclasses

@@ -10,7 +10,8 @@
 # STAGE=all does both (a fresh machine; over 6 minutes). The shortest call for one candidate: no
 # VARIANTS and its settings in the environment (e.g. LAYOUT=time-major-strided MISH=exp QKV=fused
 # INDUCTOR_OPTIONS=estimator:freezing=True HIFT_CHANNEL_MULTIPLE=4 HIFT_DILATION=phases): the default's two
-# compiles inherit them, so the default directory is that candidate (STAGE=all: an estimated 7 minutes, not yet run).
+# compiles inherit them, so the default directory is that candidate (STAGE=all: an estimated 7 minutes
+# on an H200, not yet run there; on an H100 host in session 18 its compiles did not finish within 250 s).
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
 # settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, HIFT_DILATION, TUNING, INDUCTOR_OPTIONS — one
