@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 RUN="$ROOT/.run"
 mkdir -p "$RUN"
-log() { printf '[bootstrap] %s\n' "$*" >&2; }
+log() { printf '[bootstrap %s] %s\n' "$(date -u +%T)" "$*" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
   local secs=$1 what=$2; shift 2

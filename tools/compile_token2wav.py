@@ -627,7 +627,9 @@ class FlowEncoder(torch.nn.Module):
         self.encoder, self.proj, self.device_type, self.dtype = encoder, proj, device_type, dtype
 
     def run(self, tokens, lengths):
-        out, _ = self.encoder(tokens, lengths, streaming=False)
+        # The empty look-ahead context made here, on the tokens' device: the reference's default
+        # argument is a CPU tensor, which an export would lift into a CUDA program as a constant.
+        out, _ = self.encoder(tokens, lengths, context=tokens.new_zeros(0, 0, 0), streaming=False)
         return self.proj(out)
 
     def forward(self, tokens, lengths):
@@ -651,7 +653,7 @@ def build_encoder(model_dir, device, precision, **_):
     encoder.embed = MaskedEmbed(encoder.embed)
     proj = torch.nn.Linear(512, 80)
     proj.load_state_dict(stage_weights(model_dir, "flow.encoder_proj."))
-    return FlowEncoder(encoder.eval(), proj.eval(), device.type, PRECISIONS[precision]).to(device)
+    return mpf.move_plain_tensors(FlowEncoder(encoder.eval(), proj.eval(), device.type, PRECISIONS[precision]).to(device), device)
 
 
 def encoder_inputs(batch, tokens, device, seed=0):
@@ -756,6 +758,19 @@ TUNINGS = {
 }
 
 
+def require_on_device(exported, device_type, stage):
+    """Refuses an exported program that holds a weight, buffer or lifted constant off the device it
+    is compiled for: AOTInductor loads every constant onto the package's device, so a CPU constant
+    in a CUDA program (a position table `Module.to` did not move, a default argument's
+    `torch.zeros`) is code for one device reading another's memory — a crash at run time, where
+    it cannot say why (docs/PERFORMANCE.md, session 18's SIGSEGV)."""
+    tensors = {**exported.state_dict, **exported.constants}
+    off = sorted(f"{name} ({t.device})" for name, t in tensors.items()
+                 if isinstance(t, torch.Tensor) and t.device.type != device_type)
+    if off:
+        raise RuntimeError(f"the {stage} export holds {len(off)} tensor(s) off {device_type}: {', '.join(off[:5])}")
+
+
 def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, check, variant=Variant(), tuning="none",
                   inductor_options=None):
     """Exports and packages one stage; prints its report, then (`check`) the worst difference
@@ -770,6 +785,7 @@ def compile_stage(stage, model_dir, device, precision, max_batch, max_frames, ch
         # The encoder's lengths are tokens (two mel frames each), at most what its position table covers.
         limit = min(max_frames // 2, ENCODER_MAX_TOKENS) if stage == "encoder" else max_frames
         exported = torch.export.export(module, example(4, 104, device), dynamic_shapes=shapes(max_batch, limit))
+        require_on_device(exported, device.type, stage)
         # Which attention the graph holds (a fused SDPA kernel, or softmax and matmuls): the report says.
         attention_ops = {}
         for graph_module in exported.graph_module.modules():  # autocast regions are submodules
@@ -821,7 +837,8 @@ def list_cuda_kernels(stage, model_dir, precision, variant, inductor_options=Non
     module = build(model_dir, torch.device("cpu"), precision)
     module.device_type = "cuda"  # its autocast, as on the GPU
     wrapper = os.path.join(tempfile.gettempdir(), f"cuda-kernels-{stage}.py")
-    launches, extern = fake_cuda.cuda_kernels(module, example(batch, frames, "cpu"), inductor_options, wrapper)
+    launches, extern, exported = fake_cuda.cuda_kernels(module, example(batch, frames, "cpu"), inductor_options, wrapper)
+    require_on_device(exported, "cuda", stage)
     print(json.dumps({"stage": stage, "precision": precision, **variant.metadata(stage), "batch": batch, "frames": frames,
                       "triton_launches": len(launches), "extern_calls": len(extern),
                       "kernels": collections.Counter(launches), "extern": collections.Counter(extern), "wrapper": wrapper}))

@@ -23,6 +23,8 @@ import types
 
 import torch
 
+import make_parity_fixtures as mpf
+
 # An sm90 part as inductor asks about it (heuristics read the SM count and shared memory).
 SM90 = types.SimpleNamespace(
     name="NVIDIA H200 (fake)", major=9, minor=0, multi_processor_count=132, total_memory=140 << 30,
@@ -72,26 +74,23 @@ def to_fake_cuda(module, inputs):
     from torch._subclasses.fake_tensor import FakeTensorMode
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
-        module = module.to("cuda")
-        # Plain tensor attributes (e.g. a position table the reference moves on its first call).
-        for m in module.modules():
-            for name, value in list(vars(m).items()):
-                if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-                    setattr(m, name, value.to("cuda"))
+        # Plain tensor attributes too (a position table the reference moves on its first call).
+        module = mpf.move_plain_tensors(module.to("cuda"), "cuda")
         return mode, module, tuple(i.to("cuda") for i in inputs)
 
 
 def cuda_kernels(module, inputs, inductor_options=None, keep_wrapper=None):
     """The Triton kernel launches inductor generates for one call of `module(*inputs)` on CUDA:
     (launches in call order — kernel names —, extern calls such as cuBLAS matmuls and
-    convolutions). `module` must be on the CPU and run its autocast under device type "cuda"; call
+    convolutions, the exported program, for its constants' devices). `module` must be on the CPU and run its autocast under device type "cuda"; call
     `patch()` first. `keep_wrapper`: a path to copy the generated wrapper (all kernels' code) to."""
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch._inductor.utils import fresh_cache
     mode, module, inputs = to_fake_cuda(module, inputs)
     with mode, torch.no_grad():
-        graph = torch.export.export(module, inputs).module()
+        exported = torch.export.export(module, inputs)
+        graph = exported.module()
     # A fresh cache: the one wrapper module in it is this compile's.
     with fresh_cache(), torch.no_grad(), torch._inductor.config.patch(dict(inductor_options or {})):
         try:
@@ -108,4 +107,4 @@ def cuda_kernels(module, inputs, inductor_options=None, keep_wrapper=None):
             f.write(text)
     launches = re.findall(r"^\s+(triton_\w+)\.run\(", text, re.M)
     extern = re.findall(r"\b(extern_kernels\.\w+|torch\.ops\.aten\.\w+(?:\.\w+)?)\(", text)
-    return launches, extern
+    return launches, extern, exported

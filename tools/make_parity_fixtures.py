@@ -78,6 +78,18 @@ def import_reference():
     return types.SimpleNamespace(**locals())
 
 
+def move_plain_tensors(module, device):
+    """Moves the tensors the reference keeps as plain attributes (not parameters or buffers, so
+    `Module.to` leaves them where they are: the relative position encodings' `pe` tables) to
+    `device`. Eager code moves them on its first call; an export would hold them as constants on
+    the CPU inside a CUDA program (tools/compile_token2wav.py, tools/fake_cuda.py)."""
+    for m in module.modules():
+        for name, value in list(vars(m).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                setattr(m, name, value.to(device))
+    return module
+
+
 def flow_encoder(ref, heads, units, blocks):
     """The flow's `UpsampleConformerEncoder` as CosyVoice2's configuration builds it (also
     tools/compile_token2wav.py's encoder stage, at a converted model's dimensions)."""
