@@ -65,8 +65,8 @@ pub async fn calibrate(
     let manifest = model.manifest().clone();
     let device = model.device();
     // NVML (the memory and the architecture the profile's kernels label needs): off the async runtime.
-    let (man, precision) = (manifest.clone(), model.precision());
-    let profile_precision = tokio::task::spawn_blocking(move || crate::model::compiled::profile_precision(&man, device, precision))
+    let (man, precision, cudnn_benchmark) = (manifest.clone(), model.precision(), model.cudnn_benchmark());
+    let profile_precision = tokio::task::spawn_blocking(move || crate::model::compiled::profile_precision(&man, device, precision, cudnn_benchmark))
         .await
         .map_err(|e| CalibrateError::Memory { device, reason: e.to_string() })?;
     let info = tokio::task::spawn_blocking(move || crate::gpu::memory_info(device))

@@ -61,7 +61,10 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
     assert!(compiled.hift.compiled().is_some(), "the vocoder package of this machine's key is used");
     // Which variant a package computes comes from its metadata (for the log): bootstrap compiles the defaults.
     let hift_variant = &compiled.hift.compiled().unwrap().variant;
-    assert!(hift_variant.contains("layout=time-major") && hift_variant.contains("hift_channel_multiple=1"), "{hift_variant}");
+    assert!(
+        hift_variant.contains("layout=time-major-strided") && hift_variant.contains("hift_channel_multiple=4") && hift_variant.contains("hift_dilation=phases"),
+        "{hift_variant}"
+    );
     let (out_e, out_c) = (run(&mut eager), run(&mut compiled));
     // Each batch says which kernels its steps ran on (the worker records it per batch).
     use voxbatch::model::{kernels, Synthesizer};
@@ -73,11 +76,16 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
     }
 
     // The memory profile (calibration) of a compiled directory is its own: its peaks are not the
-    // eager port's.
+    // eager port's; nor are cuDNN benchmark mode's, on CUDA (on a CPU it changes nothing). (No
+    // GPU here: the CUDA directory has no package of this machine's key, so it is not compiled.)
     use voxbatch::model::compiled::profile_precision;
     let manifest = |d: &Path| Manifest::load(d).unwrap();
-    assert_eq!(profile_precision(&manifest(&repo_path("models/cosyvoice2-tiny-compiled")), Device::Cpu, Precision::Fp32), "fp32+compiled");
-    assert_eq!(profile_precision(&manifest(&repo_path("models/cosyvoice2-tiny")), Device::Cpu, Precision::Fp32), "fp32");
+    let (compiled_dir, plain_dir) = (manifest(&repo_path("models/cosyvoice2-tiny-compiled")), manifest(&repo_path("models/cosyvoice2-tiny")));
+    assert_eq!(profile_precision(&compiled_dir, Device::Cpu, Precision::Fp32, false), "fp32+compiled");
+    assert_eq!(profile_precision(&compiled_dir, Device::Cpu, Precision::Fp32, true), "fp32+compiled");
+    assert_eq!(profile_precision(&plain_dir, Device::Cpu, Precision::Fp32, false), "fp32");
+    assert_eq!(profile_precision(&plain_dir, Device::Cuda(0), Precision::Bf16, true), "bf16+cudnn-benchmark");
+    assert_eq!(profile_precision(&plain_dir, Device::Cuda(0), Precision::Bf16, false), "bf16");
 
     // No package of this machine's key (another GPU, torch or precision): eager.
     let other_key = variant();
@@ -145,7 +153,8 @@ fn every_compile_variant_computes_the_reference_stages() {
     let variants: [&[&str]; 3] = [
         &["--layout", "time-major-strided", "--mish", "exp", "--hift-channel-multiple", "4", "--attention", "flash", "--qkv", "fused"],
         &["--layout", "time-major-shift", "--hift-channel-multiple", "8", "--hift-dilation", "phases"],
-        &["--layout", "time-major", "--mish", "exp"],
+        // The defaults before session 19 (the tool's defaults are the first line's, `--qkv auto`).
+        &["--layout", "time-major", "--mish", "exact", "--hift-channel-multiple", "1", "--hift-dilation", "dilated"],
     ];
     for args in variants {
         let out = std::process::Command::new(repo_path(".venv/bin/python"))
@@ -188,7 +197,12 @@ fn cuda_kernel_reports(args: &[&str]) -> Vec<serde_json::Value> {
 #[test]
 fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
     let kernels = |layout: &str| -> Vec<String> {
-        let reports = cuda_kernel_reports(&["--stages", "estimator", "--layout", layout, "--kernels-batch", "16", "--kernels-frames", "200"]);
+        // Mish as torch computes it (its kernels are named `mish`) and the weights not folded: the
+        // layout alone differs.
+        let reports = cuda_kernel_reports(&[
+            "--stages", "estimator", "--layout", layout, "--mish", "exact", "--inductor-option", "estimator:freezing=False",
+            "--kernels-batch", "16", "--kernels-frames", "200",
+        ]);
         let report = &reports[0];
         assert_eq!(report["voxbatch.layout"], layout);
         assert!(report["triton_launches"].as_u64().unwrap() > 50, "{layout}: {report}");
@@ -200,20 +214,18 @@ fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
         names.iter().filter(|k| k.contains("_cat_") && k.contains("constant_pad_nd") && k.contains("mish")).cloned().collect::<Vec<_>>()
     };
     let time_major = kernels("time-major");
-    assert!(!window_with_mish(&time_major).is_empty(), "the diagnosed kernel is gone from the default layout: {time_major:?}");
+    assert!(!window_with_mish(&time_major).is_empty(), "the diagnosed kernel is gone from the time-major layout: {time_major:?}");
     let strided = kernels("time-major-strided");
     assert!(window_with_mish(&strided).is_empty(), "the strided layout still fuses Mish into a window: {:?}", window_with_mish(&strided));
 }
 
-/// `--inductor-option STAGE:KEY=VALUE` reaches that stage's compile alone: with
-/// `estimator:freezing=True` the estimator's CUDA kernels (listed without a GPU, as above) cast no
-/// fp32 weight to bf16 on each call — inductor folded them into the package — while the encoder,
-/// compiled in the same run without it, still does (freezing failed in the encoder's CUDA compile
-/// on an H100: docs/PERFORMANCE.md, session 18).
+/// The estimator's weights are folded into its package by default (inductor's `freezing`, one of
+/// the tool's default `--inductor-option`s, stage-prefixed): its CUDA kernels (listed without a
+/// GPU, as above) cast no fp32 weight to bf16 on each call, while the encoder, compiled in the same
+/// run, still does (freezing failed in the encoder's CUDA compile on an H100: docs/PERFORMANCE.md,
+/// session 18); and `estimator:freezing=False` given after the default turns it off again.
 #[test]
-fn a_stage_prefixed_inductor_option_reaches_that_stage_alone() {
-    let reports =
-        cuda_kernel_reports(&["--stages", "encoder,estimator", "--inductor-option", "estimator:freezing=True", "--kernels-batch", "8", "--kernels-frames", "104"]);
+fn the_estimators_weights_are_folded_by_default_and_a_stage_option_overrides_it() {
     // A plain weight cast is a kernel fusing nothing but `_to_copy`: `triton_poi_fused__to_copy_<n>`.
     let weight_casts = |report: &serde_json::Value| -> u64 {
         let kernels = report["kernels"].as_object().unwrap();
@@ -223,11 +235,14 @@ fn a_stage_prefixed_inductor_option_reaches_that_stage_alone() {
             .map(|(_, launches)| launches.as_u64().unwrap())
             .sum()
     };
+    let reports = cuda_kernel_reports(&["--stages", "encoder,estimator", "--kernels-batch", "8", "--kernels-frames", "104"]);
     assert_eq!(reports.len(), 2, "{reports:?}");
     assert_eq!(reports[0]["stage"], "encoder");
     assert!(weight_casts(&reports[0]) > 10, "the encoder was frozen too: {}", reports[0]);
     assert_eq!(reports[1]["stage"], "estimator");
     assert_eq!(weight_casts(&reports[1]), 0, "the estimator still casts its weights: {}", reports[1]);
+    let unfrozen = cuda_kernel_reports(&["--stages", "estimator", "--inductor-option", "estimator:freezing=False", "--kernels-batch", "8", "--kernels-frames", "104"]);
+    assert!(weight_casts(&unfrozen[0]) > 10, "estimator:freezing=False did not override the default: {}", unfrozen[0]);
 }
 
 /// Issue 16's check on a GPU: the compiled stages against the eager port at the same precision

@@ -913,6 +913,13 @@ def inductor_option(text):
     return stage, key, value
 
 
+# Inductor settings every compile starts from (`--inductor-option` adds to them or overrides them):
+# freezing folds the estimator's weights into its package at the autocast dtype — without it each
+# call casts every fp32 weight to bf16 again (582 of its 888 kernel launches a call). Not the
+# encoder's: freezing failed in its CUDA compile in session 18 (a CPU constant, since moved).
+DEFAULT_INDUCTOR_OPTIONS = [("estimator", "freezing", True)]
+
+
 def stage_inductor_options(options, stage):
     """The `--inductor-option` settings that apply to `stage`'s compile, as a dict."""
     return {key: value for only, key, value in options if only in (None, stage)}
@@ -936,33 +943,36 @@ def main():
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
-    ap.add_argument("--layout", default="time-major", choices=LAYOUTS,
-                    help="each stage's activations: time-major throughout (default; the estimator as "
-                         "tools/time_major_estimator.py computes it, the vocoder body channels-last; time-major-shift: the "
-                         "estimator's convolutions as one matmul per frame and a shifted sum, experimental; time-major-strided: "
-                         "their windows copied from a strided view of the padded frames, experimental; time-major-cudnn: "
-                         "the estimator's convolutions through cuDNN instead of matmuls, experimental), or "
+    ap.add_argument("--layout", default="time-major-strided", choices=LAYOUTS,
+                    help="each stage's activations: time-major throughout (the estimator as "
+                         "tools/time_major_estimator.py computes it, the vocoder body channels-last) with the estimator's "
+                         "convolution windows copied from a strided view of the padded frames (time-major-strided, the "
+                         "default since session 19), or from a `cat` of shifted slices (time-major); time-major-shift: the "
+                         "estimator's convolutions as one matmul per frame and a shifted sum, experimental; time-major-cudnn: "
+                         "the estimator's convolutions through cuDNN instead of matmuls, experimental; or "
                          "channel-major as the reference computes them")
     ap.add_argument("--ff-gelu", default="epilogue", choices=FF_GELUS,
                     help="the estimator's feed-forward GELU: epilogue (default): in the input projection's cuBLASLt "
                          "matmul (tanh approximation on CUDA), or exact, a separate kernel as the reference computes it")
-    ap.add_argument("--mish", default="exact", choices=["exact", "exp"],
-                    help="the time-major estimator's Mish: exact (default), torch's x·tanh(softplus(x)), or exp, the "
-                         "same function through one exponential and one division (experimental)")
-    ap.add_argument("--qkv", default="separate", choices=["separate", "fused"],
-                    help="the estimator's attention projections: separate (default), as the reference, or fused, query, key "
-                         "and value in one matmul (with --attention flash, flex or cudnn; experimental)")
-    ap.add_argument("--hift-channel-multiple", type=int, default=1, metavar="K",
+    ap.add_argument("--mish", default="exp", choices=["exact", "exp"],
+                    help="the time-major estimator's Mish: exp (default), x·n/(n+2) with n = eˣ(eˣ+2), one exponential "
+                         "and one division, or exact, torch's x·tanh(softplus(x)) (the same function within 1e-6)")
+    ap.add_argument("--qkv", default="auto", choices=["auto", "separate", "fused"],
+                    help="the estimator's attention projections: fused, query, key and value in one matmul (needs "
+                         "--attention flash, flex or cudnn), or separate, as the reference; auto (default): fused where "
+                         "the attention allows it")
+    ap.add_argument("--hift-channel-multiple", type=int, default=4, metavar="K",
                     help="the vocoder body's convolutions on the 18 STFT channels padded with zero channels to a "
-                         "multiple of K (e.g. 4 → 20: cuDNN's TF32 kernels want multiples of 4); 1 (default): as they are. "
-                         "Same result; experimental")
-    ap.add_argument("--hift-dilation", default="dilated", choices=HIFT_DILATIONS,
-                    help="the vocoder body's dilated convolutions: dilated (default), as they are, or phases, each as an "
-                         "undilated convolution over the time axis split into phases (time-major only; experimental)")
+                         "multiple of K (4, the default → 20: cuDNN's TF32 kernels want multiples of 4); 1: as they are. "
+                         "Same result")
+    ap.add_argument("--hift-dilation", default="phases", choices=HIFT_DILATIONS,
+                    help="the vocoder body's dilated convolutions: phases (default), each as an undilated convolution "
+                         "over the time axis split into phases (time-major layouts only), or dilated, as they are")
     ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="[STAGE:]KEY=VALUE",
                     help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2, or "
-                         "estimator:freezing=True for one stage's compile alone), recorded in the package's "
-                         "metadata: for experiments")
+                         "hift:freezing=True for one stage's compile alone), recorded in the package's metadata; "
+                         f"after the defaults ({' '.join(f'{s}:{k}={v}' for s, k, v in DEFAULT_INDUCTOR_OPTIONS)}), which "
+                         "a later setting of the same key overrides (estimator:freezing=False)")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--eager-check", action="store_true",
                     help="no compile: print each stage's eager module's worst difference from the reference's own")
@@ -975,6 +985,7 @@ def main():
                     help="--cuda-kernels: mel frames of the call (tokens for the encoder; a multiple of 8 for the estimator)")
     ap.add_argument("--check-package", metavar="PT2", help=argparse.SUPPRESS)  # --check's child process
     a = ap.parse_args()
+    a.inductor_option = DEFAULT_INDUCTOR_OPTIONS + a.inductor_option
     device = torch.device(a.device)
     _, dims = read_dims(a.model)
     vocoder = a.vocoder_precision or dims.get("vocoder_precision") or ("fp32" if dims.get("vocoder_fp32") else "tf32")
@@ -987,8 +998,9 @@ def main():
         precision = a.precision if stage in ("encoder", "estimator") else vocoder
         # --cuda-kernels lists what a CUDA compile builds, whatever --device says: `auto` resolves as on CUDA.
         attention = resolve_attention(a.attention, torch.device("cuda") if a.cuda_kernels else device, precision)
+        qkv = a.qkv if a.qkv != "auto" else ("separate" if attention == "sdpa" else "fused")
         variant = Variant(attention=attention, layout=a.layout,
-                          ff_gelu=a.ff_gelu, mish=a.mish, qkv=a.qkv, hift_channel_multiple=a.hift_channel_multiple,
+                          ff_gelu=a.ff_gelu, mish=a.mish, qkv=qkv, hift_channel_multiple=a.hift_channel_multiple,
                           hift_dilation=a.hift_dilation)
         if a.hift_channel_multiple < 1:
             sys.exit("--hift-channel-multiple: 1 or more")

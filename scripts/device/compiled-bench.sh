@@ -9,15 +9,17 @@
 # full estimator takes over 3 minutes on the H200 host, so split it from the bench on one warm
 # machine), DIAGNOSE (set: a failed bench runs again with CUDA_LAUNCH_BLOCKING=1 at DIAGNOSE_BATCHES),
 # STAGES (estimator,hift: what the compile stage compiles; encoder is experimental — its package
-# crashed a GPU bench, docs/PERFORMANCE.md session 18), TUNING (none | coordinate-descent |
+# crashed a GPU bench in session 18 before its CPU constant was moved, and ran 3× slower than the eager
+# encoder in session 19), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
 # attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-strided | time-major-shift |
 # time-major-cudnn | reference: each stage's activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue |
 # exact: the estimator's feed-forward GELU, tools/compile_token2wav.py --ff-gelu), MISH (exact | exp: --mish), QKV
-# (separate | fused: --qkv),
+# (auto | separate | fused: --qkv),
 # HIFT_CHANNEL_MULTIPLE (1 | 4 | 8: --hift-channel-multiple), HIFT_DILATION (dilated | phases:
-# --hift-dilation), INDUCTOR_OPTIONS ("KEY=VALUE ...": inductor
-# settings for the compile, e.g. "realize_reads_threshold=2"), PRECISION (bf16), BATCHES
+# --hift-dilation), INDUCTOR_OPTIONS ("[STAGE:]KEY=VALUE ...": inductor
+# settings for the compile after the tool's default estimator:freezing=True, e.g. "realize_reads_threshold=2")
+# — each of these compile settings, left unset, is the tool's default —, PRECISION (bf16), BATCHES
 # (64,128), VOCODERS (tf32), REPEATS (3), MAX_FRAMES (1500), MAX_BATCH (256), CHECK (set: compare
 # each package with its eager module after compiling), BENCH_DIRS (default: the eager model, then the
 # compiled one), PROFILE (set: each bench ends with one run of its largest batch under libtorch's
@@ -61,9 +63,13 @@ STAGE=${STAGE:-all}
 if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
-$PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" --attention "${ATTENTION:-auto}" \
-  --layout "${LAYOUT:-time-major}" --ff-gelu "${FF_GELU:-epilogue}" --mish "${MISH:-exact}" --qkv "${QKV:-separate}" \
-  --hift-channel-multiple "${HIFT_CHANNEL_MULTIPLE:-1}" --hift-dilation "${HIFT_DILATION:-dilated}" --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
+# Each setting left unset is the tool's default (session 19's measured candidate: time-major-strided,
+# Mish exp, fused q/k/v, the estimator's weights frozen, the vocoder's STFT channels padded to 20 and
+# its dilated convolutions as phases).
+$PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" \
+  ${ATTENTION:+--attention "$ATTENTION"} ${LAYOUT:+--layout "$LAYOUT"} ${FF_GELU:+--ff-gelu "$FF_GELU"} ${MISH:+--mish "$MISH"} \
+  ${QKV:+--qkv "$QKV"} ${HIFT_CHANNEL_MULTIPLE:+--hift-channel-multiple "$HIFT_CHANNEL_MULTIPLE"} \
+  ${HIFT_DILATION:+--hift-dilation "$HIFT_DILATION"} --tuning "${TUNING:-none}" --max-frames "${MAX_FRAMES:-1500}" \
   $(for o in ${INDUCTOR_OPTIONS:-}; do printf -- '--inductor-option %s ' "$o"; done) \
   --max-batch "${MAX_BATCH:-256}" ${CHECK:+--check} 2>&1 | grep --line-buffered -v -i "warn\|deprecat\|__new__" \
   | tee "$OUT/compile-${STAGES//,/-}.log" | tail -6

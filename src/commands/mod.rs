@@ -105,7 +105,7 @@ async fn start_model(cfg: &Config, device: Device) -> Result<ModelHandle, Comman
             crate::model::ModelKind::Cosyvoice2 => Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?),
             _ => None,
         };
-        let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text, flow_graphs: m.flow_graphs };
+        let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text, flow_graphs: m.flow_graphs, cudnn_benchmark: m.cudnn_benchmark };
         Ok(ModelHandle::start(&m.dir, device, m.precision, options)?)
     })
     .await

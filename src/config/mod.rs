@@ -238,6 +238,7 @@ mod tests {
         assert!(matches!(c.storage.target, StorageTarget::S3 { ref bucket } if bucket == "voxbatch"));
         assert_eq!(c.storage.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
         assert_eq!(c.limits.max_text_chars, 20_000);
+        assert!(!c.model.cudnn_benchmark, "cuDNN benchmark mode is off by default, as the official code runs");
     }
 
     #[test]
@@ -247,6 +248,7 @@ mod tests {
             &env(&[
                 ("VOXBATCH_BATCHING__MAX_BATCH", "32"),
                 ("VOXBATCH_STORAGE__URL", "file:///tmp/audio"),
+                ("VOXBATCH_MODEL__CUDNN_BENCHMARK", "true"),
                 ("DATABASE_URL", "postgres://u:pw@db/x"),
                 ("AMQP_URL", "amqps://u:pw@mq/%2f"),
                 ("S3_ENDPOINT", "https://s3.example"),
@@ -255,6 +257,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.batching.max_batch, 32);
+        assert!(c.model.cudnn_benchmark);
         assert!(matches!(c.storage.target, StorageTarget::File { .. }));
         assert_eq!(c.database.url.expose(), "postgres://u:pw@db/x");
         assert_eq!(c.amqp.url().expose(), "amqps://u:pw@mq/%2f");

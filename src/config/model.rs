@@ -17,6 +17,7 @@ pub struct RawModel {
     pub cpu_threads: i64,
     pub flow_graphs: i64,
     pub flow_graph_max_frames: i64,
+    pub cudnn_benchmark: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -28,6 +29,9 @@ pub struct ModelConfig {
     /// CosyVoice2: small batches' compiled flow steps as CUDA graphs (`flow_graphs` kept at most,
     /// each of at most `flow_graph_max_frames` rows × frames).
     pub flow_graphs: FlowGraphSettings,
+    /// On CUDA: cuDNN searches each convolution's fastest algorithm for every new input shape
+    /// (`cudnn.benchmark`, process-wide); memory profiles are filed apart (`+cudnn-benchmark`).
+    pub cudnn_benchmark: bool,
 }
 
 impl RawModel {
@@ -45,6 +49,7 @@ impl RawModel {
                     return Err(ConfigError::Invalid { key: "model.flow_graph_max_frames", reason: "must be > 0".into() });
                 },
             },
+            cudnn_benchmark: self.cudnn_benchmark,
         })
     }
 }

@@ -166,16 +166,23 @@ fn has_package(dir: &Path, device: Device, stage: &str, precision: Precision) ->
 
 /// What [`profile_precision`] appends for a directory whose token2wav runs compiled kernels.
 const COMPILED_PROFILE_SUFFIX: &str = "+compiled";
+/// What [`profile_precision`] appends on CUDA with cuDNN's per-shape algorithm search.
+const CUDNN_BENCHMARK_PROFILE_SUFFIX: &str = "+cudnn-benchmark";
 
-/// The precision a memory profile is filed under: `bf16`, or `bf16+compiled` for a directory whose
-/// token2wav runs compiled kernels (their peak memory is not the eager port's). Blocking (NVML).
-pub fn profile_precision(manifest: &super::Manifest, device: Device, precision: Precision) -> String {
-    let Some(dims) = manifest.cosyvoice2.as_ref() else { return precision.to_string() };
-    if has_packages(&manifest.dir, device, precision, dims.vocoder()) {
-        format!("{precision}{COMPILED_PROFILE_SUFFIX}")
-    } else {
-        precision.to_string()
+/// The precision a memory profile is filed under: `bf16`; `bf16+compiled` for a directory whose
+/// token2wav runs compiled kernels (their peak memory is not the eager port's); then
+/// `+cudnn-benchmark` on CUDA with `cudnn_benchmark` (`[model] cudnn_benchmark`: the algorithms it
+/// picks take larger workspaces — 7.3 GiB more at token2wav batch 256 on the H200). Blocking (NVML).
+pub fn profile_precision(manifest: &super::Manifest, device: Device, precision: Precision, cudnn_benchmark: bool) -> String {
+    let compiled = manifest.cosyvoice2.as_ref().is_some_and(|dims| has_packages(&manifest.dir, device, precision, dims.vocoder()));
+    let mut name = precision.to_string();
+    if compiled {
+        name.push_str(COMPILED_PROFILE_SUFFIX);
     }
+    if cudnn_benchmark && matches!(device, Device::Cuda(_)) {
+        name.push_str(CUDNN_BENCHMARK_PROFILE_SUFFIX);
+    }
+    name
 }
 
 /// A usable package: what it runs at and the largest batch and length (mel frames) it takes.

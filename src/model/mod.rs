@@ -312,6 +312,8 @@ pub struct LoadOptions {
     /// CosyVoice2 kinds: small batches' compiled flow steps as CUDA graphs (`[model] flow_graphs`;
     /// default none).
     pub flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
+    /// On CUDA, cuDNN's per-shape algorithm search (`[model] cudnn_benchmark`; process-wide).
+    pub cudnn_benchmark: bool,
 }
 
 /// Loads a model directory (its `manifest` already read) for `device` and `precision`: the one
@@ -383,13 +385,14 @@ pub struct ModelHandle {
     device: Device,
     precision: Precision,
     llm_slots: Option<usize>,
+    cudnn_benchmark: bool,
 }
 
 impl ModelHandle {
     /// Reads `dir`'s manifest and starts the inference thread, which loads the model: returns
     /// before the load is over. Blocking (files): call it off the async runtime.
     pub fn start(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
-        let LoadOptions { cpu_threads, text, flow_graphs } = options;
+        let LoadOptions { cpu_threads, text, flow_graphs, cudnn_benchmark } = options;
         let manifest = Manifest::load(dir)?;
         // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
         let text = match manifest.kind {
@@ -407,6 +410,12 @@ impl ModelHandle {
             .spawn(move || {
                 if cpu_threads > 0 {
                     tch::set_num_threads(cpu_threads as i32);
+                }
+                if matches!(device, Device::Cuda(_)) {
+                    tch::Cuda::cudnn_set_benchmark(cudnn_benchmark);
+                    if cudnn_benchmark {
+                        tracing::info!(%device, "cuDNN benchmark mode: each new convolution shape is timed first");
+                    }
                 }
                 let started = Instant::now();
                 let mut model = match load(&thread_dir, thread_manifest, device, precision, text, flow_graphs) {
@@ -442,7 +451,7 @@ impl ModelHandle {
                 }
             })
             .map_err(|e| ModelError::DeviceUnavailable { device, reason: format!("cannot start inference thread: {e}") })?;
-        Ok(ModelHandle { tx, voices: voices_tx, state, manifest: std::sync::Arc::new(manifest), device, precision, llm_slots })
+        Ok(ModelHandle { tx, voices: voices_tx, state, manifest: std::sync::Arc::new(manifest), device, precision, llm_slots, cudnn_benchmark })
     }
 
     /// Starts the inference thread and loads the model on it ([`ModelHandle::start`]). Returns
@@ -486,6 +495,10 @@ impl ModelHandle {
     }
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+    /// Whether it runs with cuDNN's per-shape algorithm search ([`LoadOptions::cudnn_benchmark`]).
+    pub fn cudnn_benchmark(&self) -> bool {
+        self.cudnn_benchmark
     }
     /// The slots the model's LLM was sized with (`sizing::text_plan`), for models with an LLM.
     pub fn llm_slots(&self) -> Option<usize> {

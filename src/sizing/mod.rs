@@ -183,7 +183,7 @@ pub fn memory_admission(cfg: &Config, manifest: &Manifest, device: Device, preci
 fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision, budget: f64, gpu_name: String) -> Result<(MemoryBudget, Profile), SizingError> {
     let m = &cfg.memory;
     let cli_precision = precision;
-    let precision = crate::model::compiled::profile_precision(manifest, device, precision);
+    let precision = crate::model::compiled::profile_precision(manifest, device, precision, cfg.model.cudnn_benchmark);
     let profile = match profile::load_matching(&m.calibration_dir, &manifest.name, &gpu_name, &precision)? {
         Some(p) => {
             info!(model = %manifest.name, gpu = %gpu_name, %precision, r2 = p.fit.r2, worst_rel_error = p.fit.worst_rel_error, "using calibration profile");
