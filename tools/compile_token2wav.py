@@ -6,11 +6,12 @@ AOTInductor packages (issue 16), each exported with a dynamic batch and length a
 - `encoder`: the flow's encoder stage, the reference `UpsampleConformerEncoder` and `encoder_proj`
   (`FlowEncoder` below) over the masked token embeddings, with the model's `flow.encoder.*` and
   `flow.encoder_proj.*` weights, at the flow's precision; its length is tokens (`--max-frames`/2,
-  at most 2,500). Experimental and not in the default `--stages`: a token2wav bench on an H100
-  died with SIGSEGV right after loading this package (docs/PERFORMANCE.md, session 18; on a CPU it
-  runs and matches the eager port). The eager port's encoder took 0.040 s of a 1.41-s batch of 128
-  ten-second utterances (H200, 2026-12-05), and 60–122 ms a call at the end of a text batch, where
-  short buckets make it host-bound;
+  at most 2,500). Not in the default `--stages`: on the H200 (session 19) it took 0.25 s of a
+  batch of 256 ten-second utterances where the eager port's fused encoder takes 0.08 s (its
+  attention is the reference's softmax and matmuls). In session 18 its package crashed an H100
+  bench (SIGSEGV): the export held CPU tensors in a CUDA program (position tables `Module.to` does
+  not move, the look-ahead's default context), now moved, and `require_on_device` refuses any such
+  export; on the H200 it then ran, 47.2 dB from the eager port (tiny model);
 - `estimator`: the flow's estimator, the reference `CausalConditionalDecoder` (PyPI
   `token2wav-cosyvoice`) built at the model's `[cosyvoice2]` dimensions with the model's own
   `flow.decoder.estimator.*` weights (frames even, as two mel frames per token make them), at the
@@ -58,7 +59,7 @@ Measured on the H200 (2026-12-04, time-major, batch 128): coordinate-descent mad
 at the export's small example shapes, the package runs at batch 256 × 500 frames) — so `none`
 stays the default.
 
-`--layout time-major` (the default) keeps every stage's activations time-major — each frame's
+`--layout time-major` keeps every stage's activations time-major — each frame's
 channels contiguous: the estimator as tools/time_major_estimator.py computes it (no transposes
 around its layer norms and transformer levels, causal convolutions as matmuls), the vocoder body on
 channels-last `[B, C, 1, T]` tensors (no cuDNN layout conversions around its convolutions). Same
@@ -72,32 +73,38 @@ is time-major with the estimator's causal convolutions through cuDNN
 (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls: measured on the H200
 (2026-12-04 session 12, with the FF epilogue) 832.8 audio-s/s against 885.0 with matmuls — cuDNN
 still converts each bf16 convolution's input and output between layouts (convolutions 0.28 s
-against 0.22) — so it stays an experiment. `--layout time-major-shift` (experimental, not yet
-measured on a GPU) computes each causal convolution as one matmul of every frame by all three
+against 0.22) — so it stays an experiment. `--layout time-major-shift` (experimental, compiled but never benched)
+computes each causal convolution as one matmul of every frame by all three
 taps' weights and a sum of the taps' outputs shifted into place (`causal_conv`'s "shift" path): no
 window of frames is written — the time-major package's slowest element-wise kernel (0.127 s of 1.41
-per batch of 128) builds those windows. `--layout time-major-strided` (experimental, not yet
-measured on a GPU) keeps the window but copies it from an overlapping strided view of the padded
-frames (`causal_conv`'s "strided" path). Why the window kernel is slow: on CUDA inductor lowers the
+per batch of 128) builds those windows. `--layout time-major-strided` (the default since session 19) keeps the
+window but copies it from an overlapping strided view of the padded frames (`causal_conv`'s
+"strided" path). Why the window kernel is slow: on CUDA inductor lowers the
 `torch.cat` of the three shifted frames to one element-wise kernel that, for each output, evaluates
 every input's expression under a mask (`lowering.py`'s `pointwise_cat`) — the block's layer-norm
 output through Mish, the mask and the time embedding, three times for each of a frame's 3·C
 outputs; the kernel's name in the profile lists that Mish. A strided view makes inductor realize
 the padded producer once (its `as_strided` lowering realizes its input), so the window becomes a
-plain copy. `--mish exp` (experimental) computes the estimator's Mish through one exponential and
+plain copy. `--mish exp` (the default) computes the estimator's Mish through one exponential and
 one division instead of exp, log1p and tanh (`time_major_estimator.mish_exp`, within a few fp32
 ulps of torch's).
 
-`--hift-channel-multiple 4` (experimental, not yet measured on a GPU) pads the vocoder body's
+Session 19's defaults together (time-major-strided, Mish exp, q/k/v fused, the estimator frozen,
+the vocoder's channels padded to 20 and its dilations as phases), measured on the H200 (2026-12-05,
+batch 128, flow bf16, HiFT tf32, same call as eager): token2wav 986.0–987.1 audio-s/s against
+905.2–911.5 for session 15's packages (flow steps 1.010 → 0.917 s, HiFT 0.338 → 0.315 s); 997.7 at
+batch 256; 1,015.6 there with cuDNN's benchmark mode (docs/PERFORMANCE.md).
+
+`--hift-channel-multiple 4` (the default) pads the vocoder body's
 18-channel convolutions — the source downsamplers' input and conv_post's output — with zero
 channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and the compiled
 vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
 convolutions. Same result (the padded channels are zero in, dropped out). `--hift-dilation phases`
-(experimental, not yet measured on a GPU) runs each of its dilated convolutions as an undilated one
+(the default) runs each of its dilated convolutions as an undilated one
 over the time axis split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic"
 calls match the dilated convolutions of kernel 7 and 11 at the highest resolution.
 
-`--qkv fused` (experimental, not yet measured on a GPU) projects each attention's query, key and
+`--qkv fused` (`auto`, the default, where the attention is one of voxbatch's: flash, flex, cudnn) projects each attention's query, key and
 value in one matmul (`fuse_qkv`): the profile of the 905.2-audio-s/s package shows the three
 256-wide projections as 1,680 matmul calls (0.110 s of a batch of 128); one 768-wide matmul reads
 the layer-norm output once and fills the GPU better.
@@ -113,9 +120,11 @@ audio-s/s against 840.5 with `exact` (session 11), the GELU kernel gone into a `
 0.086 s; quality against true fp32 unchanged (SNR 13.6 dB mean, as with `exact`: random weights).
 `exact` keeps the reference's separate GELU.
 
-`--inductor-option [STAGE:]KEY=VALUE` (repeatable, for experiments) passes one of inductor's
-settings to the compile (with a stage prefix, e.g. `estimator:freezing=True`, to that stage's
-alone) and records it in the package's metadata (`voxbatch.inductor_options`): e.g.
+`--inductor-option [STAGE:]KEY=VALUE` (repeatable) passes one of inductor's settings to the
+compile (with a stage prefix, e.g. `estimator:freezing=True`, to that stage's alone), after the
+defaults (`DEFAULT_INDUCTOR_OPTIONS`: `estimator:freezing=True`, the estimator's weights folded into
+its package at the autocast dtype; a later setting of the same key overrides it), and records them
+in the package's metadata (`voxbatch.inductor_options`): e.g.
 `realize_reads_threshold=2`, so that a producer read by three consumers (the time-major
 estimator's side-by-side frames) is written once rather than recomputed in each.
 
@@ -123,8 +132,8 @@ Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimato
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
-                            [--ff-gelu epilogue|exact] [--mish exact|exp] [--qkv separate|fused] [--hift-channel-multiple K]
-                            [--hift-dilation dilated|phases]
+                            [--ff-gelu epilogue|exact] [--mish exp|exact] [--qkv auto|separate|fused] [--hift-channel-multiple K]
+                            [--hift-dilation phases|dilated]
                             [--inductor-option [STAGE:]KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
 """
 import argparse
@@ -930,8 +939,8 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--stages", default="estimator,hift",
-                    help="comma-separated: estimator, hift, encoder (experimental, not in the default: a GPU bench "
-                         "with its package died with SIGSEGV on an H100, docs/PERFORMANCE.md session 18)")
+                    help="comma-separated: estimator, hift, encoder (not in the default: measured slower than the "
+                         "eager encoder on an H200, docs/PERFORMANCE.md session 19)")
     ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS), help="the flow's (encoder, estimator)")
     ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")

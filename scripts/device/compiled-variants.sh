@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Issue 16's candidate packages side by side on one warm GPU machine, through compiled-bench.sh:
-# STAGE=compile compiles the default packages (estimator and vocoder body; OTHER_STAGES=encoder,hift adds the experimental encoder, /tmp/cv2full-compiled)
+# STAGE=compile compiles the default packages (estimator and vocoder body; OTHER_STAGES=encoder,hift adds the encoder, slower than the eager one in session 19, /tmp/cv2full-compiled)
 # and, once the full model is built, every variant into its own directory (/tmp/cv2full-NAME), all
 # at once; each variant directory then holds the default's package for any stage it did not compile.
 # STAGE=bench benches the eager model (EAGER=1), the default directory and every variant that
 # compiled, at BATCHES with PROFILE, then the fastest of them again at SWEET's batches, and the
 # reference token2wav (REFERENCE=1: the official code path at batch 1, flow fp16 and bf16 autocast,
 # HiFT outside it with torch's default TF32) — all in one call, as docs/PERFORMANCE.md's tables need.
-# STAGE=all does both (a fresh machine; over 6 minutes). The shortest call for one candidate: no
-# VARIANTS and its settings in the environment (e.g. LAYOUT=time-major-strided MISH=exp QKV=fused
-# INDUCTOR_OPTIONS=estimator:freezing=True HIFT_CHANNEL_MULTIPLE=4 HIFT_DILATION=phases): the default's two
-# compiles inherit them, so the default directory is that candidate (STAGE=all: an estimated 7 minutes
-# on an H200, not yet run there; on an H100 host in session 18 its compiles did not finish within 250 s).
+# STAGE=all does both (a fresh machine; over 6 minutes). The shortest call for the default
+# packages (session 19's candidate, now the tool's defaults): no VARIANTS, e.g. `STAGE=all
+# COMPILE_LIMIT=330 SWEET=256 REFERENCE=1` (on an H200 in session 19: compiles 187 s and 115 s at
+# once, the whole call 412 s with parity-gpu.sh beside the compiles; on an H100 host in session 18
+# the compiles did not finish within 250 s). A variant's settings in the environment instead
+# (e.g. MISH=exact) are inherited by the default's two compiles.
 #
 # Env: VARIANTS — space-separated NAME:KEY=VALUE+KEY=VALUE…, the keys compiled-bench.sh's compile
 # settings (LAYOUT, MISH, QKV, FF_GELU, ATTENTION, HIFT_CHANNEL_MULTIPLE, HIFT_DILATION, TUNING, INDUCTOR_OPTIONS — one
-# KEY=VALUE, e.g. INDUCTOR_OPTIONS=estimator:freezing=True: freezing failed in the encoder's CUDA compile —, STAGES — default estimator; a variant of the vocoder
+# KEY=VALUE, e.g. INDUCTOR_OPTIONS=estimator:freezing=False, after the tool's default estimator:freezing=True —, STAGES — default estimator; a variant of the vocoder
 # alone says STAGES=hift), e.g.
 #   VARIANTS="strided-exp:LAYOUT=time-major-strided+MISH=exp hift4:STAGES=hift+HIFT_CHANNEL_MULTIPLE=4"
 # and a variant may name another's packages with FROM=NAME (the union of two, no compile of its own:
