@@ -73,19 +73,19 @@ is time-major with the estimator's causal convolutions through cuDNN
 (`time_major_estimator.causal_conv`'s "cudnn" path) instead of matmuls: measured on the H200
 (2026-12-04 session 12, with the FF epilogue) 832.8 audio-s/s against 885.0 with matmuls — cuDNN
 still converts each bf16 convolution's input and output between layouts (convolutions 0.28 s
-against 0.22) — so it stays an experiment. `--layout time-major-shift` (experimental, compiled but never benched)
-computes each causal convolution as one matmul of every frame by all three
+against 0.22) — so it stays an experiment. `--layout time-major-shift` (experimental, compiled
+but never benched) computes each causal convolution as one matmul of every frame by all three
 taps' weights and a sum of the taps' outputs shifted into place (`causal_conv`'s "shift" path): no
 window of frames is written — the time-major package's slowest element-wise kernel (0.127 s of 1.41
-per batch of 128) builds those windows. `--layout time-major-strided` (the default since session 19) keeps the
-window but copies it from an overlapping strided view of the padded frames (`causal_conv`'s
+per batch of 128) builds those windows. `--layout time-major-strided` (the default since session
+19) keeps the window but copies it from an overlapping strided view of the padded frames (`causal_conv`'s
 "strided" path). Why the window kernel is slow: on CUDA inductor lowers the
 `torch.cat` of the three shifted frames to one element-wise kernel that, for each output, evaluates
 every input's expression under a mask (`lowering.py`'s `pointwise_cat`) — the block's layer-norm
 output through Mish, the mask and the time embedding, three times for each of a frame's 3·C
 outputs; the kernel's name in the profile lists that Mish. A strided view makes inductor realize
 the padded producer once (its `as_strided` lowering realizes its input), so the window becomes a
-plain copy. `--mish exp` (the default) computes the estimator's Mish through one exponential and
+plain copy. `--mish exp` (`auto`, the default, with a time-major layout) computes the estimator's Mish through one exponential and
 one division instead of exp, log1p and tanh (`time_major_estimator.mish_exp`, within a few fp32
 ulps of torch's).
 
@@ -100,11 +100,12 @@ batch 256; 1,015.6 there with cuDNN's benchmark mode (docs/PERFORMANCE.md).
 channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and the compiled
 vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
 convolutions. Same result (the padded channels are zero in, dropped out). `--hift-dilation phases`
-(the default) runs each of its dilated convolutions as an undilated one
+(`auto`, the default, with a time-major layout) runs each of its dilated convolutions as an undilated one
 over the time axis split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic"
 calls match the dilated convolutions of kernel 7 and 11 at the highest resolution.
 
-`--qkv fused` (`auto`, the default, where the attention is one of voxbatch's: flash, flex, cudnn) projects each attention's query, key and
+`--qkv fused` (`auto`, the default, where the attention is one of voxbatch's: flash, flex, cudnn)
+projects each attention's query, key and
 value in one matmul (`fuse_qkv`): the profile of the 905.2-audio-s/s package shows the three
 256-wide projections as 1,680 matmul calls (0.110 s of a batch of 128); one 768-wide matmul reads
 the layer-norm output once and fills the GPU better.
@@ -132,8 +133,8 @@ Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimato
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
                             [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
-                            [--ff-gelu epilogue|exact] [--mish exp|exact] [--qkv auto|separate|fused] [--hift-channel-multiple K]
-                            [--hift-dilation phases|dilated]
+                            [--ff-gelu epilogue|exact] [--mish auto|exp|exact] [--qkv auto|separate|fused] [--hift-channel-multiple K]
+                            [--hift-dilation auto|phases|dilated]
                             [--inductor-option [STAGE:]KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
 """
 import argparse
@@ -963,9 +964,10 @@ def main():
     ap.add_argument("--ff-gelu", default="epilogue", choices=FF_GELUS,
                     help="the estimator's feed-forward GELU: epilogue (default): in the input projection's cuBLASLt "
                          "matmul (tanh approximation on CUDA), or exact, a separate kernel as the reference computes it")
-    ap.add_argument("--mish", default="exp", choices=["exact", "exp"],
-                    help="the time-major estimator's Mish: exp (default), x·n/(n+2) with n = eˣ(eˣ+2), one exponential "
-                         "and one division, or exact, torch's x·tanh(softplus(x)) (the same function within 1e-6)")
+    ap.add_argument("--mish", default="auto", choices=["auto", "exact", "exp"],
+                    help="the time-major estimator's Mish: exp, x·n/(n+2) with n = eˣ(eˣ+2), one exponential and one "
+                         "division, or exact, torch's x·tanh(softplus(x)) (the same function within 1e-6); auto "
+                         "(default): exp with a time-major layout, else exact")
     ap.add_argument("--qkv", default="auto", choices=["auto", "separate", "fused"],
                     help="the estimator's attention projections: fused, query, key and value in one matmul (needs "
                          "--attention flash, flex or cudnn), or separate, as the reference; auto (default): fused where "
@@ -974,12 +976,13 @@ def main():
                     help="the vocoder body's convolutions on the 18 STFT channels padded with zero channels to a "
                          "multiple of K (4, the default → 20: cuDNN's TF32 kernels want multiples of 4); 1: as they are. "
                          "Same result")
-    ap.add_argument("--hift-dilation", default="phases", choices=HIFT_DILATIONS,
-                    help="the vocoder body's dilated convolutions: phases (default), each as an undilated convolution "
-                         "over the time axis split into phases (time-major layouts only), or dilated, as they are")
+    ap.add_argument("--hift-dilation", default="auto", choices=["auto", *HIFT_DILATIONS],
+                    help="the vocoder body's dilated convolutions: phases, each as an undilated convolution over the "
+                         "time axis split into phases (time-major layouts only), or dilated, as they are; auto "
+                         "(default): phases with a time-major layout, else dilated")
     ap.add_argument("--inductor-option", action="append", default=[], type=inductor_option, metavar="[STAGE:]KEY=VALUE",
                     help="an inductor setting for this compile (repeatable; e.g. realize_reads_threshold=2, or "
-                         "hift:freezing=True for one stage's compile alone), recorded in the package's metadata; "
+                         "hift:realize_reads_threshold=2 for one stage's compile alone), recorded in the package's metadata; "
                          f"after the defaults ({' '.join(f'{s}:{k}={v}' for s, k, v in DEFAULT_INDUCTOR_OPTIONS)}), which "
                          "a later setting of the same key overrides (estimator:freezing=False)")
     ap.add_argument("--check", action="store_true")
@@ -1008,9 +1011,12 @@ def main():
         # --cuda-kernels lists what a CUDA compile builds, whatever --device says: `auto` resolves as on CUDA.
         attention = resolve_attention(a.attention, torch.device("cuda") if a.cuda_kernels else device, precision)
         qkv = a.qkv if a.qkv != "auto" else ("separate" if attention == "sdpa" else "fused")
+        # auto: the measured fastest forms, where the layout has them (the reference's modules do not).
+        hift_dilation = a.hift_dilation if a.hift_dilation != "auto" else ("dilated" if a.layout == "reference" else "phases")
+        mish = a.mish if a.mish != "auto" else ("exact" if a.layout == "reference" else "exp")
         variant = Variant(attention=attention, layout=a.layout,
-                          ff_gelu=a.ff_gelu, mish=a.mish, qkv=qkv, hift_channel_multiple=a.hift_channel_multiple,
-                          hift_dilation=a.hift_dilation)
+                          ff_gelu=a.ff_gelu, mish=mish, qkv=qkv, hift_channel_multiple=a.hift_channel_multiple,
+                          hift_dilation=hift_dilation)
         if a.hift_channel_multiple < 1:
             sys.exit("--hift-channel-multiple: 1 or more")
         if a.eager_check and variant.is_reference(stage):

@@ -14,7 +14,8 @@ inductor's "no NVIDIA driver" error and says it wrote no wrapper. Nothing here i
 kernels' speed is the GPU's to say (scripts/device/compiled-variants.sh).
 
 Neighbours: tools/compile_token2wav.py (`--cuda-kernels` builds a stage as it would compile it and
-calls `cuda_kernels` here).
+calls `cuda_kernels` here, then checks that the export holds nothing off the GPU),
+tools/make_parity_fixtures.py (`move_plain_tensors`, shared with the real compile).
 """
 import glob
 import os
@@ -82,8 +83,8 @@ def to_fake_cuda(module, inputs):
 def cuda_kernels(module, inputs, inductor_options=None, keep_wrapper=None):
     """The Triton kernel launches inductor generates for one call of `module(*inputs)` on CUDA:
     (launches in call order — kernel names —, extern calls such as cuBLAS matmuls and
-    convolutions, the exported program, for its constants' devices). `module` must be on the CPU and run its autocast under device type "cuda"; call
-    `patch()` first. `keep_wrapper`: a path to copy the generated wrapper (all kernels' code) to."""
+    convolutions, the exported program, for its constants' devices). `module` must be on the CPU
+    and run its autocast under device type "cuda"; call `patch()` first. `keep_wrapper`: a path to copy the generated wrapper (all kernels' code) to."""
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     from torch._inductor.utils import fresh_cache
