@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16's memory calibration of the compiled token2wav, on the GPU machine: the `full` random
-# model's default packages (compiled-bench.sh's compile stage, unless /tmp/cv2full-compiled already
-# holds them on a warm machine), then `voxbatch calibrate` of that directory twice — as the worker
+# model's default packages (unless /tmp/cv2full-compiled already
+# holds them on a warm machine; compiled-variants.sh's compile stage, two processes), then `voxbatch calibrate` of that directory twice — as the worker
 # runs it by default (profile `bf16+compiled`) and with `[model] cudnn_benchmark = true`
 # (`bf16+compiled+cudnn-benchmark`: cuDNN's workspaces raise the peak, 7.3 GiB at batch 256 in
 # session 19). The profiles land in OUT/calibration; their model is the random
@@ -19,8 +19,8 @@ log() { echo "[calibrate $(date -u +%T)] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 C=/tmp/cv2full-compiled
 if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
-  log "compiling the default packages (estimator, then vocoder body)"
-  OUT=$OUT/compile STAGE=compile MAX_BATCH=512 timeout -k 10 "${COMPILE_LIMIT:-330}" bash scripts/device/compiled-bench.sh 2>&1 | tail -8
+  log "compiling the default packages (estimator and vocoder body at once: compiled-variants.sh)"
+  OUT=$OUT/compile STAGE=compile COMPILE_LIMIT=${COMPILE_LIMIT:-330} bash scripts/device/compiled-variants.sh 2>&1 | tail -6
 fi
 ls "$C"/compiled/*/ || { log "no packages: nothing to calibrate"; exit 1; }
 TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
