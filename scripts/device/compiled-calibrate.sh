@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 16's memory calibration of the compiled token2wav, on the GPU machine: the `full` random
-# model's default packages (unless /tmp/cv2full-compiled already
-# holds them on a warm machine; compiled-variants.sh's compile stage, two processes), then `voxbatch calibrate` of that directory twice — as the worker
-# runs it by default (profile `bf16+compiled`) and with `[model] cudnn_benchmark = true`
-# (`bf16+compiled+cudnn-benchmark`: cuDNN's workspaces raise the peak, 7.3 GiB at batch 256 in
+# model's default packages (compiled-variants.sh's compile stage, two processes, unless
+# /tmp/cv2full-compiled already holds them on a warm machine), then `voxbatch calibrate` of that
+# directory twice — as the worker runs it by default (profile `bf16+compiled`) and with
+# `[model] cudnn_benchmark = true` (`bf16+compiled+cudnn-benchmark`: cuDNN's workspaces raise the peak, 7.3 GiB at batch 256 in
 # session 19). The profiles land in OUT/calibration; their model is the random
 # `cosyvoice2-full-random`, so they show the fit's quality and the peaks, not a profile any user's
 # model loads (a user calibrates their own directory the same way: README).
