@@ -29,6 +29,32 @@ pub enum CalibrateError {
     NoReadings(Device),
     #[error("only {0} calibration point(s) fit under the ceiling; lower --min-tokens or raise --vram-fraction")]
     TooFewPoints(usize),
+    #[error(
+        "the peaks do not follow batch × length (fit R² {r2:.3}, worst error {:.0}% > {:.0}%): no profile written{hint}",
+        worst_rel_error * 100.0,
+        MAX_FIT_ERROR * 100.0
+    )]
+    PoorFit { r2: f64, worst_rel_error: f64, hint: &'static str },
+}
+
+/// The largest error a profile may make on its own points: the memory policy sizes batches by it.
+/// Calibrations on GPUs fit within 5 % (docs/PERFORMANCE.md); cuDNN's benchmark mode did not (97 %:
+/// its algorithm searches take workspaces of whatever memory is free, 9–34 GiB even at batch 1 or 2).
+pub const MAX_FIT_ERROR: f64 = 0.25;
+
+/// Whether a fit is good enough to size batches by ([`MAX_FIT_ERROR`]); `cudnn_benchmark` adds
+/// the likely reason to the error.
+pub fn accept_fit(fit: &crate::batch::memory::Fit, cudnn_benchmark: bool) -> Result<(), CalibrateError> {
+    if fit.worst_rel_error.is_finite() && fit.worst_rel_error <= MAX_FIT_ERROR {
+        return Ok(());
+    }
+    let hint = if cudnn_benchmark {
+        " — cuDNN benchmark mode is on ([model] cudnn_benchmark): each new shape's algorithm search takes \
+         workspaces of whatever memory is free, which no batch × length model predicts; calibrate with it off"
+    } else {
+        ""
+    };
+    Err(CalibrateError::PoorFit { r2: fit.r2, worst_rel_error: fit.worst_rel_error, hint })
 }
 
 /// What to sweep.
@@ -127,6 +153,7 @@ pub async fn calibrate(
     let under: Vec<CalibrationPoint> = points.iter().filter(|p| (p.peak_bytes as f64) <= ceiling).cloned().collect();
     let used = if under.len() >= 3 { under } else { points.clone() };
     let fitted = fit(&used).ok_or(CalibrateError::TooFewPoints(used.len()))?;
+    accept_fit(&fitted, cudnn_benchmark)?;
     Ok(Profile {
         model: manifest.name.clone(),
         gpu: info.name,
@@ -139,4 +166,26 @@ pub async fn calibrate(
         points: used,
         created_at: chrono::Utc::now().to_rfc3339(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::memory::{Fit, MemoryModel};
+
+    fn fit_with(worst_rel_error: f64) -> Fit {
+        Fit { model: MemoryModel { m0: 5e8, a: 3e5, b: 0.0 }, r2: 0.9, worst_rel_error }
+    }
+
+    #[test]
+    fn a_fit_that_misses_its_own_points_is_refused_and_names_cudnn_benchmark_mode_when_on() {
+        // The H200's calibrations fit within 5 %; session 19's benchmark-mode sweep on an H100 missed by 97 %.
+        assert!(accept_fit(&fit_with(0.045), false).is_ok());
+        assert!(accept_fit(&fit_with(MAX_FIT_ERROR), true).is_ok());
+        let plain = accept_fit(&fit_with(0.97), false).unwrap_err().to_string();
+        assert!(plain.contains("no profile written") && plain.contains("97%") && !plain.contains("cudnn"), "{plain}");
+        let bench = accept_fit(&fit_with(0.97), true).unwrap_err().to_string();
+        assert!(bench.contains("cudnn_benchmark"), "{bench}");
+        assert!(accept_fit(&fit_with(f64::NAN), false).is_err(), "a fit with no error figure is not a fit");
+    }
 }
