@@ -39,7 +39,7 @@ pub enum CalibrateError {
 
 /// The largest error a profile may make on its own points: the memory policy sizes batches by it.
 /// Calibrations on GPUs fit within 5 % (docs/PERFORMANCE.md); cuDNN's benchmark mode did not (97 %:
-/// its algorithm searches take workspaces of whatever memory is free, 9–34 GiB even at batch 1 or 2).
+/// its algorithm searches take workspaces of whatever memory is free, 9–33 GiB even at batch 1 or 2).
 pub const MAX_FIT_ERROR: f64 = 0.25;
 
 /// Whether a fit is good enough to size batches by ([`MAX_FIT_ERROR`]); `cudnn_benchmark` adds
