@@ -78,30 +78,31 @@ but never benched) computes each causal convolution as one matmul of every frame
 taps' weights and a sum of the taps' outputs shifted into place (`causal_conv`'s "shift" path): no
 window of frames is written — the time-major package's slowest element-wise kernel (0.127 s of 1.41
 per batch of 128) builds those windows. `--layout time-major-strided` (the default since session
-19) keeps the window but copies it from an overlapping strided view of the padded frames (`causal_conv`'s
-"strided" path). Why the window kernel is slow: on CUDA inductor lowers the
+19) keeps the window but copies it from an overlapping strided view of the padded frames
+(`causal_conv`'s "strided" path). Why the window kernel is slow: on CUDA inductor lowers the
 `torch.cat` of the three shifted frames to one element-wise kernel that, for each output, evaluates
 every input's expression under a mask (`lowering.py`'s `pointwise_cat`) — the block's layer-norm
 output through Mish, the mask and the time embedding, three times for each of a frame's 3·C
 outputs; the kernel's name in the profile lists that Mish. A strided view makes inductor realize
 the padded producer once (its `as_strided` lowering realizes its input), so the window becomes a
-plain copy. `--mish exp` (`auto`, the default, with a time-major layout) computes the estimator's Mish through one exponential and
-one division instead of exp, log1p and tanh (`time_major_estimator.mish_exp`, within a few fp32
-ulps of torch's).
+plain copy. `--mish exp` (`auto`, the default, with a time-major layout) computes the
+estimator's Mish through one exponential and one division instead of exp, log1p and tanh
+(`time_major_estimator.mish_exp`, within a few fp32 ulps of torch's).
 
 Session 19's defaults together (time-major-strided, Mish exp, q/k/v fused, the estimator frozen,
 the vocoder's channels padded to 20 and its dilations as phases), measured on the H200 (2026-12-05,
 batch 128, flow bf16, HiFT tf32, same call as eager): token2wav 986.0–987.1 audio-s/s against
 905.2–911.5 for session 15's packages (flow steps 1.010 → 0.917 s, HiFT 0.338 → 0.315 s); 997.7 at
-batch 256; 1,015.6 there with cuDNN's benchmark mode (docs/PERFORMANCE.md).
+batch 256; 1,015.6 there with cuDNN's benchmark mode, a fixed-shape figure and not a worker
+setting (docs/PERFORMANCE.md).
 
 `--hift-channel-multiple 4` (the default) pads the vocoder body's
 18-channel convolutions — the source downsamplers' input and conv_post's output — with zero
 channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and the compiled
 vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
 convolutions. Same result (the padded channels are zero in, dropped out). `--hift-dilation phases`
-(`auto`, the default, with a time-major layout) runs each of its dilated convolutions as an undilated one
-over the time axis split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic"
+(`auto`, the default, with a time-major layout) runs each of its dilated convolutions as an
+undilated one over the time axis split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic"
 calls match the dilated convolutions of kernel 7 and 11 at the highest resolution.
 
 `--qkv fused` (`auto`, the default, where the attention is one of voxbatch's: flash, flex, cudnn)
@@ -1005,20 +1006,20 @@ def main():
     for stage in stages:
         if stage not in STAGES:
             sys.exit(f"unknown stage {stage!r}: encoder, estimator or hift")
+    if a.hift_channel_multiple < 1:
+        sys.exit("--hift-channel-multiple: 1 or more")
+    # auto: the measured fastest forms, where the layout has them (the reference's modules do not).
+    hift_dilation = a.hift_dilation if a.hift_dilation != "auto" else ("dilated" if a.layout == "reference" else "phases")
+    mish = a.mish if a.mish != "auto" else ("exact" if a.layout == "reference" else "exp")
     failed = []
     for stage in stages:
         precision = a.precision if stage in ("encoder", "estimator") else vocoder
         # --cuda-kernels lists what a CUDA compile builds, whatever --device says: `auto` resolves as on CUDA.
         attention = resolve_attention(a.attention, torch.device("cuda") if a.cuda_kernels else device, precision)
         qkv = a.qkv if a.qkv != "auto" else ("separate" if attention == "sdpa" else "fused")
-        # auto: the measured fastest forms, where the layout has them (the reference's modules do not).
-        hift_dilation = a.hift_dilation if a.hift_dilation != "auto" else ("dilated" if a.layout == "reference" else "phases")
-        mish = a.mish if a.mish != "auto" else ("exact" if a.layout == "reference" else "exp")
         variant = Variant(attention=attention, layout=a.layout,
                           ff_gelu=a.ff_gelu, mish=mish, qkv=qkv, hift_channel_multiple=a.hift_channel_multiple,
                           hift_dilation=hift_dilation)
-        if a.hift_channel_multiple < 1:
-            sys.exit("--hift-channel-multiple: 1 or more")
         if a.eager_check and variant.is_reference(stage):
             print(json.dumps({"stage": stage, "eager_check": "computed as the reference computes it: nothing to compare"}))
         elif a.eager_check:

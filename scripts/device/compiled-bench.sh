@@ -43,8 +43,7 @@ SITE=${SITE:-/tmp/site}; rm -rf "$SITE"
 $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
   $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 BIN=/tmp/voxbatch; xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
 M=/tmp/cv2full
 if [ ! -f "$M/model/token2wav.safetensors" ]; then

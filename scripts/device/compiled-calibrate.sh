@@ -23,8 +23,7 @@ if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
   OUT=$OUT/compile STAGE=compile COMPILE_LIMIT=${COMPILE_LIMIT:-330} bash scripts/device/compiled-variants.sh 2>&1 | tail -6
 fi
 ls "$C"/compiled/*/ || { log "no packages: nothing to calibrate"; exit 1; }
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 BIN=/tmp/voxbatch; [ -x "$BIN" ] || { xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN"; } || exit 1
 export VOXBATCH_MEMORY__CALIBRATION_DIR=$OUT/calibration RUST_LOG=voxbatch=info
 for benchmark in false true; do

@@ -23,8 +23,7 @@ $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade
   $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 LLM_PY="env PYTHONPATH=/tmp/llm-site:$PYTHONPATH $PY"
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 BIN=/tmp/voxbatch
 xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1

@@ -6,8 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 xz -dc .t2w/cosyvoice2_llm_parity.xz > /tmp/cosyvoice2_llm_parity && chmod +x /tmp/cosyvoice2_llm_parity || exit 1
 VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_llm_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^test |test result|panicked"

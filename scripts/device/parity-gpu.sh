@@ -18,8 +18,7 @@ for w in $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e token
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$w" 2>/dev/null || echo "skipped $(basename "$w")"
 done
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 # The fp32 fixtures on the CPU as always; the reference at bf16 and fp16 on the GPU as upstream runs it.
 $PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity --precisions bf16,fp16 --device cuda:0 2>&1 | tail -1

@@ -41,8 +41,7 @@ $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target 
   $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 LLM_PY="env PYTHONPATH=/tmp/llm-site:$PYTHONPATH $PY"
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 
 if [ ! -f "$M/model/tokenizer.json" ]; then
   log "building the full-size random CosyVoice2 (reference code) and converting it"
@@ -71,8 +70,6 @@ if [ "${FLOW_ATTENTION:-padded}" != padded ]; then
   sed -i "s/^\[cosyvoice2\]\$/[cosyvoice2]\nflow_attention = \"$FLOW_ATTENTION\"/" "$M/model/model.toml"
   log "flow_attention: $(grep '^flow_attention' "$M/model/model.toml")"
 fi
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
 
 source scripts/device/services.sh
 start_services || exit 1

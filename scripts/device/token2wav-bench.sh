@@ -21,8 +21,7 @@ if [ -d .whl ]; then
     $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-TORCH_LIB=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__) + "/lib")')
-export LD_LIBRARY_PATH="$TORCH_LIB:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}"
+source scripts/device/libtorch.sh
 BIN=/tmp/voxbatch
 XZ=.e2e/voxbatch.xz; [ -f "$XZ" ] || XZ=.t2w/voxbatch.xz
 xz -dc "$XZ" > "$BIN" && chmod +x "$BIN" || exit 1
