@@ -3,6 +3,7 @@
 // tensors (at::Tensor*). Every function catches its exceptions (guarded.h); a handle is freed by
 // voxbatch_aoti_free.
 #include <ATen/ATen.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <cstdint>
@@ -12,6 +13,24 @@
 
 using voxbatch::guarded;
 using torch::inductor::AOTIModelPackageLoader;
+
+namespace {
+
+// How many times the CUDA caching allocator has run out of memory on the device of the first CUDA
+// tensor in `tensors`; -1 when none is on CUDA (or the count cannot be read).
+int64_t cuda_oom_count(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (!t.is_cuda()) continue;
+    try {
+      return c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(t.device().index()).num_ooms;
+    } catch (...) {
+      return -1;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -41,13 +60,26 @@ int voxbatch_aoti_metadata(void* handle, const char* key, char* value, size_t va
 
 // Runs the package on `n_inputs` tensors; writes up to `max_outputs` new tensors (handed to Rust,
 // which frees them) into `outputs` and their count into *n_outputs.
+// A kernel's failure inside the package reaches here only as "run_func_(…) API call failed" (the
+// package's C shim prints the cause and returns an error code): a CUDA allocation that failed
+// during the call is told by the allocator's out-of-memory count, and the error then says "CUDA
+// out of memory" first, so the caller splits the batch instead of failing it.
 int voxbatch_aoti_run(void* handle, void** inputs, int n_inputs, void** outputs, int max_outputs, int* n_outputs,
                       char* err, size_t err_len) {
   return guarded([&] {
     std::vector<at::Tensor> in;
     in.reserve(n_inputs);
     for (int i = 0; i < n_inputs; ++i) in.push_back(*static_cast<at::Tensor*>(inputs[i]));
-    auto result = static_cast<AOTIModelPackageLoader*>(handle)->run(in);
+    const int64_t ooms_before = cuda_oom_count(in);
+    std::vector<at::Tensor> result;
+    try {
+      result = static_cast<AOTIModelPackageLoader*>(handle)->run(in);
+    } catch (const std::exception& e) {
+      if (ooms_before >= 0 && cuda_oom_count(in) > ooms_before) {
+        throw std::runtime_error(std::string("CUDA out of memory inside the compiled package: ") + e.what());
+      }
+      throw;
+    }
     if (static_cast<int>(result.size()) > max_outputs) throw std::runtime_error("the package returned more outputs than expected");
     for (size_t i = 0; i < result.size(); ++i) outputs[i] = new at::Tensor(result[i]);
     *n_outputs = static_cast<int>(result.size());

@@ -30,22 +30,25 @@ pub enum CalibrateError {
     #[error("only {0} calibration point(s) fit under the ceiling; lower --min-tokens or raise --vram-fraction")]
     TooFewPoints(usize),
     #[error(
-        "the peaks do not follow batch × length (fit R² {r2:.3}, worst error {:.0}% > {:.0}%): no profile written{hint}",
-        worst_rel_error * 100.0,
+        "the peaks do not follow batch × length (fit R² {r2:.3}, worst error {:.0}% of the largest peak > {:.0}%): no profile written{hint}",
+        worst_error * 100.0,
         MAX_FIT_ERROR * 100.0
     )]
-    PoorFit { r2: f64, worst_rel_error: f64, hint: &'static str },
+    PoorFit { r2: f64, worst_error: f64, hint: &'static str },
 }
 
-/// The largest error a profile may make on its own points: the memory policy sizes batches by it.
-/// Calibrations on GPUs fit within 5 % (docs/PERFORMANCE.md); cuDNN's benchmark mode did not (97 %:
-/// its algorithm searches take workspaces of whatever memory is free, 9–33 GiB even at batch 1 or 2).
-pub const MAX_FIT_ERROR: f64 = 0.25;
+/// The largest error a profile may make on its own points, as a share of the largest peak
+/// measured (`Fit::worst_error_of_max_peak`): the memory policy sizes batches against a budget in
+/// bytes by it. GPU calibrations fit within 2 % (docs/PERFORMANCE.md: 0.01 % for the eager port on
+/// the H200, 1.6 % for the compiled token2wav on an H100, whose small batches carry a bounded
+/// offset); cuDNN's benchmark mode did not (47 %: its algorithm searches take workspaces of
+/// whatever memory is free, 9–33 GiB even at batch 1 or 2).
+pub const MAX_FIT_ERROR: f64 = 0.10;
 
 /// Whether a fit is good enough to size batches by ([`MAX_FIT_ERROR`]); `cudnn_benchmark` adds
 /// the likely reason to the error.
 pub fn accept_fit(fit: &crate::batch::memory::Fit, cudnn_benchmark: bool) -> Result<(), CalibrateError> {
-    if fit.worst_rel_error.is_finite() && fit.worst_rel_error <= MAX_FIT_ERROR {
+    if fit.worst_error_of_max_peak.is_finite() && fit.worst_error_of_max_peak <= MAX_FIT_ERROR {
         return Ok(());
     }
     let hint = if cudnn_benchmark {
@@ -54,7 +57,7 @@ pub fn accept_fit(fit: &crate::batch::memory::Fit, cudnn_benchmark: bool) -> Res
     } else {
         ""
     };
-    Err(CalibrateError::PoorFit { r2: fit.r2, worst_rel_error: fit.worst_rel_error, hint })
+    Err(CalibrateError::PoorFit { r2: fit.r2, worst_error: fit.worst_error_of_max_peak, hint })
 }
 
 /// What to sweep.
@@ -171,21 +174,67 @@ pub async fn calibrate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::memory::{Fit, MemoryModel};
+    use crate::batch::memory::{CalibrationPoint, Fit, MemoryModel};
 
-    fn fit_with(worst_rel_error: f64) -> Fit {
-        Fit { model: MemoryModel { m0: 5e8, a: 3e5, b: 0.0 }, r2: 0.9, worst_rel_error }
+    fn fit_with(worst_error_of_max_peak: f64) -> Fit {
+        Fit { model: MemoryModel { m0: 5e8, a: 3e5, b: 0.0 }, r2: 0.9, worst_rel_error: 0.5, worst_error_of_max_peak }
     }
 
     #[test]
     fn a_fit_that_misses_its_own_points_is_refused_and_names_cudnn_benchmark_mode_when_on() {
-        // The H200's calibrations fit within 5 %; session 19's benchmark-mode sweep on an H100 missed by 97 %.
-        assert!(accept_fit(&fit_with(0.045), false).is_ok());
+        assert!(accept_fit(&fit_with(0.016), false).is_ok());
         assert!(accept_fit(&fit_with(MAX_FIT_ERROR), true).is_ok());
-        let plain = accept_fit(&fit_with(0.97), false).unwrap_err().to_string();
-        assert!(plain.contains("no profile written") && plain.contains("97%") && !plain.contains("cudnn"), "{plain}");
-        let bench = accept_fit(&fit_with(0.97), true).unwrap_err().to_string();
+        let plain = accept_fit(&fit_with(0.47), false).unwrap_err().to_string();
+        assert!(plain.contains("no profile written") && plain.contains("47% of the largest peak") && !plain.contains("cudnn"), "{plain}");
+        let bench = accept_fit(&fit_with(0.47), true).unwrap_err().to_string();
         assert!(bench.contains("cudnn_benchmark"), "{bench}");
         assert!(accept_fit(&fit_with(f64::NAN), false).is_err(), "a fit with no error figure is not a fit");
+    }
+
+    /// Batch, mel frames, peak MiB: `voxbatch calibrate` of the compiled token2wav (both packages,
+    /// `time-major-strided-copy`) on an H100, 2026-12-05 session 20 (bench/results/2026-12-05-h100-s20-*):
+    /// small batches carry an offset that grows with length to ≈ 1.2 GiB and stops there.
+    const COMPILED_H100: &[(usize, usize, f64)] = &[
+        (1, 32, 533.6), (2, 32, 579.0), (4, 32, 632.5), (8, 32, 706.5), (16, 32, 827.8), (32, 32, 1023.0), (64, 32,
+        1392.1), (128, 32, 2098.8), (256, 32, 3476.8), (1, 64, 906.6), (2, 64, 960.7), (4, 64, 1035.1), (8, 64,
+        1154.4), (16, 64, 1348.6), (32, 64, 1718.1), (64, 64, 2420.8), (128, 64, 3794.0), (256, 64, 6415.0), (1, 128,
+        1242.8), (2, 128, 1318.3), (4, 128, 1435.2), (8, 128, 1628.1), (16, 128, 1992.8), (32, 128, 2685.8), (64, 128,
+        4039.4), (128, 128, 6661.0), (256, 128, 11906.2), (1, 256, 1502.9), (2, 256, 1619.6), (4, 256, 1813.9), (8,
+        256, 2181.3), (16, 256, 2880.0), (32, 256, 4243.9), (64, 256, 6865.1), (128, 256, 12109.7), (256, 256,
+        22601.7), (1, 512, 1808.5), (2, 512, 1997.6), (4, 512, 2305.8), (8, 512, 2972.0), (16, 512, 4303.0), (32, 512,
+        6925.3), (64, 512, 12170.7), (128, 512, 22661.9), (256, 512, 43642.7), (1, 1024, 2013.7), (2, 1024, 2343.5),
+        (4, 1024, 3002.3), (8, 1024, 4322.9), (16, 1024, 6945.5), (32, 1024, 12190.8), (64, 1024, 22681.1), (128,
+        1024, 43661.9)
+    ];
+    /// The same directory with cuDNN's benchmark mode, same session.
+    const COMPILED_H100_CUDNN_BENCHMARK: &[(usize, usize, f64)] = &[
+        (1, 32, 534.9), (2, 32, 9042.2), (4, 32, 9111.0), (8, 32, 9248.5), (16, 32, 9580.3), (32, 32, 10211.9), (64,
+        32, 11444.8), (128, 32, 13873.8), (256, 32, 18699.3), (1, 64, 34232.4), (2, 64, 34333.3), (4, 64, 34535.1),
+        (8, 64, 35123.2), (16, 64, 36264.9), (32, 64, 38521.5), (64, 64, 42995.6), (128, 64, 51909.4), (256, 64,
+        69613.0), (1, 128, 34379.2), (2, 128, 34559.0), (4, 128, 34883.5), (8, 128, 35498.8), (16, 128, 36701.4), (32,
+        128, 39067.9), (64, 128, 43769.8), (128, 128, 53087.9), (256, 128, 71732.1)
+    ];
+
+    fn fit_of(points: &[(usize, usize, f64)]) -> Fit {
+        let points: Vec<CalibrationPoint> = points
+            .iter()
+            .map(|&(batch, len_frames, mib)| CalibrationPoint { batch, len_tokens: len_frames / 2, len_frames, peak_bytes: (mib * 1048576.0) as u64, latency_ms: 0.0 })
+            .collect();
+        crate::batch::memory::fit(&points).unwrap()
+    }
+
+    #[test]
+    fn the_compiled_token2wavs_measured_peaks_are_fitted_in_bytes_and_benchmark_modes_are_refused() {
+        let fit = fit_of(COMPILED_H100);
+        assert!(accept_fit(&fit, false).is_ok(), "{fit:?}");
+        assert!(fit.worst_error_of_max_peak < 0.02, "{fit:?}");
+        // The batches the budget sizes: every peak over a quarter of the largest within 3 %.
+        let largest = COMPILED_H100.iter().map(|p| p.2).fold(0.0, f64::max);
+        for &(batch, frames, mib) in COMPILED_H100.iter().filter(|p| p.2 > largest / 4.0) {
+            let predicted = fit.model.predict(batch, frames) / 1048576.0;
+            assert!((predicted / mib - 1.0).abs() < 0.03, "batch {batch} × {frames} frames: {predicted:.0} MiB predicted, {mib} measured");
+        }
+        let searched = fit_of(COMPILED_H100_CUDNN_BENCHMARK);
+        assert!(accept_fit(&searched, true).is_err(), "{searched:?}");
     }
 }

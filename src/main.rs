@@ -286,11 +286,12 @@ async fn calibrate(cfg: &Config, opts: &voxbatch::calibrate::CalibrateOptions, n
     .context("calibrate")?;
     let f = &profile.fit;
     println!(
-        "fit: peak(B, L) = {:.3} GiB + B·({:.1}·L + {:.4}·L²) bytes, L = longest output in frames\n     R² = {:.5}, worst relative error = {:.2}% over {} points",
+        "fit: peak(B, L) = {:.3} GiB + B·({:.1}·L + {:.4}·L²) bytes, L = longest output in frames\n     R² = {:.5}, worst error = {:.2}% of the largest peak ({:.2}% of its own peak) over {} points",
         f.model.m0 / (1u64 << 30) as f64,
         f.model.a,
         f.model.b,
         f.r2,
+        f.worst_error_of_max_peak * 100.0,
         f.worst_rel_error * 100.0,
         profile.points.len()
     );

@@ -77,9 +77,14 @@ against 0.22) — so it stays an experiment. `--layout time-major-shift` (experi
 but never benched) computes each causal convolution as one matmul of every frame by all three
 taps' weights and a sum of the taps' outputs shifted into place (`causal_conv`'s "shift" path): no
 window of frames is written — the time-major package's slowest element-wise kernel (0.127 s of 1.41
-per batch of 128) builds those windows. `--layout time-major-strided` (the default since session
-19) keeps the window but copies it from an overlapping strided view of the padded frames
-(`causal_conv`'s "strided" path). Why the window kernel is slow: on CUDA inductor lowers the
+per batch of 128) builds those windows. `--layout time-major-strided` (session 19's default)
+keeps the window but copies it from an overlapping strided view of the padded frames
+(`causal_conv`'s "strided" path); handed that view, the batched matmul copies it first with
+libtorch's generic strided copy (the bf16 `direct_copy_kernel_cuda`, 0.081 s of 1.298 per batch of
+128 on the H200, 2026-12-05), so `--layout time-major-strided-copy` (the default since session 20)
+writes each window with an element-wise kernel of the package and multiplies it with a plain
+matmul: measured on an H100 (2026-12-05 session 20, same call) 962.0 audio-s/s at batch 128
+against 938.2, and 976.0 at batch 256 (docs/PERFORMANCE.md; not yet on an H200). Why the window kernel is slow: on CUDA inductor lowers the
 `torch.cat` of the three shifted frames to one element-wise kernel that, for each output, evaluates
 every input's expression under a mask (`lowering.py`'s `pointwise_cat`) — the block's layer-norm
 output through Mish, the mask and the time embedding, three times for each of a frame's 3·C
@@ -89,7 +94,7 @@ plain copy. `--mish exp` (`auto`, the default, with a time-major layout) compute
 estimator's Mish through one exponential and one division instead of exp, log1p and tanh
 (`time_major_estimator.mish_exp`, within a few fp32 ulps of torch's).
 
-Session 19's defaults together (time-major-strided, Mish exp, q/k/v fused, the estimator frozen,
+Session 19's defaults together (time-major-strided — session 20 made it time-major-strided-copy —, Mish exp, q/k/v fused, the estimator frozen,
 the vocoder's channels padded to 20 and its dilations as phases), measured on the H200 (2026-12-05,
 batch 128, flow bf16, HiFT tf32, same call as eager): token2wav 986.0–987.1 audio-s/s against
 905.2–911.5 for session 15's packages (flow steps 1.010 → 0.917 s, HiFT 0.338 → 0.315 s); 997.7 at
@@ -133,7 +138,7 @@ estimator's side-by-side frames) is written once rather than recomputed in each.
 Usage: compile_token2wav.py --model DIR [--device cuda:0|cpu] [--stages estimator,hift] [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
-                            [--layout reference|time-major|time-major-strided|time-major-cudnn|time-major-shift]
+                            [--layout reference|time-major|time-major-strided|time-major-strided-copy|time-major-cudnn|time-major-shift]
                             [--ff-gelu epilogue|exact] [--mish auto|exp|exact] [--qkv auto|separate|fused] [--hift-channel-multiple K]
                             [--hift-dilation auto|phases|dilated]
                             [--inductor-option [STAGE:]KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
@@ -320,7 +325,7 @@ def stage_weights(model_dir, prefix):
 
 
 # --layout values: the reference's channel-major modules, then the time-major ones.
-LAYOUTS = ["reference", "time-major", "time-major-strided", "time-major-cudnn", "time-major-shift"]
+LAYOUTS = ["reference", "time-major", "time-major-strided", "time-major-strided-copy", "time-major-cudnn", "time-major-shift"]
 
 # --ff-gelu values: the reference's Linear then GELU, or both in one matmul's epilogue.
 FF_GELUS = ["exact", "epilogue"]
@@ -397,7 +402,8 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
         fuse_ff_gelus(estimator)
     if layout != "reference":
         from time_major_estimator import TimeMajorDecoder
-        conv = {"time-major-strided": "strided", "time-major-cudnn": "cudnn", "time-major-shift": "shift"}.get(layout, "matmul")
+        conv = {"time-major-strided": "strided", "time-major-strided-copy": "strided-copy", "time-major-cudnn": "cudnn",
+                "time-major-shift": "shift"}.get(layout, "matmul")
         estimator = TimeMajorDecoder(estimator, conv, mish)
     elif mish != "exact":
         sys.exit("--mish exp needs a time-major --layout (the reference's modules keep torch's Mish)")
@@ -954,11 +960,12 @@ def main():
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--tuning", default="none", choices=sorted(TUNINGS),
                     help="inductor's compile-time search: none (default), coordinate-descent, max-autotune")
-    ap.add_argument("--layout", default="time-major-strided", choices=LAYOUTS,
+    ap.add_argument("--layout", default="time-major-strided-copy", choices=LAYOUTS,
                     help="each stage's activations: time-major throughout (the estimator as "
                          "tools/time_major_estimator.py computes it, the vocoder body channels-last) with the estimator's "
-                         "convolution windows copied from a strided view of the padded frames (time-major-strided, the "
-                         "default since session 19), or from a `cat` of shifted slices (time-major); time-major-shift: the "
+                         "convolution windows copied from a strided view of the padded frames by a kernel of the package "
+                         "(time-major-strided-copy, the default since session 20) or by the matmul itself, with libtorch's "
+                         "generic strided copy (time-major-strided, session 19's), or from a `cat` of shifted slices (time-major); time-major-shift: the "
                          "estimator's convolutions as one matmul per frame and a shifted sum, experimental; time-major-cudnn: "
                          "the estimator's convolutions through cuDNN instead of matmuls, experimental; or "
                          "channel-major as the reference computes them")

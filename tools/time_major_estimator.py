@@ -21,9 +21,11 @@ audio-s/s, 2026-12-04 session 12: cuDNN still converts layouts around each bf16 
 That kernel is slow because inductor builds the `torch.cat` of three shifted frames on CUDA as
 one element-wise kernel evaluating each input's expression (the block's Mish of its layer norm,
 the time embedding) under a mask for every output; `TimeMajorDecoder(conv="strided")`
-(`--layout time-major-strided`, not yet measured) copies the window from a strided view of the
-padded frames, which inductor writes once, and `mish="exp"` (`--mish exp`) computes Mish with one
-exponential instead of exp, log1p and tanh.
+(`--layout time-major-strided`, session 19's default) copies the window from a strided view of the
+padded frames, which inductor writes once — the copy libtorch's own inside the matmul (its generic
+strided copy: 0.081 s of 1.298 per batch of 128, H200, 2026-12-05), or with `conv="strided-copy"`
+(`--layout time-major-strided-copy`, the default since session 20) a kernel of the package — and
+`mish="exp"` (`--mish exp`) computes Mish with one exponential instead of exp, log1p and tanh.
 
 Same computation, same precisions under autocast (matmuls in the autocast dtype, layer norms in
 fp32, the residual stream fp32 as in the reference): tools/compile_token2wav.py `--check` prints
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 # "strided", the same matmul over a copy of the padded frames' overlapping view; "cudnn", cuDNN's
 # convolution given the time-major tensor as a channels-last view; "shift", one matmul of each frame
 # by every tap's weights, then each tap's output shifted into place and summed.
-CONV_PATHS = ("matmul", "strided", "cudnn", "shift")
+CONV_PATHS = ("matmul", "strided", "strided-copy", "cudnn", "shift")
 
 # How Mish is computed: "exact", torch's `x·tanh(softplus(x))`; "exp", the same function through
 # one exponential and one division (`mish_exp`).
@@ -67,7 +69,9 @@ def causal_conv(conv, x, path="matmul"):
     element-wise work inductor can fuse into the consumer (the block's layer norm), or ("strided")
     the window of "matmul" copied from an overlapping view of the padded frames (row t of the
     window is the padded tensor's 3·C values from frame t on): the view makes inductor write the
-    padded producer once, in the matmul's dtype, and the window is a plain copy. With "matmul"
+    padded producer once, in the matmul's dtype, and the window is a plain copy — made by the
+    matmul itself (libtorch's generic strided copy, as cuBLAS cannot read overlapping rows), or
+    ("strided-copy") by an element-wise kernel of the package before the matmul. With "matmul"
     inductor on CUDA builds the window as one element-wise kernel that evaluates the producer
     (the block's Mish, the time embedding) once per tap for each of the 3·C outputs of a frame —
     the time-major package's slowest element-wise kernel (0.128 s for 140 calls in a batch of 128,
@@ -89,7 +93,7 @@ def causal_conv(conv, x, path="matmul"):
                 tap = F.pad(tap[:, :frames - delay], (0, 0, delay, 0))
             out = tap if out is None else out + tap
         return out + conv.bias if conv.bias is not None else out
-    if path == "strided":
+    if path in ("strided", "strided-copy"):
         # Cast before the pad, as autocast would cast the window: the padded frames are written once, small.
         kind = x.device.type
         if torch.is_autocast_enabled(kind):
@@ -97,6 +101,11 @@ def causal_conv(conv, x, path="matmul"):
         padded = F.pad(x, (0, 0, kernel - 1, 0))
         batch, padded_frames, channels = padded.shape
         window = padded.as_strided((batch, frames, kernel * channels), (padded_frames * channels, channels, 1))
+        if path == "strided-copy":
+            # The window written by a kernel of the package: handed the overlapping view itself,
+            # the matmul copies it with libtorch's generic strided copy (one launch per
+            # convolution, ≈ 0.25 ms each at batch 128, H200, 2026-12-05).
+            window = window.contiguous()
         return F.linear(window, weight.permute(0, 2, 1).reshape(weight.shape[0], -1), conv.bias)
     padded = F.pad(x, (0, 0, kernel - 1, 0))
     if path == "cudnn":

@@ -12,7 +12,7 @@
 # crashed a GPU bench in session 18 before its CPU constant was moved, and ran 3× slower than the eager
 # encoder in session 19), TUNING (none | coordinate-descent |
 # max-autotune: tools/compile_token2wav.py --tuning), ATTENTION (auto | sdpa | flex | flash | cudnn: the estimator's
-# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-strided | time-major-shift |
+# attention, tools/compile_token2wav.py --attention), LAYOUT (time-major | time-major-strided | time-major-strided-copy | time-major-shift |
 # time-major-cudnn | reference: each stage's activations, tools/compile_token2wav.py --layout), FF_GELU (epilogue |
 # exact: the estimator's feed-forward GELU, tools/compile_token2wav.py --ff-gelu), MISH (exact | exp: --mish), QKV
 # (auto | separate | fused: --qkv),
@@ -27,7 +27,8 @@
 # A fresh machine has neither model: compile and
 # bench in one call. EAGER_ATTENTION ("packed flash": also the eager model with each of these
 # flow_attention values; PACKED=1 means packed), CUDNN_BENCHMARK (set: the compiled directory again
-# with `--cudnn-benchmark`), FLOW_GRAPHS (N: the compiled directory again with `--flow-graphs N`, small
+# with `--cudnn-benchmark`), CUDNN_HEURISTIC_B (set: and with TORCH_CUDNN_USE_HEURISTIC_MODE_B=1,
+# cuDNN's slower, more accurate algorithm heuristics, no search), FLOW_GRAPHS (N: the compiled directory again with `--flow-graphs N`, small
 # batches' flow steps replayed as CUDA graphs — measure it with short utterances, e.g.
 # UTTERANCE_SECONDS=2 BATCHES=8,32,128; FLOW_GRAPH_MAX_FRAMES raises the largest step captured, rows ×
 # frames, e.g. 1000000 for batches of 128 ten-second utterances), UTTERANCE_SECONDS (10), COMPILED_DIR
@@ -62,9 +63,9 @@ STAGE=${STAGE:-all}
 if [ "$STAGE" != bench ]; then
 STAGES=${STAGES:-estimator,hift}
 log "compiling $STAGES (flow $P)"
-# Each setting left unset is the tool's default (session 19's measured candidate: time-major-strided,
-# Mish exp, fused q/k/v, the estimator's weights frozen, the vocoder's STFT channels padded to 20 and
-# its dilated convolutions as phases).
+# Each setting left unset is the tool's default (session 19's measured candidate with session 20's
+# window copy: time-major-strided-copy, Mish exp, fused q/k/v, the estimator's weights frozen, the
+# vocoder's STFT channels padded to 20 and its dilated convolutions as phases).
 $PY tools/compile_token2wav.py --model "$C" --device cuda:0 --stages "$STAGES" --precision "$P" \
   ${ATTENTION:+--attention "$ATTENTION"} ${LAYOUT:+--layout "$LAYOUT"} ${FF_GELU:+--ff-gelu "$FF_GELU"} ${MISH:+--mish "$MISH"} \
   ${QKV:+--qkv "$QKV"} ${HIFT_CHANNEL_MULTIPLE:+--hift-channel-multiple "$HIFT_CHANNEL_MULTIPLE"} \
@@ -94,15 +95,20 @@ done
 [ -n "${CUDNN_BENCHMARK:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:cudnn-benchmark"
 # FLOW_GRAPHS=N: and once more with small batches' flow steps as CUDA graphs.
 [ -n "${FLOW_GRAPHS:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:flow-graphs"
+# CUDNN_HEURISTIC_B=1: and once more with cuDNN's heuristic mode B choosing each convolution's
+# algorithm (libtorch reads TORCH_CUDNN_USE_HEURISTIC_MODE_B once, at its first convolution): no
+# search, no workspace beyond the chosen algorithm's.
+[ -n "${CUDNN_HEURISTIC_B:-}" ] && EXTRA_DIRS="$EXTRA_DIRS $C:heuristic-b"
 for entry in ${BENCH_DIRS:-$M/model $C} $EXTRA_DIRS; do
-  d=${entry%%:*}; flag=; name=$(basename "$d")
+  d=${entry%%:*}; flag=; name=$(basename "$d"); run_env=
   [ "$d" != "$M/model" ] && [ -d "$d/compiled" ] && link_model "$d"
   [ "$entry" != "$d" ] && { flag=--${entry#*:}; name=$name-${entry#*:}; }
   [ "$flag" = --flow-graphs ] && flag="--flow-graphs $FLOW_GRAPHS ${FLOW_GRAPH_MAX_FRAMES:+--flow-graph-max-frames $FLOW_GRAPH_MAX_FRAMES}"
+  [ "$flag" = --heuristic-b ] && { flag=; run_env=TORCH_CUDNN_USE_HEURISTIC_MODE_B=1; }
   log "bench token2wav: $name"
   # The whole output is kept (a failure's message and whatever the process printed before an
   # abort); the console gets the summary lines.
-  RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
+  env $run_env RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-64,128}" --precisions "$P" \
     --utterance-seconds "${UTTERANCE_SECONDS:-10}" --vocoders "${VOCODERS:-tf32}" --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$OUT/$name" > "$OUT/$name.full.log" 2>&1
   rc=$?
   grep -E "audio-s/s|compiled|eager|failed|^\| " "$OUT/$name.full.log" | tee "$OUT/$name.log"

@@ -7,7 +7,9 @@
 # session 19). The profiles land in OUT/calibration; their model is the random
 # `cosyvoice2-full-random`, so they show the fit's quality and the peaks, not a profile any user's
 # model loads (a user calibrates their own directory the same way: README).
-# Carry: .whl .t2w (pack-gpu.sh). Env: OUT, PY, COMPILE_LIMIT (330 s for the compile stage),
+# Carry: .whl .t2w (pack-gpu.sh). Env: OUT, PY, COMPILED_DIR (/tmp/cv2full-compiled: another
+# compiled directory already on the machine, e.g. a variant compiled-variants.sh benched),
+# BENCHMARK_MODES ("false true": the cudnn_benchmark values to calibrate with), COMPILE_LIMIT (330 s for the compile stage),
 # CAL_SECONDS (100: each sweep's budget), MAX_BATCH_ITEMS (256: the packages take 512 rows and
 # classifier-free guidance doubles a batch), MAX_TOKENS (512: the packages take 1,500 mel frames =
 # 750 tokens; longer batches would run eager and calibrate the eager port).
@@ -17,7 +19,7 @@ OUT=${OUT:-/tmp/calibrate-out}; mkdir -p "$OUT"
 PY=${PY:-python3}; export PY
 log() { echo "[calibrate $(date -u +%T)] $*"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-C=/tmp/cv2full-compiled
+C=${COMPILED_DIR:-/tmp/cv2full-compiled}
 if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
   log "compiling the default packages (estimator and vocoder body at once: compiled-variants.sh)"
   OUT=$OUT/compile STAGE=compile COMPILE_LIMIT=${COMPILE_LIMIT:-330} bash scripts/device/compiled-variants.sh 2>&1 | tail -6
@@ -26,7 +28,7 @@ ls "$C"/compiled/*/ || { log "no packages: nothing to calibrate"; exit 1; }
 source scripts/device/libtorch.sh
 BIN=/tmp/voxbatch; [ -x "$BIN" ] || { xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN"; } || exit 1
 export VOXBATCH_MEMORY__CALIBRATION_DIR=$OUT/calibration RUST_LOG=voxbatch=info
-for benchmark in false true; do
+for benchmark in ${BENCHMARK_MODES:-false true}; do
   log "calibrate $C (cudnn_benchmark = $benchmark)"
   VOXBATCH_MODEL__CUDNN_BENCHMARK=$benchmark $BIN calibrate --model "$C" --device cuda:0 --precision bf16 --no-db \
     --max-batch "${MAX_BATCH_ITEMS:-256}" --max-tokens "${MAX_TOKENS:-512}" --max-seconds "${CAL_SECONDS:-100}" \

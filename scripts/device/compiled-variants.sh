@@ -130,6 +130,7 @@ for d in $DIRS; do
   [ -n "$rate" ] && awk -v a="$rate" -v b="$best_rate" 'BEGIN { exit !(a > b) }' && { best=$d; best_rate=$rate; }
 done
 log "fastest at batch $largest: ${best:-none} ($best_rate audio-s/s)"
+echo "$best" > "$WORK/fastest"  # (for a later step of the same call: e.g. compiled-calibrate.sh's COMPILED_DIR)
 if [ -n "${SWEET:-}" ] && [ -n "$best" ]; then
   log "sweet spot: $(basename "$best") at batches $SWEET"
   # (FLOW_GRAPHS=N also runs it with every flow step replayed as a CUDA graph: compiled-bench.sh's
