@@ -84,22 +84,23 @@ libtorch's generic strided copy (the bf16 `direct_copy_kernel_cuda`, 0.081 s of 
 128 on the H200, 2026-12-05), so `--layout time-major-strided-copy` (the default since session 20)
 writes each window with an element-wise kernel of the package and multiplies it with a plain
 matmul: measured on an H100 (2026-12-05 session 20, same call) 962.0 audio-s/s at batch 128
-against 938.2, and 976.0 at batch 256 (docs/PERFORMANCE.md; not yet on an H200). Why the window kernel is slow: on CUDA inductor lowers the
-`torch.cat` of the three shifted frames to one element-wise kernel that, for each output, evaluates
-every input's expression under a mask (`lowering.py`'s `pointwise_cat`) — the block's layer-norm
-output through Mish, the mask and the time embedding, three times for each of a frame's 3·C
-outputs; the kernel's name in the profile lists that Mish. A strided view makes inductor realize
-the padded producer once (its `as_strided` lowering realizes its input), so the window becomes a
-plain copy. `--mish exp` (`auto`, the default, with a time-major layout) computes the
-estimator's Mish through one exponential and one division instead of exp, log1p and tanh
-(`time_major_estimator.mish_exp`, within a few fp32 ulps of torch's).
+against 938.2, and 976.0 at batch 256 (docs/PERFORMANCE.md; not yet on an H200). Why the window
+kernel is slow: on CUDA inductor lowers the `torch.cat` of the three shifted frames to one
+element-wise kernel that, for each output, evaluates every input's expression under a mask
+(`lowering.py`'s `pointwise_cat`) — the block's layer-norm output through Mish, the mask and the
+time embedding, three times for each of a frame's 3·C outputs; the kernel's name in the profile
+lists that Mish. A strided view makes inductor realize the padded producer once (its `as_strided`
+lowering realizes its input), so the window becomes a plain copy. `--mish exp` (`auto`, the
+default, with a time-major layout) computes the estimator's Mish through one exponential and one
+division instead of exp, log1p and tanh (`time_major_estimator.mish_exp`, within a few fp32 ulps of
+torch's).
 
-Session 19's defaults together (time-major-strided — session 20 made it time-major-strided-copy —, Mish exp, q/k/v fused, the estimator frozen,
-the vocoder's channels padded to 20 and its dilations as phases), measured on the H200 (2026-12-05,
-batch 128, flow bf16, HiFT tf32, same call as eager): token2wav 986.0–987.1 audio-s/s against
-905.2–911.5 for session 15's packages (flow steps 1.010 → 0.917 s, HiFT 0.338 → 0.315 s); 997.7 at
-batch 256; 1,015.6 there with cuDNN's benchmark mode, a fixed-shape figure and not a worker
-setting (docs/PERFORMANCE.md).
+Session 19's defaults together (time-major-strided — session 20 made it time-major-strided-copy —,
+Mish exp, q/k/v fused, the estimator frozen, the vocoder's channels padded to 20 and its dilations
+as phases), measured on the H200 (2026-12-05, batch 128, flow bf16, HiFT tf32, same call as eager):
+token2wav 986.0–987.1 audio-s/s against 905.2–911.5 for session 15's packages (flow steps 1.010 →
+0.917 s, HiFT 0.338 → 0.315 s); 997.7 at batch 256; 1,015.6 there with cuDNN's benchmark mode, a
+fixed-shape figure and not a worker setting (docs/PERFORMANCE.md).
 
 `--hift-channel-multiple 4` (the default) pads the vocoder body's
 18-channel convolutions — the source downsamplers' input and conv_post's output — with zero
