@@ -102,14 +102,15 @@ token2wav 986.0–987.1 audio-s/s against 905.2–911.5 for session 15's package
 0.917 s, HiFT 0.338 → 0.315 s); 997.7 at batch 256; 1,015.6 there with cuDNN's benchmark mode, a
 fixed-shape figure and not a worker setting (docs/PERFORMANCE.md).
 
-`--hift-channel-multiple 4` (the default) pads the vocoder body's
-18-channel convolutions — the source downsamplers' input and conv_post's output — with zero
-channels to 20 (`HiftBody`): cuDNN's fast TF32 kernels want multiples of 4, and the compiled
-vocoder's profile shows slow "analytic" kernels and layout conversions beside its other
-convolutions. Same result (the padded channels are zero in, dropped out). `--hift-dilation phases`
-(`auto`, the default, with a time-major layout) runs each of its dilated convolutions as an
-undilated one over the time axis split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic"
-calls match the dilated convolutions of kernel 7 and 11 at the highest resolution.
+`--hift-channel-multiple 4` (the default) pads the vocoder body's 18-channel convolutions — the
+source downsamplers' input and conv_post's output — with zero channels to 20 (`HiftBody`): cuDNN's
+fast TF32 kernels want multiples of 4, and the compiled vocoder's profile shows slow "analytic"
+kernels and layout conversions beside its other convolutions. Same result (the padded channels are
+zero in, dropped out). 8 (24 channels) measured no faster on an H100 (session 20): TF32's `align4`
+kernels are already its widest alignment. `--hift-dilation phases` (`auto`, the default, with a
+time-major layout) runs each of its dilated convolutions as an undilated one over the time axis
+split into phases (`HiftBody.phase_conv`): the profile's six slow "analytic" calls match the
+dilated convolutions of kernel 7 and 11 at the highest resolution.
 
 `--qkv fused` (`auto`, the default, where the attention is one of voxbatch's: flash, flex, cudnn)
 projects each attention's query, key and
@@ -452,19 +453,20 @@ class HiftBody(torch.nn.Module):
     input and output between layouts (≈ 0.1 s of the compiled vocoder's 0.48 s per batch of 128 on
     the H200, 2026-12-04). Inputs and output keep the channel-major `[B, C, T]` interface.
 
-    `channel_multiple` (`--hift-channel-multiple`, experimental, not yet measured on a GPU): the
-    convolutions on the 18 STFT channels — the source downsamplers' input and conv_post's output —
-    padded with zero channels to a multiple of this (4 → 20), the padded outputs dropped: same
-    result. cuDNN's fast TF32 kernels want channel counts in multiples of 4 (16 bytes); the profile
-    of the compiled vocoder (H200, 2026-12-05, batch 128) shows six calls of a slow "analytic" TF32
+    `channel_multiple` (`--hift-channel-multiple`; 4, the default, measured in session 19's
+    defaults; 8 measured no faster on an H100, session 20): the convolutions on the 18 STFT
+    channels — the source downsamplers' input and conv_post's output — padded with zero
+    channels to a multiple of this (4 → 20), the padded outputs dropped: same result. cuDNN's
+    fast TF32 kernels want channel counts in multiples of 4 (16 bytes); the profile of the
+    compiled vocoder (H200, 2026-12-05, batch 128) shows six calls of a slow "analytic" TF32
     kernel (6 ms each) and 70 layout conversions beside its other convolutions.
 
-    `dilation="phases"` (`--hift-dilation phases`, experimental, not yet measured on a GPU;
-    time-major only): each dilated convolution (the resblocks' first convolutions at dilations 3
-    and 5) as an undilated one over the time axis split into `dilation` phases (`phase_conv`): same
-    products and sums. The six slow "analytic" calls above are as many as the dilated convolutions
-    of kernel 7 and 11 at the highest resolution; the other high-resolution convolutions take
-    ≈ 2.1 ms a call there."""
+    `dilation="phases"` (`--hift-dilation phases`, the default with a time-major layout since
+    session 19; time-major only): each dilated convolution (the resblocks' first convolutions
+    at dilations 3 and 5) as an undilated one over the time axis split into `dilation` phases
+    (`phase_conv`): same products and sums. The six slow "analytic" calls above are as many as
+    the dilated convolutions of kernel 7 and 11 at the highest resolution; the other
+    high-resolution convolutions take ≈ 2.1 ms a call there."""
 
     def __init__(self, weights, channels, device_type, dtype, time_major=False, channel_multiple=1, dilation="dilated"):
         super().__init__()

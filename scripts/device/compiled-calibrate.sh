@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16's memory calibration of the compiled token2wav, on the GPU machine: the `full` random
-# model's default packages (compiled-variants.sh's compile stage, two processes, unless
-# /tmp/cv2full-compiled already holds them on a warm machine), then `voxbatch calibrate` of that
+# model's default packages (compiled-variants.sh's compile stage, two processes, into
+# /tmp/cv2full-compiled, unless COMPILED_DIR already holds packages on a warm machine), then `voxbatch calibrate` of that
 # directory twice — as the worker runs it by default (profile `bf16+compiled`) and with
 # `[model] cudnn_benchmark = true` (`bf16+compiled+cudnn-benchmark`: cuDNN's workspaces raise the peak, 7.3 GiB at batch 256 in
 # session 19). The profiles land in OUT/calibration; their model is the random
