@@ -45,3 +45,25 @@ async fn a_worker_with_a_tight_memory_budget_finishes_a_mixed_corpus_with_no_job
     assert!(rows.iter().any(|r| r.0 > 1), "short texts were still batched");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_recorded_calibration_carries_the_error_calibration_judges_it_by() {
+    let env = TestEnv::new("calibrationrow").await;
+    // The H200 profile of 2026-12-02, written before the largest-peak error existed: it is
+    // measured again from the points on load, and that is what the table holds.
+    let profile = voxbatch::sizing::profile::load_matching(&common::repo_path("calibration"), "reference-large", "NVIDIA H200", "bf16")
+        .expect("readable")
+        .expect("committed profile");
+    env.db.record_calibration(&profile).await.unwrap();
+    let (rel, of_max, points): (f64, Option<f64>, i32) =
+        sqlx::query_as("SELECT worst_rel_error, worst_error_of_max_peak, points FROM calibrations WHERE model = 'reference-large'")
+            .fetch_one(env.db.pool())
+            .await
+            .unwrap();
+    assert_eq!(points as usize, profile.points.len());
+    assert_eq!(rel, profile.fit.worst_rel_error);
+    let of_max = of_max.expect("worst_error_of_max_peak recorded");
+    assert_eq!(of_max, profile.fit.worst_error_of_max_peak);
+    assert!(of_max > 0.0 && of_max <= rel, "{of_max} vs {rel}");
+    env.cleanup().await;
+}

@@ -49,7 +49,8 @@ pub struct Fit {
     pub worst_rel_error: f64,
     /// max |predicted − measured| over the points as a share of the largest peak measured: the
     /// error in the terms the budget is in (`calibrate::accept_fit` judges a fit by it). Profiles
-    /// written before 2026-12-05 lack it (read as 0).
+    /// written before 2026-12-05 lack it: `sizing::profile::load_matching` measures it again from
+    /// their points.
     #[serde(default)]
     pub worst_error_of_max_peak: f64,
 }
@@ -131,18 +132,23 @@ pub fn fit(points: &[CalibrationPoint]) -> Option<Fit> {
         }
     }
     let (model, _) = best?;
-    let mean = points.iter().map(|p| p.peak_bytes as f64).sum::<f64>() / points.len() as f64;
-    let ss_tot: f64 = points.iter().map(|p| (p.peak_bytes as f64 - mean).powi(2)).sum();
-    let ss_res: f64 = points.iter().map(|p| (p.peak_bytes as f64 - model.predict(p.batch, p.len_frames)).powi(2)).sum();
-    let r2 = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
-    let worst_rel_error = points
-        .iter()
-        .map(|p| (model.predict(p.batch, p.len_frames) - p.peak_bytes as f64).abs() / (p.peak_bytes as f64).max(1.0))
-        .fold(0.0, f64::max);
-    let max_peak = points.iter().map(|p| p.peak_bytes as f64).fold(1.0, f64::max);
-    let worst_error_of_max_peak =
-        points.iter().map(|p| (model.predict(p.batch, p.len_frames) - p.peak_bytes as f64).abs()).fold(0.0, f64::max) / max_peak;
-    Some(Fit { model, r2, worst_rel_error, worst_error_of_max_peak })
+    Some(Fit::of(model, points))
+}
+
+impl Fit {
+    /// `model` and how well it fits `points` (at least one).
+    pub fn of(model: MemoryModel, points: &[CalibrationPoint]) -> Fit {
+        let errors: Vec<(f64, f64)> =
+            points.iter().map(|p| ((model.predict(p.batch, p.len_frames) - p.peak_bytes as f64).abs(), p.peak_bytes as f64)).collect();
+        let mean = errors.iter().map(|(_, y)| y).sum::<f64>() / errors.len().max(1) as f64;
+        let ss_tot: f64 = errors.iter().map(|(_, y)| (y - mean).powi(2)).sum();
+        let ss_res: f64 = errors.iter().map(|(e, _)| e * e).sum();
+        let r2 = if ss_tot > 0.0 { 1.0 - ss_res / ss_tot } else { 1.0 };
+        let worst_rel_error = errors.iter().map(|(e, y)| e / y.max(1.0)).fold(0.0, f64::max);
+        let max_peak = errors.iter().map(|(_, y)| *y).fold(1.0, f64::max);
+        let worst_error_of_max_peak = errors.iter().map(|(e, _)| *e).fold(0.0, f64::max) / max_peak;
+        Fit { model, r2, worst_rel_error, worst_error_of_max_peak }
+    }
 }
 
 /// A calibration profile: the fitted model for one model × GPU × precision.

@@ -250,8 +250,8 @@ impl Db {
     pub async fn record_calibration(&self, p: &crate::batch::memory::Profile) -> Result<(), DbError> {
         sqlx::query(
             "INSERT INTO calibrations (model, gpu_name, precision, m0_bytes, a_bytes_per_frame, b_bytes_per_frame2, r2,
-               worst_rel_error, points, total_memory_bytes, vram_fraction, profile)
-             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
+               worst_rel_error, worst_error_of_max_peak, points, total_memory_bytes, vram_fraction, profile)
+             VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
         )
         .bind(&p.model)
         .bind(&p.gpu)
@@ -261,6 +261,7 @@ impl Db {
         .bind(p.fit.model.b)
         .bind(p.fit.r2)
         .bind(p.fit.worst_rel_error)
+        .bind(p.fit.worst_error_of_max_peak)
         .bind(p.points.len() as i32)
         .bind(p.total_memory_bytes as i64)
         .bind(p.vram_fraction)

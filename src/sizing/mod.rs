@@ -186,7 +186,7 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
     let precision = crate::model::compiled::profile_precision(manifest, device, precision, cfg.model.cudnn_benchmark);
     let profile = match profile::load_matching(&m.calibration_dir, &manifest.name, &gpu_name, &precision)? {
         Some(p) => {
-            info!(model = %manifest.name, gpu = %gpu_name, %precision, r2 = p.fit.r2, worst_rel_error = p.fit.worst_rel_error, "using calibration profile");
+            info!(model = %manifest.name, gpu = %gpu_name, %precision, r2 = p.fit.r2, worst_error_of_max_peak = p.fit.worst_error_of_max_peak, "using calibration profile");
             p
         }
         None => {
@@ -219,7 +219,7 @@ pub fn describe(profile: &Profile) -> String {
     if profile.source == "built-in" {
         "built-in (no calibration)".to_string()
     } else {
-        format!("calibrated {} (R² {:.4}, worst error {:.1}%)", profile.created_at, profile.fit.r2, profile.fit.worst_rel_error * 100.0)
+        format!("calibrated {} (R² {:.4}, worst error {:.1}% of the largest peak)", profile.created_at, profile.fit.r2, profile.fit.worst_error_of_max_peak * 100.0)
     }
 }
 
