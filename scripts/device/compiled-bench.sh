@@ -45,7 +45,7 @@ $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target 
   $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 source scripts/device/libtorch.sh
-BIN=/tmp/voxbatch; xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
+source scripts/device/voxbatch-binary.sh
 M=/tmp/cv2full
 if [ ! -f "$M/model/token2wav.safetensors" ]; then
   log "building the full-size random model (reference code) and converting it"

@@ -26,7 +26,7 @@ if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
 fi
 ls "$C"/compiled/*/ || { log "no packages: nothing to calibrate"; exit 1; }
 source scripts/device/libtorch.sh
-BIN=/tmp/voxbatch; [ -x "$BIN" ] || { xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN"; } || exit 1
+source scripts/device/voxbatch-binary.sh
 export VOXBATCH_MEMORY__CALIBRATION_DIR=$OUT/calibration RUST_LOG=voxbatch=info
 for benchmark in ${BENCHMARK_MODES:-false true}; do
   log "calibrate $C (cudnn_benchmark = $benchmark)"

@@ -18,8 +18,7 @@ start_services || exit 1
 trap stop_services EXIT
 
 source scripts/device/common.sh
-BIN=$E/voxbatch
-xz -dc .e2e/voxbatch.xz > "$BIN" && chmod +x "$BIN"
+BIN=$E/voxbatch BIN_XZ=.e2e/voxbatch.xz; source scripts/device/voxbatch-binary.sh
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
 export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MEMORY__CALIBRATION_DIR="$ROOT/calibration" VOXBATCH_MODEL__DIR="$MODEL"
 export VOXBATCH_MODEL__DEVICE="${DEVICE:-cuda:0}" VOXBATCH_MODEL__PRECISION="${PRECISION:-bf16}" VOXBATCH_BATCHING__MAX_BATCH=1024

@@ -25,8 +25,7 @@ export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 LLM_PY="env PYTHONPATH=/tmp/llm-site:$PYTHONPATH $PY"
 source scripts/device/libtorch.sh
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
-BIN=/tmp/voxbatch
-xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
+source scripts/device/voxbatch-binary.sh
 xz -dc .t2w/cosyvoice2_llm_parity.xz > /tmp/cosyvoice2_llm_parity && chmod +x /tmp/cosyvoice2_llm_parity || exit 1
 
 # The LLM tests read only the LLM of the tiny model; its 50 MB token2wav weights stay behind

@@ -77,8 +77,7 @@ NVSMI_PID=
 finish() { [ -n "$NVSMI_PID" ] && kill "$NVSMI_PID" 2>/dev/null; stop_services; }
 trap finish EXIT
 
-BIN=$E/voxbatch
-xz -dc .t2w/voxbatch.xz > "$BIN" && chmod +x "$BIN" || exit 1
+BIN=$E/voxbatch; source scripts/device/voxbatch-binary.sh
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
 export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MODEL__DIR="$M/model"
 export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16

@@ -22,9 +22,8 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 source scripts/device/libtorch.sh
-BIN=/tmp/voxbatch
-XZ=.e2e/voxbatch.xz; [ -f "$XZ" ] || XZ=.t2w/voxbatch.xz
-xz -dc "$XZ" > "$BIN" && chmod +x "$BIN" || exit 1
+BIN_XZ=.e2e/voxbatch.xz; [ -f "$BIN_XZ" ] || BIN_XZ=.t2w/voxbatch.xz
+source scripts/device/voxbatch-binary.sh
 M=/tmp/cv2full
 if [ ! -f "$M/model/token2wav.safetensors" ]; then
   log "building the full-size random model (reference code) and converting it"
