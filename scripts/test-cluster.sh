@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make test-cluster`: starts the local 3-node RabbitMQ cluster (scripts/cluster.sh), runs
-# tests/cluster.rs one test at a time against it (and the ordinary Postgres and SeaweedFS), and
+# tests/integration/cluster.rs one test at a time against it (and the ordinary Postgres and SeaweedFS), and
 # stops the cluster whatever happened. The machine's own broker on 5672 is not touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +11,9 @@ scripts/cluster.sh start
 started=$(date +%s)
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast --test cluster --run-ignored only --test-threads 1 --no-capture || status=$?
+  cargo nextest run --no-fail-fast --test integration --run-ignored only --test-threads 1 --no-capture -E 'test(/^cluster::/)' || status=$?
 else
-  cargo test --no-fail-fast --test cluster -- --ignored --test-threads 1 --nocapture || status=$?
+  cargo test --no-fail-fast --test integration -- --ignored --test-threads 1 --nocapture cluster:: || status=$?
 fi
 echo "test-cluster: $(( $(date +%s) - started )) s (exit $status)"
 exit $status

@@ -31,10 +31,10 @@ status=0
 FAULTS=${FAULTS:-run}
 if cargo nextest --version >/dev/null 2>&1; then
   [ "$FAULTS" = only ] || cargo nextest run --no-fail-fast "$@" || status=$?
-  [ "$FAULTS" = skip ] || cargo nextest run --no-fail-fast --test faults --run-ignored only --test-threads 1 || status=$?
+  [ "$FAULTS" = skip ] || cargo nextest run --no-fail-fast --test integration --run-ignored only --test-threads 1 -E 'test(/^faults::/)' || status=$?
 else
   [ "$FAULTS" = only ] || cargo test --no-fail-fast "$@" || status=$?
-  [ "$FAULTS" = skip ] || cargo test --no-fail-fast --test faults -- --ignored --test-threads 1 || status=$?
+  [ "$FAULTS" = skip ] || cargo test --no-fail-fast --test integration -- --ignored --test-threads 1 faults:: || status=$?
 fi
 sweep
 exit $status

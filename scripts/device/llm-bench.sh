@@ -26,13 +26,13 @@ LLM_PY="env PYTHONPATH=/tmp/llm-site:$PYTHONPATH $PY"
 source scripts/device/libtorch.sh
 mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 source scripts/device/voxbatch-binary.sh
-xz -dc .t2w/cosyvoice2_llm_parity.xz > /tmp/cosyvoice2_llm_parity && chmod +x /tmp/cosyvoice2_llm_parity || exit 1
+xz -dc .t2w/integration.xz > /tmp/integration && chmod +x /tmp/integration || exit 1
 
 # The LLM tests read only the LLM of the tiny model; its 50 MB token2wav weights stay behind
 # (the carry limit): empty stand-ins satisfy the manifest's file check.
 for f in token2wav.safetensors voices.safetensors; do [ -f models/cosyvoice2-tiny/$f ] || : > models/cosyvoice2-tiny/$f; done
 log "LLM tests on cuda:0 (parity, graphs)"
-VOXBATCH_TEST_DEVICE=cuda:0 /tmp/cosyvoice2_llm_parity --include-ignored --test-threads 1 --nocapture 2>&1 \
+VOXBATCH_TEST_DEVICE=cuda:0 /tmp/integration cosyvoice2_llm_parity:: --include-ignored --test-threads 1 --nocapture 2>&1 \
   | grep -E "^PARITY|^test |test result|panicked|graphs:" | tee "$OUT/gpu-tests.log"
 
 M=/tmp/cv2full

@@ -2,7 +2,7 @@
 # Packs what the GPU scripts carry besides .e2e (pack-services.sh):
 #   .whl/  the CosyVoice2 reference code and what its imports need, as wheels at the versions the
 #          project venv has (the GPU machine has torch but no network);
-#   .t2w/  the stripped voxbatch binary and the CosyVoice2 parity test binaries (xz), from target/debug.
+#   .t2w/  the stripped voxbatch binary and the integration test binary (xz), from target/debug.
 # Run after `cargo build --all-targets`. Carry with: carry [".whl", ".t2w"].
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ rm -rf .whl .t2w && mkdir -p .whl .t2w
 .venv/bin/pip download -q --no-deps -d .whl transformers==4.51.3 huggingface_hub==0.36.0 tokenizers==0.21.4
 # The text normalisation grammars the converter copies (its FST files only: not imported).
 .venv/bin/pip download -q --no-deps -d .whl wetext==0.1.8
-for t in cosyvoice2_parity cosyvoice2_llm_parity compiled; do
+for t in integration; do
   test_bin=$(ls -t target/debug/deps/$t-* | grep -v '\.d$' | head -n1)
   strip -o .t2w/$t "$test_bin" && xz -T2 -6 -f .t2w/$t
 done

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CosyVoice2 parity tests on the GPU: builds the tiny fixtures there from the reference code
 # (carried wheels in .whl; the reduced-precision ones at bf16 and fp16 on the GPU), converts them,
-# and runs the carried test binary (.t2w/cosyvoice2_parity.xz: target/debug/deps/cosyvoice2_parity-*,
-# stripped) on cuda:0; then compiles the tiny model's packages there and runs tests/compiled.rs's
-# GPU test (.t2w/compiled.xz): each compiled stage against the eager port at the same precision.
+# and runs the carried test binary (.t2w/integration.xz: target/debug/deps/integration-*,
+# stripped) on cuda:0; then compiles the tiny model's packages there and runs tests/integration/compiled.rs's
+# GPU test (.t2w/integration.xz, compiled::): each compiled stage against the eager port at the same precision.
 # .whl and .t2w are made by scripts/device/pack-gpu.sh.
 # The binary finds its files under the path it was built in (/work/main): linked to here.
 set -uo pipefail
@@ -25,12 +25,12 @@ $PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-par
 $PY tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny | tail -1
 # ONLY=compiled: the compiled-vs-eager part alone (its packages need the converted tiny model above).
 if [ "${ONLY:-}" != compiled ]; then
-xz -dc .t2w/cosyvoice2_parity.xz > /tmp/cosyvoice2_parity && chmod +x /tmp/cosyvoice2_parity || exit 1
-VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/cosyvoice2_parity --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^PRECISION|^test |test result|panicked"
+xz -dc .t2w/integration.xz > /tmp/integration && chmod +x /tmp/integration || exit 1
+VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/integration cosyvoice2_parity:: --test-threads 1 --nocapture 2>&1 | grep -E "^PARITY|^PRECISION|^test |test result|panicked"
 fi
 # Compiled vs eager at the same precision (issue 16): the tiny model's packages compiled on this GPU
 # (flow bf16, vocoder tf32; COMPILE_ARGS: more tools/compile_token2wav.py arguments, e.g. a variant's
-# "--layout time-major-strided --mish exp"), then tests/compiled.rs's GPU test (.t2w/compiled.xz).
+# "--layout time-major-strided --mish exp"), then tests/integration/compiled.rs's GPU test (.t2w/integration.xz, compiled::).
 G=models/cosyvoice2-tiny-compiled-gpu; rm -rf "$G"; mkdir -p "$G"
 for f in models/cosyvoice2-tiny/*; do ln -s "$PWD/$f" "$G/"; done
 # All three stages, the encoder too (not in the tool's default: slower than the eager encoder; its package crashed a
@@ -40,5 +40,4 @@ for f in models/cosyvoice2-tiny/*; do ln -s "$PWD/$f" "$G/"; done
 $PY tools/compile_token2wav.py --model "$G" --device "${DEVICE:-cuda:0}" --stages "${COMPILED_STAGES:-encoder,estimator,hift}" --precision bf16 \
   --max-frames 400 --max-batch 16 ${COMPILE_ARGS:-} 2>&1 \
   | grep -v -i "warn\|deprecat\|__new__" | cut -c1-300
-xz -dc .t2w/compiled.xz > /tmp/compiled_test && chmod +x /tmp/compiled_test || exit 1
-VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/compiled_test --ignored --test-threads 1 --nocapture ${TESTS:-} 2>&1 | grep -E "^COMPILED|^test |test result|panicked"
+VOXBATCH_TEST_DEVICE=${DEVICE:-cuda:0} /tmp/integration --ignored --test-threads 1 --nocapture ${TESTS:-compiled::} 2>&1 | grep -E "^COMPILED|^test |test result|panicked"

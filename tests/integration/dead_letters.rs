@@ -3,7 +3,7 @@
 //! also when a requeue was interrupted between the broker's confirm and the ack of the dead copy —
 //! a job still bad returns to the dead-letter queue once, and purging needs consent.
 
-mod common;
+use crate::common;
 
 use common::TestEnv;
 use voxbatch::commands::{self, DeadAction, DeadFilter};

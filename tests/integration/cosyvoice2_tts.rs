@@ -4,7 +4,7 @@
 //! speak: these tests check the chain's contract (lengths, modes, each job's failure alone), not
 //! what it says.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The `voxbatch` binary: help, configuration through the environment, enqueue and status.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

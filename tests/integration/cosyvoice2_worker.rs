@@ -3,7 +3,7 @@
 //! samples per token through the real RabbitMQ, Postgres and SeaweedFS; jobs the model cannot take
 //! are dead-lettered with their reason. (Text jobs of kind `cosyvoice2`: `cosyvoice2_text_worker.rs`.)
 
-mod common;
+use crate::common;
 
 use common::{dead_letters, model_variant, TestEnv};
 use voxbatch::audio::parse_wav_header;

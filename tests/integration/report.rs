@@ -1,6 +1,6 @@
 //! Cost arithmetic and report queries against Postgres with known rows.
 
-mod common;
+use crate::common;
 
 use chrono::{TimeZone, Utc};
 use common::TestEnv;

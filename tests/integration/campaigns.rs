@@ -2,7 +2,7 @@
 //! queued jobs without synthesis (status `cancelled`) while other campaigns run, and `--resume`
 //! lets its jobs not yet consumed run again.
 
-mod common;
+use crate::common;
 
 use common::TestEnv;
 use voxbatch::commands;

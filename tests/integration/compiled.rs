@@ -6,7 +6,7 @@
 //! scripts/device/parity-gpu.sh runs it): each compiled stage against the eager port at the same
 //! precision, SNR ≥ 35 dB (41 dB for the estimator at bf16 on this CPU). GPU figures: docs/PERFORMANCE.md.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,6 +1,6 @@
 //! End-to-end tests of the spine against the real RabbitMQ, Postgres and SeaweedFS.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! runs into `max_len` fail alone with their reasons. Every batch records its two stages, and the
 //! cost report splits by stage. Random weights do not speak: the WAVs are noise of the right length.
 
-mod common;
+use crate::common;
 
 use common::{dead_letters, tiny_cosyvoice2_with_max_ratio, TestEnv};
 use voxbatch::audio::parse_wav_header;

@@ -7,7 +7,7 @@
 //! Needs the cluster: `make test-cluster` starts it, runs these one at a time, and stops it. They
 //! are `#[ignore]`d in the ordinary run (no cluster there).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! campaign's `campaign.drained.<campaign>` once, and an event a crash left unpublished (rows
 //! committed, no confirm recorded) published by the next sweep — at least once, never missing.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! `metrics.listen`, and its counters move with the work — jobs by outcome, batches, audio
 //! seconds, stage-time histograms, the queue-depth gauge.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::time::Duration;

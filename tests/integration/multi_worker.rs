@@ -1,6 +1,6 @@
 //! Several workers in one process (one per device; here two sharing the CPU) against one queue.
 
-mod common;
+use crate::common;
 
 use common::TestEnv;
 use voxbatch::job::Job;

@@ -1,7 +1,7 @@
 //! The benchmarks run end to end on CPU with the tiny model (short settings). They assert on
 //! structure and invariants, never on speed.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Reliability: bad input, duplicates and conflicts, worker crashes. Every job ends either done
 //! (exactly one audio object, one `done` row) or dead-lettered with a reason.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

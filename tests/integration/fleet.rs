@@ -3,7 +3,7 @@
 //! a worker that stops heartbeating is flagged stale by `status`, and the jobs it was running are
 //! shown as orphaned until the broker gives them to another worker.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

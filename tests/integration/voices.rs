@@ -4,7 +4,7 @@
 //! nothing stored; and a voice added while a worker runs, used by that worker without a restart,
 //! then forgotten once removed. Random weights do not speak: the WAVs are noise of the right length.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The memory-aware batch policy in a real worker on CPU (host memory is the budget).
 
-mod common;
+use crate::common;
 
 use common::TestEnv;
 use voxbatch::job::Job;

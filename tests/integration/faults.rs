@@ -4,7 +4,7 @@
 //! `cargo nextest run --test faults --run-ignored only --test-threads 1`.
 //! Each ends with every job done exactly once (one `done` row, one object), nothing dead-lettered.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! audio of the WAV's duration and level; jobs without `format` get `[output] format`; an unknown
 //! format is refused with its reason.
 
-mod common;
+use crate::common;
 
 use common::TestEnv;
 use voxbatch::audio::OutputFormat;
