@@ -121,6 +121,8 @@ fi
 # whose own MP3 and Opus decoders check the files independently of the encoders).
 apt_need=()
 command -v flac > /dev/null || apt_need+=(flac)
+# mold: the linker .cargo/config.toml names (each binary links libtorch; GNU ld is several times slower).
+command -v mold > /dev/null || apt_need+=(mold)
 command -v ffmpeg > /dev/null || apt_need+=(ffmpeg)
 ldconfig -p | grep -q 'libmp3lame.so.0 ' || apt_need+=(libmp3lame0)
 ldconfig -p | grep -q 'libopus.so.0 ' || apt_need+=(libopus0)
