@@ -23,6 +23,7 @@ mod events;
 mod faults;
 mod fleet;
 mod frontend;
+mod house_rules;
 mod memory_policy;
 mod metrics;
 mod multi_worker;
