@@ -1,63 +1,49 @@
-#!/usr/bin/env bash
-# Issue 14's end-to-end run on the GPU machine: text jobs → CosyVoice2 speech through RabbitMQ,
-# Postgres and a worker on one GPU (storage file://). The model is CosyVoice2-shaped with random
-# weights: token2wav from tools/make_parity_fixtures.py --config full, the LLM from
-# tools/make_llm_fixtures.py --full, the stand-in tokenizer of the LLM fixtures, the wetext grammars,
-# converted by tools/convert_cosyvoice.py. Random weights end speech at random, so lengths are forced
-# ([llm] force_lengths: each segment decodes its characters ÷ [frontend] chars_per_second × 25 speech
+# text-e2e: issue 14's end-to-end run — text jobs → CosyVoice2 speech through RabbitMQ, Postgres and
+# a worker on one GPU (storage file://). The model is CosyVoice2-shaped with random weights
+# (lib/cv2full.sh, `text`: token2wav, the LLM, the stand-in tokenizer of the LLM fixtures, the
+# wetext grammars). Random weights end speech at random, so lengths are forced ([llm]
+# force_lengths: each segment decodes its characters ÷ [frontend] chars_per_second × 25 speech
 # tokens). The corpus is tools/make_text_corpus.py (JOBS lines of 5-400 characters plus CHAPTERS of
 # ~10,000). NVML's utilisation is sampled over the whole drain by nvidia-smi; the reference
-# Qwen2LM.inference at batch 1 runs on the same LLM weights in the same call.
-# Carry: .whl .t2w/voxbatch.xz .e2e/services.tar.xz models/cosyvoice2-llm-parity (pack-gpu.sh,
-# pack-services.sh). Together they pass the carry limit (64 MiB), so the run can be split in two calls
-# on one warm machine: STAGE=model (carry .whl, .t2w/voxbatch.xz, models/cosyvoice2-llm-parity: builds
-# the model in /tmp/cv2full and runs the reference) then STAGE=e2e (carry .e2e/services.tar.xz,
-# .t2w/voxbatch.xz; needs the first call's /tmp). STAGE=all (default) does both.
+# Qwen2LM.inference at batch 1 runs on the same LLM weights in the same call. The summary:
+# lib/text_e2e_summary.py.
+# Carry: .whl .t2w/voxbatch.xz .e2e/services.tar.xz models/cosyvoice2-llm-parity (pack.sh, and
+# `pack.sh services`). Together they pass the carry limit (64 MiB), so the run can be split in two
+# calls on one warm machine: STAGE=model (carry .whl, .t2w/voxbatch.xz, models/cosyvoice2-llm-parity:
+# builds the model in /tmp/cv2full and runs the reference) then STAGE=e2e (carry
+# .e2e/services.tar.xz, .t2w/voxbatch.xz; needs the first call's /tmp). STAGE=all (default) does both.
 # Compiled token2wav stages (issue 16): when COMPILED (default /tmp/cv2full-compiled/compiled, what
-# compiled-bench.sh leaves on a warm machine) exists, the e2e stage links it into the model: the
+# the token2wav target leaves on a warm machine) exists, the e2e stage links it into the model: the
 # token2wav weights are the same seeded build, and a worker uses a package only if its weights
 # digest matches (batches.kernels and the worker log say which ran). COMPILED=none: eager.
 # FLOW_GRAPHS ([model] flow_graphs, default config's 16; 0: none): small token2wav buckets' compiled
 # flow steps replayed as CUDA graphs (the summary's token2wav_buckets.graph_* say how many).
-# Env: OUT, STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
+# Env: STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
 # COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, CPU_THREADS ([model] cpu_threads:
 # libtorch's intra-op threads, default all cores — they spin beside the 8 frontend threads),
 # FRONTEND_THREADS ([frontend] threads, default half the cores up to 8: session 15's first batch
 # ran at 87.9 % NVML while the frontend prepared the next; whether the frontend slows the model
-# thread's host work is what comparing runs with fewer threads tells), PY.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-OUT=${OUT:-/tmp/text-e2e-out}; mkdir -p "$OUT"
+# thread's host work is what comparing runs with fewer threads tells), WORK_TIMEOUT (420 s for the
+# drain), E (/tmp/voxbatch-e2e: the services' and the worker's files), PGPORT, AMQP_PORT, NODENAME
+# (lib/services.sh), any VOXBATCH_* setting (e.g. the segment lengths: VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS,
+# VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own, VOXBATCH_AMQP__QUEUE…), PY.
+# Output: OUT/reference-fp32.json, simulated.json, nvml.csv, worker.log, report-campaign.json,
+# report-stage.json, text-e2e-summary.json (the dry run stays on the machine, in E: the device tool
+# returns at most 8 files from OUT).
 E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
-PY=${PY:-python3}
-log() { echo "[text-e2e $(date -u +%T)] $*"; }
 STAGE=${STAGE:-all}
-M=/tmp/cv2full
+case $STAGE in all|model|e2e) ;; *) log "STAGE=$STAGE: all, model or e2e"; exit 2 ;; esac
+source "$DEVICE_DIR/lib/cv2full.sh"
+use_libtorch
 if [ "$STAGE" != e2e ]; then
-rm -rf /tmp/site /tmp/llm-site
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/llm-site .whl/transformers-* .whl/huggingface_hub-* .whl/tokenizers-* || exit 1
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  $(ls .whl/*.whl | grep -v -e transformers- -e huggingface_hub- -e tokenizers-) || exit 1
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-LLM_PY="env PYTHONPATH=/tmp/llm-site:$PYTHONPATH $PY"
-source scripts/device/libtorch.sh
-
-if [ ! -f "$M/model/tokenizer.json" ]; then
-  log "building the full-size random CosyVoice2 (reference code) and converting it"
-  $PY tools/make_parity_fixtures.py --config full --no-fixtures --out "$M" 2>&1 | grep -v Warning | tail -1
-  $LLM_PY tools/make_llm_fixtures.py --full --out "$M/llm" 2>&1 | tail -1
-  cp -r "$M/llm/official/." "$M/official/"
-  # The stand-in tokenizer (no real vocabulary can be downloaded), beside the full config.json.
-  cp models/cosyvoice2-llm-parity/official/CosyVoice-BlankEN/{vocab.json,merges.txt,tokenizer_config.json} "$M/official/CosyVoice-BlankEN/"
-  $LLM_PY tools/convert_cosyvoice.py "$M/official" "$M/model" --name cosyvoice2-full-random 2>&1 | tail -1 | cut -c1-300
-fi
-grep -q '^kind = "cosyvoice2"' "$M/model/model.toml" || { log "the converted model is not kind cosyvoice2"; head -5 "$M/model/model.toml"; exit 1; }
-log "reference Qwen2LM.inference, batch 1, fp32, same LLM weights"
-$LLM_PY tools/bench_llm_reference.py --official "$M/official" --device cuda:0 --precision fp32 \
-  --sequences "${REF_SEQUENCES:-3}" --out "$OUT/reference-fp32.json" 2>&1 | grep -v -i warn | tail -2
-cp "$OUT/reference-fp32.json" /tmp/cv2full-reference-fp32.json 2>/dev/null
-[ "$STAGE" = model ] && { log "model stage done"; exit 0; }
+  install_wheels llm
+  build_cv2full text
+  grep -q '^kind = "cosyvoice2"' "$M/model/model.toml" || { log "the converted model is not kind cosyvoice2"; head -5 "$M/model/model.toml"; exit 1; }
+  log "reference Qwen2LM.inference, batch 1, fp32, same LLM weights"
+  $LLM_PY tools/bench_llm_reference.py --official "$M/official" --device cuda:0 --precision fp32 \
+    --sequences "${REF_SEQUENCES:-3}" --out "$OUT/reference-fp32.json" 2>&1 | grep -v -i warn | tail -2
+  cp "$OUT/reference-fp32.json" /tmp/cv2full-reference-fp32.json 2>/dev/null
+  [ "$STAGE" = model ] && { log "model stage done"; exit 0; }
 fi
 [ -f "$M/model/model.toml" ] || { log "no model in $M: run STAGE=model first on this (warm) machine"; exit 1; }
 [ -f "$OUT/reference-fp32.json" ] || cp /tmp/cv2full-reference-fp32.json "$OUT/reference-fp32.json" 2>/dev/null
@@ -71,13 +57,13 @@ if [ "${FLOW_ATTENTION:-padded}" != padded ]; then
   log "flow_attention: $(grep '^flow_attention' "$M/model/model.toml")"
 fi
 
-source scripts/device/services.sh
-start_services || exit 1
+source "$DEVICE_DIR/lib/services.sh"
 NVSMI_PID=
 finish() { [ -n "$NVSMI_PID" ] && kill "$NVSMI_PID" 2>/dev/null; stop_services; }
 trap finish EXIT
+start_services || exit 1
 
-BIN=$E/voxbatch; source scripts/device/voxbatch-binary.sh
+BIN=$E/voxbatch; unpack_voxbatch
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
 export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MODEL__DIR="$M/model"
 export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
@@ -87,8 +73,8 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
-# summary (scripts/device/text_e2e_summary.py) adds them up; at debug, each bucket's time by stage on the model thread (since
-# c24472d its waveforms are cut into segments on another thread; before, audio_out_ms was that).
+# summary adds them up; at debug, each bucket's time by stage on the model thread (since c24472d
+# its waveforms are cut into segments on another thread; before, audio_out_ms was that).
 # voxbatch::model logs "model loaded" (the summary's load end).
 export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model=info,voxbatch::model::cosyvoice2::tts=debug}
 
@@ -118,5 +104,5 @@ $BIN status | tail -15
 $BIN report --by campaign --campaign "$CAMPAIGN" --format json > "$OUT/report-campaign.json"
 $BIN report --by stage --campaign "$CAMPAIGN" --format json > "$OUT/report-stage.json"
 $BIN report --by stage --campaign "$CAMPAIGN"
-$PY scripts/device/text_e2e_summary.py "$OUT" "$t0" "$t1"
+$PY "$DEVICE_DIR/lib/text_e2e_summary.py" "$OUT" "$t0" "$t1"
 log "done"

@@ -1,9 +1,10 @@
-"""The summary of scripts/device/text-e2e.sh's end-to-end run: throughput, NVML utilisation over
-the drain, the batch span and each batch, the token2wav buckets and the LLM's phases from the
-worker log, the model's load. Reads OUT's report-campaign.json, report-stage.json, nvml.csv,
-worker.log (and reference-fp32.json if there); writes OUT/text-e2e-summary.json and prints it.
-Run again on a run's saved files: `python3 scripts/device/text_e2e_summary.py DIR T0 T1` (T0, T1:
-the worker's start and end, Unix seconds; T1 − T0 is the summary's worker_wall_seconds)."""
+"""The summary of the text-e2e target's end-to-end run (scripts/device/run.sh text-e2e):
+throughput, NVML utilisation over the drain, the batch span and each batch, the token2wav buckets
+and the LLM's phases from the worker log, the model's load. Reads OUT's report-campaign.json,
+report-stage.json, nvml.csv, worker.log (and reference-fp32.json if there); writes
+OUT/text-e2e-summary.json and prints it.
+Run again on a run's saved files: `python3 scripts/device/lib/text_e2e_summary.py DIR T0 T1`
+(T0, T1: the worker's start and end, Unix seconds; T1 − T0 is the summary's worker_wall_seconds)."""
 import csv, json, sys, datetime
 out, t0, t1 = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 r = json.load(open(f"{out}/report-campaign.json")); t = r["total"]; w = r["workers"]

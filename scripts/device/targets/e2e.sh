@@ -1,26 +1,26 @@
-#!/usr/bin/env bash
-# Issue 4's end-to-end run on the GPU machine, which has neither RabbitMQ nor Postgres nor network:
-# they travel as Debian's packages, trimmed and packed here into .e2e/services.tar.xz (see
-# docs/PERFORMANCE.md), with the stripped binary as .e2e/voxbatch.xz. This script unpacks them,
-# starts Postgres (as nobody) and RabbitMQ, then drains a corpus with a worker on the GPU
-# (storage file://) and compares its throughput with the model-only policy bench on the same corpus.
-# Env: OUT, JOBS (2000), SEED (7), DEVICE (cuda:0), PRECISION (bf16), SIZE (large),
-#      PGPORT (5432), AMQP_PORT (5672), NODENAME (rabbit@localhost), PY (python3).
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-OUT=${OUT:-/tmp/e2e-out}; mkdir -p "$OUT"
+# e2e: issue 4's end-to-end run of the reference model (tools/export_reference_model.py, a CNN
+# TTS-shaped network with random weights, exported there with the machine's torch at SIZE): the
+# services (lib/services.sh) started, a corpus (`voxbatch bench corpus`) enqueued and drained by a
+# worker on the GPU (storage file://), then the model-only policy bench on the same corpus and the
+# two compared (e2e-summary.json). The scaling target runs it per GPU count.
+# Carry: .t2w/voxbatch.xz .e2e/services.tar.xz (pack.sh binaries services).
+# Env: JOBS (2000), SEED (7), DEVICE (cuda:0), PRECISION (bf16), SIZE (large), DEVICES (0,1 or all:
+# one worker per GPU in this process), WORKERS_PER_DEVICE (2: two workers sharing each GPU),
+# WORK_TIMEOUT (300 s for the drain), SKIP_MODEL_ONLY (1: no policy bench; OUT/throughput.txt says the
+# drain's rate), E (/tmp/voxbatch-e2e), PGPORT, AMQP_PORT, NODENAME (lib/services.sh), PY.
+# Output: OUT/worker.log, report-campaign.json, and e2e-summary.json with bench/ (or throughput.txt).
 E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
-PY=${PY:-python3}
-log() { echo "[e2e $(date -u +%T)] $*"; }
-source scripts/device/services.sh
-start_services || exit 1
+source "$DEVICE_DIR/lib/services.sh"
 trap stop_services EXIT
+start_services || exit 1
 
-source scripts/device/common.sh
-BIN=$E/voxbatch BIN_XZ=.e2e/voxbatch.xz; source scripts/device/voxbatch-binary.sh
+use_libtorch
+SIZE=${SIZE:-large}
+MODEL=/tmp/voxbatch-models/reference-$SIZE
+[ -f "$MODEL/model.pt" ] || $PY tools/export_reference_model.py --size "$SIZE" --out "$MODEL"
+BIN=$E/voxbatch; unpack_voxbatch
 export AMQP_URL="amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f" DATABASE_URL="postgres://postgres@127.0.0.1:$PGPORT/voxbatch"
-export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MEMORY__CALIBRATION_DIR="$ROOT/calibration" VOXBATCH_MODEL__DIR="$MODEL"
+export VOXBATCH_STORAGE__URL="file://$E/audio" VOXBATCH_MEMORY__CALIBRATION_DIR="$PWD/calibration" VOXBATCH_MODEL__DIR="$MODEL"
 export VOXBATCH_MODEL__DEVICE="${DEVICE:-cuda:0}" VOXBATCH_MODEL__PRECISION="${PRECISION:-bf16}" VOXBATCH_BATCHING__MAX_BATCH=1024
 export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info}
 JOBS=${JOBS:-2000}; SEED=${SEED:-7}
@@ -32,8 +32,6 @@ CAMPAIGN=e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain"
 t0=$(date +%s.%N)
-# DEVICES=0,1 (or all) runs one worker per GPU in this process (issue 5's scaling runs);
-# WORKERS_PER_DEVICE=2 runs two workers on each (two sharing one GPU: issue 5's single-GPU check).
 timeout "${WORK_TIMEOUT:-300}" $BIN work --drain ${DEVICES:+--devices "$DEVICES"} ${WORKERS_PER_DEVICE:+--workers-per-device "$WORKERS_PER_DEVICE"} > "$OUT/worker.log" 2>&1; rc=$?
 t1=$(date +%s.%N)
 log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
@@ -42,7 +40,10 @@ $BIN status
 $BIN report --by campaign --campaign "$CAMPAIGN" --format json > "$OUT/report-campaign.json"
 $BIN report --by batch_size
 $BIN report --by campaign
-[ "${SKIP_MODEL_ONLY:-0}" = 1 ] && { $PY -c "import json; r=json.load(open('$OUT/report-campaign.json')); t=r['total']; print(f\"{t['jobs']} jobs, {t['audio_hours']*3600:.0f} s audio, span {r['batch_span_seconds']:.2f} s: {t['audio_hours']*3600/r['batch_span_seconds']:.1f} audio-s/s\")" | tee "$OUT/throughput.txt"; exit 0; }
+if [ "${SKIP_MODEL_ONLY:-0}" = 1 ]; then
+  $PY -c "import json; r=json.load(open('$OUT/report-campaign.json')); t=r['total']; print(f\"{t['jobs']} jobs, {t['audio_hours']*3600:.0f} s audio, span {r['batch_span_seconds']:.2f} s: {t['audio_hours']*3600/r['batch_span_seconds']:.1f} audio-s/s\")" | tee "$OUT/throughput.txt"
+  exit 0
+fi
 log "model only, same corpus (policy bench)"
 $BIN bench policy --model "$MODEL" --device "${DEVICE:-cuda:0}" --precision "${PRECISION:-bf16}" --jobs "$JOBS" --seed "$SEED" \
   --max-batch 1024 --policy-only --out "$OUT/bench" 2>&1 | grep -v INFO | tail -8
