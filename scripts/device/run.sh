@@ -18,7 +18,7 @@
 # text-e2e   text jobs through RabbitMQ, Postgres and a worker on the       .whl .t2w .e2e
 #            full-size random CosyVoice2, NVML sampled, a summary           models/cosyvoice2-llm-parity
 #            (STAGE=model, then e2e: two calls on one warm machine)
-# headline   token2wav (default and session 19's layout, eager, sweet       .whl .t2w
+# headline   token2wav (default and the strided layout, eager, sweet        .whl .t2w
 #            spot 256, reference), then calibrate; each part within its
 #            limit, the whole inside 600 s
 # calibrate  `voxbatch calibrate` of the compiled directory (compiled       .whl .t2w

@@ -3,7 +3,7 @@
 # COMPILED_DIR, unless it already holds packages on a warm machine), then `voxbatch calibrate` of that
 # directory with each BENCHMARK_MODES value — as the worker runs it by default (profile
 # `bf16+compiled`) and with `[model] cudnn_benchmark = true` (`bf16+compiled+cudnn-benchmark`:
-# cuDNN's workspaces raise the peak, 7.3 GiB at batch 256 in session 19). The profiles land in
+# cuDNN's workspaces raise the peak, 7.3 GiB at batch 256 on an H200, 2026-12-05). The profiles land in
 # OUT/calibration; their model is the random `cosyvoice2-full-random`, so they show the fit's
 # quality and the peaks, not a profile any user's model loads (a user calibrates their own
 # directory the same way: README).

@@ -3,11 +3,11 @@
 # SWEET and the reference token2wav, as docs/PERFORMANCE.md's tables need them), then the calibrate
 # target on the default directory as the worker runs it (cudnn_benchmark off). Each part stops at
 # its own limit so the call returns its logs inside the device tool's 600 s: on an H200 the
-# compiles took 187 s (session 19), the benches and reference ≈ 2.5 minutes, the calibration 60 s
+# compiles took 187 s (2026-12-05), the benches and reference ≈ 2.5 minutes, the calibration 60 s
 # plus loading.
 # Carry: .whl .t2w (pack.sh).
-# Env: VARIANTS (default "strided:LAYOUT=time-major-strided": session 19's layout beside the
-# default's window copy), SWEET (256), COMPILE_LIMIT (280), BENCH_LIMIT (seconds for the whole
+# Env: VARIANTS (default "strided:LAYOUT=time-major-strided": the layout before the window copy,
+# beside the default), SWEET (256), COMPILE_LIMIT (280), BENCH_LIMIT (seconds for the whole
 # token2wav part, 470), CAL_SECONDS (45), and the token2wav target's, PY.
 # Output: OUT/gpu.txt, the token2wav target's files, OUT/calibrate/ (the calibrate target's; the
 # profile, if the fit is accepted: OUT/calibrate/calibration/*.json).

@@ -21,12 +21,13 @@
 # Env: STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
 # COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, CPU_THREADS ([model] cpu_threads:
 # libtorch's intra-op threads, default all cores — they spin beside the 8 frontend threads),
-# FRONTEND_THREADS ([frontend] threads, default half the cores up to 8: session 15's first batch
-# ran at 87.9 % NVML while the frontend prepared the next; whether the frontend slows the model
-# thread's host work is what comparing runs with fewer threads tells), WORK_TIMEOUT (420 s for the
-# drain), E (/tmp/voxbatch-e2e: the services' and the worker's files), PGPORT, AMQP_PORT, NODENAME
-# (lib/services.sh), any VOXBATCH_* setting (e.g. the segment lengths: VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS,
-# VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own, VOXBATCH_AMQP__QUEUE…), PY.
+# FRONTEND_THREADS ([frontend] threads, default half the cores up to 8: the first batch of the
+# 2026-12-05 H200 run ran at 87.9 % NVML while the frontend prepared the next; whether the
+# frontend slows the model thread's host work is what comparing runs with fewer threads tells),
+# WORK_TIMEOUT (420 s for the drain), E (/tmp/voxbatch-e2e: the services' and the worker's files),
+# PGPORT, AMQP_PORT, NODENAME (lib/services.sh), any VOXBATCH_* setting (e.g. longer segments:
+# VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
+# VOXBATCH_AMQP__QUEUE…), PY.
 # Output: OUT/reference-fp32.json, simulated.json, nvml.csv, worker.log, report-campaign.json,
 # report-stage.json, text-e2e-summary.json (the dry run stays on the machine, in E: the device tool
 # returns at most 8 files from OUT).

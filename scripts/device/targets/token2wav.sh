@@ -15,7 +15,7 @@
 #   STAGES (estimator,hift; none: no compile): the default packages' stages, each compiled in a process
 #     of its own into COMPILED_DIR (/tmp/cv2full-compiled: a directory of links to the model's files
 #     plus its compiled/), so nothing waits behind the estimator's, the longest. encoder is experimental
-#     (slower than the eager encoder, session 19).
+#     (slower than the eager encoder on an H200, 2026-12-05).
 #   The compile settings, each left unset the tool's default: PRECISION (bf16: the flow's; the vocoder's
 #     is the model's, tf32), LAYOUT (--layout), MISH (--mish), QKV (--qkv), FF_GELU (--ff-gelu), ATTENTION
 #     (--attention), HIFT_CHANNEL_MULTIPLE, HIFT_DILATION, TUNING (none | coordinate-descent |
