@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Converts an official CosyVoice2 model directory into a voxbatch model: kind `cosyvoice2` (text
-jobs: LLM + token2wav + tokenizer + grammars) when the directory has llm.pt and CosyVoice-BlankEN/,
-else `cosyvoice2-token2wav` (jobs carry speech tokens).
+"""Converts an official CosyVoice2 or CosyVoice3 model directory into a voxbatch model. The family
+is the directory's config: `cosyvoice3.yaml` → CosyVoice3 (below), else CosyVoice2: kind
+`cosyvoice2` (text jobs: LLM + token2wav + tokenizer + grammars) when the directory has llm.pt and
+CosyVoice-BlankEN/, else `cosyvoice2-token2wav` (jobs carry speech tokens).
 
 Input (as CosyVoice2 ships it): flow.pt, hift.pt, spk2info.pt, cosyvoice2.yaml, and optionally
 llm.pt with CosyVoice-BlankEN/config.json (the speech-token LM -> llm.safetensors).
@@ -23,9 +24,30 @@ Output directory:
                           copied as they are, when the checkpoint has them: `voxbatch voice add` runs
                           them (onnxruntime) to make voices from recordings.
 
+CosyVoice3 (Fun-CosyVoice3-0.5B: cosyvoice3.yaml, flow.pt, hift.pt, spk2info.pt if present,
+campplus.onnx and speech_tokenizer_v3.onnx if present) → kind `cosyvoice3-token2wav` (jobs carry
+speech tokens; its LLM, llm.pt, is not converted yet):
+  model.toml              kind, [cosyvoice3] dimensions (from cosyvoice3.yaml's flow and hift
+                          sections, checked against the weights), voices;
+  token2wav.safetensors   fp32, named as the official state dicts name them (`flow.` + flow.pt's
+                          names, `hift.` + hift.pt's with any `generator.` prefix dropped), weight
+                          norm folded into plain `.weight`s, plus the two fixed noise buffers the
+                          reference draws in its constructors (the same values, not an equivalent):
+                            flow.rand_noise                      [1, 80, 15000]  the CFM's starting
+                              noise (seed 0; each item's z = its first T columns);
+                            hift.m_source.l_sin_gen.sine_waves   [1, 24000·S, 9] the causal source's
+                              noise (uniform [0, 1)), S = --noise-seconds (upstream 300); each item
+                              uses its first 480·T rows;
+                          the tensors expected are listed by `cosyvoice3_expected` (one error lists
+                          every missing, misshapen and unexpected one);
+  voices.safetensors      as for CosyVoice2 (CosyVoice3's spk2info.pt has the same keys);
+  speech_tokenizer_v3.onnx, campplus.onnx  copied as they are, when the checkpoint has them.
+The fixed source noise comes from torch's CPU generator in the order upstream's constructors draw
+(`cosyvoice3_noise`); tools/make_cv3_fixtures.py checks it against the reference classes' buffers.
+
 Needs torch and safetensors (and transformers for the tokenizer).
 
-Usage: convert_cosyvoice.py MODEL_DIR OUT_DIR [--name NAME]
+Usage: convert_cosyvoice.py MODEL_DIR OUT_DIR [--name NAME] [--noise-seconds S]
 """
 import argparse
 import json
@@ -133,15 +155,15 @@ GRAMMARS = ("zh/tn/tagger.fst", "zh/tn/verbalizer.fst", "en/tn/tagger.fst", "en/
 PROMPT_MODELS = ["speech_tokenizer_v2.onnx", "campplus.onnx"]
 
 
-def copy_prompt_models(src, out_dir):
+def copy_prompt_models(src, out_dir, names=PROMPT_MODELS):
     """The speech tokenizer and speaker model (ONNX) `voice add` runs, copied unchanged; a note
     when the checkpoint lacks them (voices then come only from spk2info.pt)."""
     import shutil
-    found = [f for f in PROMPT_MODELS if os.path.isfile(os.path.join(src, f))]
+    found = [f for f in names if os.path.isfile(os.path.join(src, f))]
     for f in found:
         shutil.copyfile(os.path.join(src, f), os.path.join(out_dir, f))
-    if len(found) < len(PROMPT_MODELS):
-        missing = ", ".join(f for f in PROMPT_MODELS if f not in found)
+    if len(found) < len(names):
+        missing = ", ".join(f for f in names if f not in found)
         print(f"{src} has no {missing}: `voxbatch voice add` will refuse this model (its spk2info.pt voices still work)", file=sys.stderr)
     return found
 
@@ -227,12 +249,307 @@ def convert_voices(spk2info):
     return voices, names, prompt_lens
 
 
+# ---------------------------------------------------------------- CosyVoice3 (Fun-CosyVoice3-0.5B)
+
+class _Ref(str):
+    """A hyperpyyaml `!ref` expression, resolved after loading."""
+
+
+def _arithmetic(expr):
+    """The value of a `!ref` expression after substitution: a literal, or + - * / // over numbers."""
+    import ast
+    import operator
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv}
+
+    def value(node):
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
+        return ast.literal_eval(node)
+    return value(ast.parse(expr.strip(), mode="eval").body)
+
+
+def read_tagged_yaml(path):
+    """cosyvoice3.yaml as plain data: hyperpyyaml's tags (`!new:…`, `!name:…`) are dropped and their
+    nodes read as the mappings, lists and strings they hold, so nothing is imported; `!ref <key>`
+    (and arithmetic over such references) takes the top-level key's value."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def untagged(loader, suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        text = loader.construct_scalar(node)
+        return _Ref(text) if suffix == "ref" else text
+
+    Loader.add_multi_constructor("!", untagged)
+    with open(path) as f:
+        data = yaml.load(f, Loader=Loader)
+
+    def resolve(v, depth=0):
+        if depth > 20:
+            sys.exit(f"{path}: !ref references loop")
+        if isinstance(v, dict):
+            return {k: resolve(x, depth) for k, x in v.items()}
+        if isinstance(v, list):
+            return [resolve(x, depth) for x in v]
+        if isinstance(v, _Ref):
+            parts = re.split(r"<([^>]+)>", v)
+            if len(parts) == 3 and not parts[0].strip() and not parts[2].strip():
+                return resolve(data.get(parts[1]), depth + 1)  # a plain reference keeps the value's type
+            expr = "".join(repr(resolve(data.get(p), depth + 1)) if i % 2 else p for i, p in enumerate(parts))
+            try:
+                return _arithmetic(expr)
+            except (ValueError, SyntaxError, TypeError):
+                return expr
+        return v
+    return resolve(data)
+
+
+def cosyvoice3_config(yaml_path):
+    """The flow's and vocoder's hyperparameters from cosyvoice3.yaml (its `flow:` and `hift:`
+    sections, upstream's defaults where a key is absent), with a clear exit when the file is not
+    a CosyVoice3 config."""
+    cfg = read_tagged_yaml(yaml_path)
+    try:
+        flow, hift = cfg["flow"], cfg["hift"]
+        pre, dec = flow["pre_lookahead_layer"], flow["decoder"]
+        est, cfm = dec["estimator"], dec["cfm_params"]
+    except (KeyError, TypeError) as e:
+        sys.exit(f"{yaml_path} is not a CosyVoice3 config: no flow/hift section {e} "
+                 f"(expected flow: CausalMaskedDiffWithDiT with pre_lookahead_layer and decoder.estimator: DiT)")
+    cfm = cfm.get("content", cfm)
+    f0 = hift.get("f0_predictor", {})
+    istft = hift.get("istft_params", {"n_fft": 16, "hop_len": 4})
+    c = dict(
+        vocab_size=int(flow.get("vocab_size", 6561)), input_size=int(flow.get("input_size", 80)),
+        output_size=int(flow.get("output_size", 80)), spk_embed_dim=int(flow.get("spk_embed_dim", 192)),
+        token_mel_ratio=int(flow.get("token_mel_ratio", 2)),
+        pre_lookahead_len=int(pre.get("pre_lookahead_len", 3)), pre_lookahead_channels=int(pre["channels"]),
+        dit_dim=int(est["dim"]), dit_depth=int(est.get("depth", 8)), dit_heads=int(est.get("heads", 8)),
+        dit_head_dim=int(est.get("dim_head", 64)), dit_ff_mult=float(est.get("ff_mult", 4)),
+        mel_dim=int(est.get("mel_dim", 80)), mu_dim=int(est.get("mu_dim") or est.get("mel_dim", 80)),
+        spk_dim=int(est.get("spk_dim") or 0), long_skip=bool(est.get("long_skip_connection", False)),
+        t_scheduler=str(cfm.get("t_scheduler", "cosine")), cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
+        hift_in=int(hift.get("in_channels", 80)), hift_channels=int(hift.get("base_channels", 512)),
+        nb_harmonics=int(hift.get("nb_harmonics", 8)), sampling_rate=int(hift.get("sampling_rate", 24000)),
+        upsample_rates=[int(u) for u in hift.get("upsample_rates", [8, 5, 3])],
+        upsample_kernel_sizes=[int(k) for k in hift.get("upsample_kernel_sizes", [16, 11, 7])],
+        resblock_kernel_sizes=[int(k) for k in hift.get("resblock_kernel_sizes", [3, 7, 11])],
+        resblock_dilation_sizes=[[int(d) for d in ds] for ds in hift.get("resblock_dilation_sizes", [[1, 3, 5]] * 3)],
+        source_resblock_kernel_sizes=[int(k) for k in hift.get("source_resblock_kernel_sizes", [7, 7, 11])],
+        source_resblock_dilation_sizes=[[int(d) for d in ds] for ds in hift.get("source_resblock_dilation_sizes", [[1, 3, 5]] * 3)],
+        n_fft=int(istft["n_fft"]), hop_len=int(istft["hop_len"]),
+        conv_pre_look_right=int(hift.get("conv_pre_look_right", 4)),
+        f0_channels=int(f0.get("cond_channels", 512)), f0_in=int(f0.get("in_channels", 80)),
+        f0_classes=int(f0.get("num_class", 1)),
+    )
+    if c["dit_ff_mult"] != int(c["dit_ff_mult"]):
+        sys.exit(f"{yaml_path}: ff_mult {c['dit_ff_mult']} is not a whole number")
+    c["dit_ff_mult"] = int(c["dit_ff_mult"])
+    if c["t_scheduler"] != "cosine" or c["long_skip"]:
+        sys.exit(f"{yaml_path}: t_scheduler {c['t_scheduler']!r}, long_skip_connection {c['long_skip']}: "
+                 "voxbatch runs CosyVoice3's cosine schedule without the long skip")
+    return c
+
+
+def cosyvoice3_expected(c):
+    """{name: shape} of every tensor a CosyVoice3 token2wav needs, as the official state dicts name
+    them (`flow.` + flow.pt's names; `hift.` + hift.pt's with weight norm folded), from the config
+    alone: the layout the Rust port reads (docs in /work/notes/cv3-port.md's tensor tables)."""
+    e = {}
+    d, inner, cpos = c["dit_dim"], c["dit_heads"] * c["dit_head_dim"], 31
+    e["flow.input_embedding.weight"] = [c["vocab_size"], c["input_size"]]
+    e["flow.spk_embed_affine_layer.weight"] = [c["output_size"], c["spk_embed_dim"]]
+    e["flow.spk_embed_affine_layer.bias"] = [c["output_size"]]
+    p, ch = "flow.pre_lookahead_layer.", c["pre_lookahead_channels"]
+    e[p + "conv1.weight"], e[p + "conv1.bias"] = [ch, c["input_size"], c["pre_lookahead_len"] + 1], [ch]
+    e[p + "conv2.weight"], e[p + "conv2.bias"] = [c["input_size"], ch, 3], [c["input_size"]]
+
+    def linear(name, out, inp):
+        e[name + ".weight"], e[name + ".bias"] = [out, inp], [out]
+
+    p = "flow.decoder.estimator."
+    linear(p + "time_embed.time_mlp.0", d, 256)
+    linear(p + "time_embed.time_mlp.2", d, d)
+    linear(p + "input_embed.proj", d, 2 * c["mel_dim"] + c["mu_dim"] + c["spk_dim"])
+    for conv in ("conv1", "conv2"):
+        e[f"{p}input_embed.conv_pos_embed.{conv}.0.weight"] = [d, d // 16, cpos]
+        e[f"{p}input_embed.conv_pos_embed.{conv}.0.bias"] = [d]
+    e[p + "rotary_embed.inv_freq"] = [c["dit_head_dim"] // 2]
+    for b in range(c["dit_depth"]):
+        q = f"{p}transformer_blocks.{b}."
+        linear(q + "attn_norm.linear", 6 * d, d)
+        for proj in ("to_q", "to_k", "to_v"):
+            linear(q + "attn." + proj, inner, d)
+        linear(q + "attn.to_out.0", d, inner)
+        linear(q + "ff.ff.0.0", d * c["dit_ff_mult"], d)
+        linear(q + "ff.ff.2", d, d * c["dit_ff_mult"])
+    linear(p + "norm_out.linear", 2 * d, d)
+    linear(p + "proj_out", c["mel_dim"], d)
+
+    def conv(name, out, inp, k):
+        e[name + ".weight"], e[name + ".bias"] = [out, inp, k], [out]
+
+    def resblock(name, ch, k, dilations):
+        for j in range(len(dilations)):
+            conv(f"{name}.convs1.{j}", ch, ch, k)
+            conv(f"{name}.convs2.{j}", ch, ch, k)
+            e[f"{name}.activations1.{j}.alpha"] = [ch]
+            e[f"{name}.activations2.{j}.alpha"] = [ch]
+
+    base, spec = c["hift_channels"], c["n_fft"] + 2
+    linear("hift.m_source.l_linear", 1, c["nb_harmonics"] + 1)
+    conv("hift.conv_pre", base, c["hift_in"], c["conv_pre_look_right"] + 1)
+    for i, k in enumerate(c["upsample_kernel_sizes"]):
+        conv(f"hift.ups.{i}", base // 2 ** (i + 1), base // 2 ** i, k)
+    rates = c["upsample_rates"]
+    cum = [1]
+    for u in ([1] + rates[::-1][:-1])[1:]:
+        cum.append(cum[-1] * u)
+    for i, (u, k, ds) in enumerate(zip(cum[::-1], c["source_resblock_kernel_sizes"], c["source_resblock_dilation_sizes"])):
+        ch = base // 2 ** (i + 1)
+        conv(f"hift.source_downs.{i}", ch, spec, 1 if u == 1 else 2 * u)
+        resblock(f"hift.source_resblocks.{i}", ch, k, ds)
+    for i in range(len(rates)):
+        ch = base // 2 ** (i + 1)
+        for j, (k, ds) in enumerate(zip(c["resblock_kernel_sizes"], c["resblock_dilation_sizes"])):
+            resblock(f"hift.resblocks.{i * len(c['resblock_kernel_sizes']) + j}", ch, k, ds)
+    conv("hift.conv_post", spec, base // 2 ** len(rates), 7)
+    f = c["f0_channels"]
+    conv("hift.f0_predictor.condnet.0", f, c["f0_in"], 4)
+    for i in (2, 4, 6, 8):
+        conv(f"hift.f0_predictor.condnet.{i}", f, f, 3)
+    linear("hift.f0_predictor.classifier", c["f0_classes"], f)
+    return e
+
+
+def check_tensors(tensors, expected):
+    """Every missing, misshapen and unexpected tensor, one line each (empty when all match)."""
+    problems = [f"{k}: missing, expected {v}" for k, v in expected.items() if k not in tensors]
+    problems += [f"{k}: shape {list(tensors[k].shape)}, expected {v}" for k, v in expected.items()
+                 if k in tensors and list(tensors[k].shape) != v]
+    problems += [f"{k}: unexpected" for k in sorted(tensors) if k not in expected]
+    return problems
+
+
+def cosyvoice3_noise(c, seconds):
+    """The two fixed noise buffers CosyVoice3's constructors draw, replayed from torch's CPU
+    generator in upstream's order (cosyvoice3.yaml built top-down by hyperpyyaml, each object's
+    arguments first): `CausalConditionalCFM.__init__` seeds 0 and draws `rand_noise`; then
+    `CausalMaskedDiffWithDiT.__init__` initialises input_embedding (normal) and
+    spk_embed_affine_layer (uniform); then the vocoder's `CausalConvRNNF0Predictor` (five convs and
+    the classifier, uniform); then `CausalHiFTGenerator.__init__` builds `SineGen2(causal=True)`,
+    which draws `rand_ini` [1, 9] and `sine_waves` [1, 300·24000, 9] (uniform). Returns
+    (rand_noise [1, 80, 15000], sine_waves [1, 24000·seconds, 9]); `rand_ini` has no effect on the
+    output (its row is never read by the source's interpolation) and is not kept."""
+    import torch.nn as nn
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        rand_noise = torch.randn([1, 80, 50 * 300])
+        nn.Embedding(c["vocab_size"], c["input_size"])
+        nn.Linear(c["spk_embed_dim"], c["output_size"])
+        f = c["f0_channels"]
+        nn.Conv1d(c["f0_in"], f, 4)
+        for _ in range(4):
+            nn.Conv1d(f, f, 3)
+        nn.Linear(f, c["f0_classes"])
+        torch.rand(1, c["nb_harmonics"] + 1)  # rand_ini
+        n = c["sampling_rate"] * 300
+        keep = min(n, c["sampling_rate"] * seconds)
+        sine_waves = torch.rand(1, n, c["nb_harmonics"] + 1)[:, :keep].clone()
+    finally:
+        torch.random.set_rng_state(state)
+    return rand_noise, sine_waves
+
+
+def convert_cosyvoice3(args):
+    from safetensors.torch import save_file
+
+    src = args.model_dir
+    for f in ("flow.pt", "hift.pt"):
+        if not os.path.isfile(os.path.join(src, f)):
+            sys.exit(f"{src} has no {f}: expected an official CosyVoice3 directory (cosyvoice3.yaml, flow.pt, hift.pt)")
+    if not 1 <= args.noise_seconds <= 300:
+        sys.exit(f"--noise-seconds {args.noise_seconds}: upstream's buffer holds 1 to 300 seconds")
+    c = cosyvoice3_config(os.path.join(src, "cosyvoice3.yaml"))
+    flow = torch.load(os.path.join(src, "flow.pt"), map_location="cpu", weights_only=True)
+    hift = torch.load(os.path.join(src, "hift.pt"), map_location="cpu", weights_only=True)
+    hift = {k.replace("generator.", "", 1) if k.startswith("generator.") else k: v for k, v in hift.items()}
+    flow, hift = fold_weight_norm(flow), fold_weight_norm(hift)
+    tensors = {f"flow.{k}": v for k, v in flow.items()}
+    tensors.update({f"hift.{k}": v for k, v in hift.items()})
+    problems = check_tensors(tensors, cosyvoice3_expected(c))
+    if problems:
+        sys.exit(f"{src}: the weights do not match cosyvoice3.yaml ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
+    tensors = {k: v.float().contiguous() for k, v in tensors.items()}
+    rand_noise, sine_waves = cosyvoice3_noise(c, args.noise_seconds)
+    tensors["flow.rand_noise"] = rand_noise.contiguous()
+    tensors["hift.m_source.l_sin_gen.sine_waves"] = sine_waves.contiguous()
+
+    spk_path = os.path.join(src, "spk2info.pt")
+    spk2info = torch.load(spk_path, map_location="cpu", weights_only=False) if os.path.isfile(spk_path) else {}
+    voices, names, prompt_lens = convert_voices(spk2info)
+    if not names:
+        print(f"no voices in {spk_path}: none registered (jobs are refused until a voice is added)", file=sys.stderr)
+    if os.path.isfile(os.path.join(src, "llm.pt")):
+        print(f"{src}/llm.pt is not converted: CosyVoice3's LLM is not supported yet (kind cosyvoice3-token2wav)", file=sys.stderr)
+    os.makedirs(args.out_dir, exist_ok=True)
+    prompt_models = copy_prompt_models(src, args.out_dir, ["speech_tokenizer_v3.onnx", "campplus.onnx"])
+    save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
+    save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
+    name = args.name or os.path.basename(os.path.abspath(args.out_dir))
+    dims = {k: c[k] for k in ("vocab_size", "pre_lookahead_len", "pre_lookahead_channels", "dit_dim", "dit_depth",
+                              "dit_heads", "dit_head_dim", "dit_ff_mult", "hift_channels", "f0_channels",
+                              "conv_pre_look_right")}
+    dims.update(flow_steps=10, cfg_rate=c["cfg_rate"], noise_samples=sine_waves.shape[1])
+    with open(os.path.join(args.out_dir, "model.toml"), "w") as f:
+        f.write(f'''# Written by tools/convert_cosyvoice.py from {os.path.abspath(src)}.
+name = {json.dumps(name)}
+kind = "cosyvoice3-token2wav"
+description = "CosyVoice3 token2wav (DiT flow matching + causal HiFT), converted"
+sample_rate = 24000
+# 25 Hz speech tokens, 50 Hz mel frames, 480 samples per frame.
+frames_per_token = 2
+samples_per_frame = 480
+voices = {json.dumps(names)}
+# Tokens each voice's prompt adds to a job (the batch policy counts them).
+voice_prompt_tokens = {json.dumps(prompt_lens)}
+
+[tokenizer]
+kind = "speech_tokens"
+vocab_size = {c["vocab_size"]}
+
+[signature]
+inputs = ["speech_tokens:int64[B,T]"]
+outputs = ["audio:float32[B,S]"]
+
+# From cosyvoice3.yaml (checked against the weights). noise_samples: rows of the causal source's
+# fixed noise (hift.m_source.l_sin_gen.sine_waves), so the longest item is noise_samples / 480 frames.
+[cosyvoice3]
+''')
+        for k, v in dims.items():
+            f.write(f"{k} = {json.dumps(v)}\n")
+    print(json.dumps({"out": args.out_dir, "kind": "cosyvoice3-token2wav", "tensors": len(tensors), "voices": names,
+                      "prompt_models": prompt_models, **dims}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model_dir")
     ap.add_argument("out_dir")
     ap.add_argument("--name", default=None, help="model name in the manifest (default: the output folder's name)")
+    ap.add_argument("--noise-seconds", type=int, default=300,
+                    help="CosyVoice3: seconds of the causal source's fixed noise kept (upstream's buffer: 300); "
+                         "the longest item the model can vocode")
     args = ap.parse_args()
+    if os.path.isfile(os.path.join(args.model_dir, "cosyvoice3.yaml")):
+        return convert_cosyvoice3(args)
     from safetensors.torch import save_file
 
     src = args.model_dir
