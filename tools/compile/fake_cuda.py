@@ -11,10 +11,10 @@ It works by standing in for the few queries inductor makes of a real device (its
 support, Triton's backend), an H100/H200-like sm90 part; they are torch internals, checked with
 torch 2.11.0 only — where one has moved, the listing stops with
 inductor's "no NVIDIA driver" error and says it wrote no wrapper. Nothing here is timed or run: the
-kernels' speed is the GPU's to say (scripts/device/compiled-variants.sh).
+kernels' speed is the GPU's to say (`scripts/device/run.sh token2wav`).
 
-Neighbours: tools/compile_token2wav.py (`--cuda-kernels` builds a stage as it would compile it and
-calls `cuda_kernels` here, then checks that the export holds nothing off the GPU),
+Neighbours: checks.py (`--cuda-kernels`: `list_cuda_kernels` builds a stage as it would compile it
+and calls `cuda_kernels` here, then checks that the export holds nothing off the GPU),
 tools/make_parity_fixtures.py (`move_plain_tensors`, shared with the real compile).
 """
 import glob
