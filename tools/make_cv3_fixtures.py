@@ -20,7 +20,8 @@ sys.modules). The fixtures of the committed set were made from CosyVoice
 ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40 (2026-03-16) and Matcha-TTS
 dd9105b34bf2be2230f4aa1e4769fb586a3c824e; each file's metadata names the commits it came from.
 
-Written:
+Written (each safetensors file's metadata key `about` holds a JSON object: the stage, the
+reference commits, the command that regenerates it, and its paragraph below as `tensors`):
   OUT/official/           an official-shaped model directory: cosyvoice3.yaml (the snapshot's
                           examples/libritts/cosyvoice3/conf/cosyvoice3.yaml, dimensions replaced
                           for --config tiny), flow.pt and hift.pt (state dicts as the reference
@@ -78,8 +79,10 @@ parity-hift.safetensors  (CausalHiFTGenerator.inference, finalize=True)
   speed.wav            [480·⌊Tg0/SPEED⌋]  the vocoder on it
   batch.mel            [B, 80, Tgmax]  mels right-padded with zeros
   batch.wav            [B, 480·Tgmax]  the reference on it: an item's samples equal its alone `wav`
-                                   except its last 60 (the STFT/iSTFT edges; parity.json
-                                   `hift_batch_vs_alone`, /work/notes/cv3-port.md "batching")
+                                   except at most its last 63 (the source STFT's reflect padding
+                                   and the iSTFT's frames past its end; parity.json
+                                   `hift_batch_vs_alone`; `hift_batch_fixed_vs_alone` is the same
+                                   batch with both edges taken per item, `batched_as_alone` below)
 parity-token2wav.safetensors  (the whole: flow.inference then hift.inference, as CosyVoice3Model.token2wav)
   item{i}.token [N] i64, .prompt_token [P] i64, .prompt_feat [Tp, 80], .embedding [192]
   item{i}.mel          [80, Tg]    the flow's output;   item{i}.wav [L] the waveform
@@ -242,17 +245,50 @@ def record_calls(module, store):
 
 
 def metadata(ref, args, stage, description):
-    return {"stage": stage, "config": args.config, "seed": str(args.seed),
-            "reference": f"FunAudioLLM/CosyVoice {ref.commit}; Matcha-TTS {ref.matcha_commit}",
-            "regenerate": f"tools/make_cv3_fixtures.py --snapshot <CosyVoice checkout> --config {args.config} "
-                          f"--seed {args.seed} --out <dir>",
-            "tensors": description, "speed": str(SPEED), "dit_step": str(DIT_STEP)}
+    """The file's header: one key, `about`, a JSON object (one key keeps the header's bytes the same
+    from run to run: safetensors writes several in hash order)."""
+    about = {"stage": stage, "config": args.config, "seed": args.seed,
+             "reference": f"FunAudioLLM/CosyVoice {ref.commit}; Matcha-TTS {ref.matcha_commit}",
+             "regenerate": f"tools/make_cv3_fixtures.py --snapshot <CosyVoice checkout> --config {args.config} "
+                           f"--seed {args.seed} --out <dir>",
+             "tensors": description, "speed": SPEED, "dit_step": DIT_STEP}
+    return {"about": json.dumps(about, indent=1, sort_keys=True, ensure_ascii=False)}
 
 
 def stage_doc(stage):
     """The docstring's paragraph for `stage` (what each tensor of the file is)."""
     part = __doc__.split(f"parity-{stage}.safetensors", 1)[1]
     return re.split(r"\nparity-|\nThe fixed noise", part, maxsplit=1)[0].strip()
+
+
+def batched_as_alone(hift, mel, frames):
+    """The reference vocoder's layers on a zero-padded batch `mel` [B, 80, Tmax] with the two edges
+    that make a padded item differ from itself alone taken per item: the source STFT reads each
+    item's own reflection past its end (torch.stft's center padding, s[L+k] = s[L−2−k]), and each
+    item's iSTFT covers only its own 120·frames+1 frames (overlap-add and window envelope). Every
+    other layer after conv_pre pads on the left only. Returns one waveform per item."""
+    hift.f0_predictor.to(torch.float64)
+    f0 = hift.f0_predictor(mel.to(torch.float64), finalize=True).to(mel)
+    s, _, _ = hift.m_source(hift.f0_upsamp(f0[:, None]).transpose(1, 2))
+    s = s.transpose(1, 2).squeeze(1).clone()
+    for i, n in enumerate(frames):
+        end = 480 * n
+        if end < s.shape[1]:
+            s[i, end:end + 8] = s[i, end - 9:end - 1].flip(0)
+    re_, im_ = hift._stft(s)
+    s_stft = torch.cat([re_, im_], dim=1)
+    x = hift.conv_pre(mel)
+    for i in range(hift.num_upsamples):
+        x = hift.ups[i](F.leaky_relu(x, hift.lrelu_slope))
+        if i == hift.num_upsamples - 1:
+            x = hift.reflection_pad(x)
+        x = x + hift.source_resblocks[i](hift.source_downs[i](s_stft))
+        x = sum(hift.resblocks[i * hift.num_kernels + j](x) for j in range(hift.num_kernels)) / hift.num_kernels
+    x = hift.conv_post(F.leaky_relu(x))
+    half = hift.istft_params["n_fft"] // 2 + 1
+    mag, phase = torch.exp(x[:, :half]), torch.sin(x[:, half:])
+    return [hift._istft(mag[i:i + 1, :, :120 * n + 1], phase[i:i + 1, :, :120 * n + 1])[0].clamp(-hift.audio_limit, hift.audio_limit)
+            for i, n in enumerate(frames)]
 
 
 def pad_to(t, length, dim):
@@ -402,8 +438,10 @@ def main():
             d = (wav_b[i, :alone.shape[0]] - alone).abs()
             bad = (d > 1e-5).nonzero().flatten()
             per_item.append({"max": float(d.max()), "differs_from_sample_from_end": int(alone.shape[0] - bad.min()) if len(bad) else 0,
-                             "max_before_last_60": float(d[:-60].max())})
+                             "max_before_last_63": float(d[:-63].max())})
         gaps["hift_batch_vs_alone"] = per_item
+        fixed = batched_as_alone(hift, mel_b, [r["mel"].shape[1] for r in recorded])
+        gaps["hift_batch_fixed_vs_alone"] = max(float((w - out["hift"][f"item{i}.wav"]).abs().max()) for i, w in enumerate(fixed))
         gaps["dit_single_vs_cfg_row0"] = max(
             float((out["dit"][f"item{i}.out_single"][0] - out["dit"][f"item{i}.out"][0]).abs().max()) for i in range(B))
         # SineGen2's fixed initial phases (rand_ini) reach no sample: the frame-rate interpolation of
