@@ -108,7 +108,7 @@ fi
 # in a directory of its own (links to the tiny model's files): tests compare them with the eager port
 # and check that a broken or mismatched package falls back to eager. The plain tiny model stays eager.
 TINY_PKG=models/cosyvoice2-tiny-compiled/compiled/cpu-torch2.11.0-fp32/hift.pt2
-if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ tools/time_major_estimator.py -nt "$TINY_PKG" ] || [ models/cosyvoice2-tiny/token2wav.safetensors -nt "$TINY_PKG" ]; then
+if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ -n "$(find tools/compile -name '*.py' -newer "$TINY_PKG")" ] || [ models/cosyvoice2-tiny/token2wav.safetensors -nt "$TINY_PKG" ]; then
   log "compiling the tiny model's flow encoder and estimator and vocoder body (AOTInductor, CPU)"
   mkdir -p models/cosyvoice2-tiny-compiled
   for f in models/cosyvoice2-tiny/*; do ln -sfn "../cosyvoice2-tiny/$(basename "$f")" models/cosyvoice2-tiny-compiled/; done

@@ -192,7 +192,7 @@ mod tests {
     }
 
     /// Batch, mel frames, peak MiB: `voxbatch calibrate` of the compiled token2wav (both packages,
-    /// `time-major-strided-copy`) on an H100, 2026-12-05 session 20
+    /// `time-major-strided-copy`) on an H100, 2026-12-05
     /// (bench/results/2026-12-05-h100-s20-e-calibrate-compiled-copy.log): small batches carry an
     /// offset that grows with length to ≈ 1.2 GiB and stops there. One row per length.
     const COMPILED_H100: &[(usize, usize, f64)] = &[

@@ -124,11 +124,16 @@ pub enum Command {
         #[arg(long, value_name = "FILE.svg|FILE.png")]
         plot: Option<PathBuf>,
     },
-    /// Check that every done job of a campaign has its audio object (and list orphan objects).
+    /// Check that every done job of a campaign has its audio object as its row describes it (size;
+    /// with --deep also sha256 and batch), and list objects no done row names.
     Audit {
         /// The campaign to check.
         #[arg(long)]
         campaign: String,
+        /// Also read every object and check its sha256 and batch against its row (slower: reads
+        /// all the campaign's audio).
+        #[arg(long)]
+        deep: bool,
         /// table or json.
         #[arg(long, default_value = "table")]
         format: Format,
@@ -410,9 +415,13 @@ pub struct ModelArgs {
     /// fp32, tf32, fp16 or bf16.
     #[arg(long)]
     pub precision: Option<String>,
-    /// Hard cap on jobs per batch.
+    /// Hard cap on jobs per batch (batching.max_batch). For text models (kind cosyvoice2) it caps
+    /// each token2wav bucket; their batches of jobs are capped by --max-text-jobs.
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// Text models: hard cap on jobs per batch (batching.max_text_jobs; default the LLM's slots × 8).
+    #[arg(long)]
+    pub max_text_jobs: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -443,6 +452,10 @@ impl ModelArgs {
         }
         if let Some(p) = &self.precision {
             cfg.model.precision = p.parse().context("--precision")?;
+        }
+        if let Some(n) = self.max_text_jobs {
+            anyhow::ensure!(n > 0, "--max-text-jobs must be > 0");
+            cfg.batching.max_text_jobs = Some(n);
         }
         if let Some(b) = self.max_batch {
             anyhow::ensure!(b > 0, "--max-batch must be > 0");

@@ -112,12 +112,21 @@ impl Job {
 }
 
 /// Why a message was rejected. `job_id` is set whenever one could be read, so that a `rejected`
-/// row can be written for it.
+/// row can be written for it, and `campaign` whenever the message names a valid one, so that the
+/// row is filed under it (`status --campaign` counts it, its drain event names it).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{kind}")]
 pub struct Rejection {
     pub job_id: Option<Uuid>,
+    pub campaign: Option<String>,
     pub kind: RejectionKind,
+}
+
+impl Rejection {
+    /// A valid job refused for `kind` (its voice, its content against a stored one, its model).
+    pub fn of(job: &Job, kind: RejectionKind) -> Rejection {
+        Rejection { job_id: Some(job.job_id), campaign: Some(job.campaign.clone()), kind }
+    }
 }
 
 /// The reasons a message can never be processed.
@@ -192,17 +201,21 @@ impl RejectionKind {
 /// has it is the worker's `VoiceBook`'s to say). Whether `job_id` is required: on the wire yes; `enqueue`
 /// passes `require_id = false` and generates one.
 pub fn parse_job(body: &[u8], limits: &Limits, require_id: bool) -> Result<Job, Rejection> {
-    let reject = |job_id, kind| Rejection { job_id, kind };
+    let reject = |job_id, kind| Rejection { job_id, campaign: None, kind };
     if body.len() > limits.max_message_bytes {
         return Err(reject(None, RejectionKind::TooLarge { bytes: body.len(), limit: limits.max_message_bytes }));
     }
     let text = std::str::from_utf8(body).map_err(|e| reject(None, RejectionKind::NotUtf8 { at: e.valid_up_to() }))?;
     // A byte-order mark (editors on Windows write one) is not part of the JSON.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let value: Value = serde_json::from_str(text).map_err(|e| reject(None, RejectionKind::NotJson(e.to_string())))?;
+    let value: Value = parse_json_refusing_duplicate_keys(text).map_err(|e| reject(None, RejectionKind::NotJson(e.to_string())))?;
     let Value::Object(mut obj) = value else {
         return Err(reject(None, RejectionKind::NotObject));
     };
+    // The campaign first: a job refused for anything else is still filed under the campaign it names.
+    let campaign = optional_name(&mut obj, "campaign", DEFAULT_CAMPAIGN);
+    let named = campaign.as_ref().ok().cloned();
+    let reject = |job_id, kind| Rejection { job_id, campaign: named.clone(), kind };
 
     let job_id = match obj.remove("job_id") {
         None | Some(Value::Null) if !require_id => Uuid::new_v4(),
@@ -236,7 +249,7 @@ pub fn parse_job(body: &[u8], limits: &Limits, require_id: bool) -> Result<Job, 
     }
 
     let voice = optional_name(&mut obj, "voice", DEFAULT_VOICE).map_err(|k| reject(id, k))?;
-    let campaign = optional_name(&mut obj, "campaign", DEFAULT_CAMPAIGN).map_err(|k| reject(id, k))?;
+    let campaign = campaign.map_err(|k| reject(id, k))?;
 
     let priority = match obj.remove("priority") {
         None | Some(Value::Null) => 0,
@@ -279,6 +292,72 @@ pub fn parse_job(body: &[u8], limits: &Limits, require_id: bool) -> Result<Job, 
     };
     // Unknown fields are ignored (forward compatibility), except those later issues reserve.
     Ok(Job { job_id, text, speech_tokens, voice, campaign, priority, metadata, mode, instruction, format, speed })
+}
+
+/// JSON text to a value, refusing an object that names a key twice: JSON leaves what that means
+/// open and serde_json keeps the last, so `{"campaign":"a",…,"campaign":"b"}` would file the job
+/// under whichever came last. Ambiguous input is refused, not guessed.
+fn parse_json_refusing_duplicate_keys(text: &str) -> Result<Value, serde_json::Error> {
+    use serde::de::{Deserializer, Error, MapAccess, SeqAccess, Visitor};
+    struct Checked(Value);
+    struct CheckedVisitor;
+    impl<'de> serde::Deserialize<'de> for Checked {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+            d.deserialize_any(CheckedVisitor).map(Checked)
+        }
+    }
+    impl<'de> Visitor<'de> for CheckedVisitor {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(Value::from(v))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_string()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(Checked(v)) = seq.next_element()? {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut out = Map::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(A::Error::custom(format!("the key `{}` appears twice in one object (ambiguous)", escape_controls(&key))));
+                }
+                let Checked(v) = map.next_value()?;
+                out.insert(key, v);
+            }
+            Ok(Value::Object(out))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let Checked(v) = serde::Deserialize::deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
 }
 
 /// `mode` (`zero_shot`, `cross_lingual`, `instruct`) and `instruction` (required by, and only

@@ -112,7 +112,7 @@ async fn run() -> Result<()> {
             }
         }
         Command::Report { by, since, campaign, format, plot } => print_report(&cfg, by, since.as_deref(), campaign.as_deref(), format, plot.as_deref()).await?,
-        Command::Audit { campaign, format } => audit(&cfg, &campaign, format).await?,
+        Command::Audit { campaign, deep, format } => audit(&cfg, &campaign, deep, format).await?,
         Command::Calibrate { model, vram_fraction, min_tokens, max_tokens, max_seconds, no_db } => {
             model.apply(&mut cfg)?;
             anyhow::ensure!(vram_fraction > 0.0 && vram_fraction <= 1.0, "--vram-fraction must be in (0, 1]");
@@ -175,16 +175,26 @@ async fn work(cfg: &mut Config, args: WorkArgs) -> Result<()> {
         Some(spec) => commands::parse_devices(spec).context("--devices")?,
         None => vec![cfg.model.device],
     };
+    let mut serving = false;
     if let Some(addr) = cfg.metrics.listen {
         // An ops endpoint that cannot start (the port taken by another worker on this host) is
         // said loudly, but synthesis goes on.
         match voxbatch::metrics::serve(addr) {
-            Ok(()) => tracing::info!(%addr, "serving Prometheus metrics on /metrics"),
+            Ok(()) => {
+                tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+                serving = true;
+            }
             Err(e) => tracing::error!(error = %voxbatch::worker::error_chain(&e), "metrics not served; set metrics.listen to a free port or \"off\""),
         }
     }
     for s in commands::work(cfg, &devices, args.workers_per_device, opts, shutdown_signal()).await.context("worker")? {
         print_worker(&s);
+    }
+    // A drained worker's last batch must still be scraped: the endpoint stays up a while
+    // (`metrics.linger`), or until a signal.
+    if serving && args.drain && !cfg.metrics.linger.is_zero() {
+        tracing::info!(linger_s = cfg.metrics.linger.as_secs_f64(), "queue drained; /metrics stays up for the last scrape");
+        tokio::select! { _ = tokio::time::sleep(cfg.metrics.linger) => {}, _ = shutdown_signal() => {} }
     }
     Ok(())
 }
@@ -258,22 +268,14 @@ async fn print_report(cfg: &Config, by: Dimension, since: Option<&str>, campaign
     Ok(())
 }
 
-async fn audit(cfg: &Config, campaign: &str, format: Format) -> Result<()> {
-    let a = commands::audit(cfg, campaign).await.context("audit")?;
+async fn audit(cfg: &Config, campaign: &str, deep: bool, format: Format) -> Result<()> {
+    let a = commands::audit(cfg, campaign, deep).await.context("audit")?;
     if format == Format::Json {
         println!("{}", serde_json::to_string_pretty(&a)?);
     } else {
-        println!("campaign {}: {} done row(s), {} object(s)", a.campaign, a.done_rows, a.objects);
-        println!("missing objects: {}", a.missing_objects.len());
-        for k in a.missing_objects.iter().take(20) {
-            println!("  {k}");
-        }
-        println!("orphan objects: {}", a.orphan_objects.len());
-        for k in a.orphan_objects.iter().take(20) {
-            println!("  {k}");
-        }
+        print!("{a}");
     }
-    anyhow::ensure!(a.missing_objects.is_empty(), "{} done job(s) have no audio object", a.missing_objects.len());
+    anyhow::ensure!(a.problems() == 0, "{} done job(s) have no audio object or not the one their row describes", a.problems());
     Ok(())
 }
 

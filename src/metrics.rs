@@ -57,7 +57,9 @@ fn describe() {
     describe_histogram!("voxbatch_batch_padding_ratio", "Share of a batch's padded input that is padding.");
     describe_histogram!("voxbatch_queue_wait_seconds", Unit::Seconds, "From a batch's first job received to its inference start.");
     describe_histogram!("voxbatch_stage_seconds", Unit::Seconds, "Time per batch in each stage (infer, encode, upload, record).");
-    describe_counter!("voxbatch_audio_seconds_total", Unit::Seconds, "Audio synthesized and committed.");
+    // A gauge only because the `metrics` crate's counters are integers: it only grows within a
+    // process, like a counter, and carries the fraction (1666.42, not 1666).
+    describe_gauge!("voxbatch_audio_seconds_total", Unit::Seconds, "Audio synthesized and committed by this process (monotonic; fractional seconds).");
     describe_counter!("voxbatch_oom_splits_total", Unit::Count, "Batches split after an out-of-memory error.");
     describe_gauge!("voxbatch_gpu_utilization_ratio", "NVML GPU utilisation, mean over the last batch (0-1).");
     describe_gauge!("voxbatch_gpu_memory_used_bytes", Unit::Bytes, "NVML device memory used, peak over the last batch.");
@@ -84,10 +86,10 @@ pub fn batch_committed(b: &BatchRecord, segments: u64) {
     for (stage, ms) in [("infer", b.infer_ms), ("encode", b.encode_ms), ("upload", b.upload_ms), ("record", b.db_ms)] {
         histogram!("voxbatch_stage_seconds", "device" => device.clone(), "stage" => stage).record(ms / 1000.0);
     }
-    // Counters are integers: whole seconds of the process's running total (milliseconds kept here).
+    // The process's running total, kept in milliseconds, exported in seconds with its fraction.
     let ms = (b.audio_seconds * 1000.0).round().max(0.0) as u64;
     let total_ms = AUDIO_MS.fetch_add(ms, std::sync::atomic::Ordering::Relaxed) + ms;
-    counter!("voxbatch_audio_seconds_total").absolute(total_ms / 1000);
+    gauge!("voxbatch_audio_seconds_total").set(total_ms as f64 / 1000.0);
     if let Some(g) = &b.gpu {
         if let Some(u) = g.util_mean {
             gauge!("voxbatch_gpu_utilization_ratio", "device" => device.clone()).set(f64::from(u) / 100.0);

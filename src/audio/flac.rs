@@ -32,7 +32,7 @@ mod tests {
 
     #[test]
     fn flac_decodes_to_the_wavs_samples_with_a_strict_decoder() {
-        // The reference decoder checks the stored files in tests/output_formats.rs; symphonia (the
+        // The reference decoder checks the stored files in tests/integration/output_formats.rs; symphonia (the
         // reader `voice add` uses) is stricter about STREAMINFO.
         for n in [30_000usize, 4096, 1000] {
             let samples: Vec<f32> = (0..n).map(|i| (i as f32 * 0.01).sin() * 0.6).collect();

@@ -1,7 +1,7 @@
 //! One job's waveform as the model hands it over: its pieces in order (a text job's segments; one
 //! piece otherwise), joined only where the job is encoded — on the commit stage's encoder threads,
 //! not on the inference thread. Joined there, a text batch's segments kept the GPU waiting: the
-//! 506-job batch of session 11's corpus run (26,753 s of audio, 2.6 GB of samples) spent 1.4 s
+//! 506-job batch of the 2026-12-04 corpus run's (26,753 s of audio, 2.6 GB of samples) spent 1.4 s
 //! between its last token2wav bucket and its end with NVML at 12–15 %.
 //!
 //! Neighbours: `model` makes them (`model::ItemAudio`); `worker::commit` passes them to

@@ -151,7 +151,7 @@ impl Admission for TokenBudget {
 /// longest). Without the sum ([`Admission::check`]) it assumes every job is the longest. A soft
 /// budget: a batch takes the jobs past it when they are all that is left and add at most a quarter
 /// of it ([`Admission::remainder_allowance`]) — on the H200 such a leftover (one chapter after a
-/// full batch) ran alone at a fraction of the GPU (docs/PERFORMANCE.md, 2026-12-04, session 11).
+/// full batch) ran alone at a fraction of the GPU (docs/PERFORMANCE.md, 2026-12-04).
 #[derive(Debug, Clone, Copy)]
 pub struct WorkBudget {
     pub max_tokens: usize,
@@ -178,6 +178,8 @@ pub trait BatchPolicy<T>: Send {
     fn decide(&mut self, now: Instant, closing: bool) -> Decision<T>;
     /// Jobs held.
     fn len(&self) -> usize;
+    /// The tokens of the jobs held, added up (the work they bring).
+    fn tokens(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -327,6 +329,10 @@ impl<T, A: Admission> LengthBucketing<T, A> {
 impl<T: Send, A: Admission> BatchPolicy<T> for LengthBucketing<T, A> {
     fn push(&mut self, job: Pending<T>) {
         self.pool.push(job);
+    }
+
+    fn tokens(&self) -> usize {
+        self.pool.iter().map(|p| p.tokens).sum()
     }
 
     fn decide(&mut self, now: Instant, closing: bool) -> Decision<T> {

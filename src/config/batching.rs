@@ -11,6 +11,7 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 pub struct RawBatching {
     pub max_batch: i64,
+    pub max_text_jobs: i64,
     pub max_wait: RawDuration,
     pub max_batch_tokens: i64,
     pub max_length_ratio: f64,
@@ -18,7 +19,10 @@ pub struct RawBatching {
 
 #[derive(Debug, Clone)]
 pub struct BatchingConfig {
+    /// Jobs per batch; for text models, segments per token2wav bucket.
     pub max_batch: usize,
+    /// Text models: jobs per batch (`None`: the LLM's slots × `sizing::TEXT_BATCH_FILLS`).
+    pub max_text_jobs: Option<usize>,
     pub max_wait: Duration,
     pub max_batch_tokens: usize,
     pub max_length_ratio: f64,
@@ -31,6 +35,10 @@ impl RawBatching {
         }
         Ok(BatchingConfig {
             max_batch: positive("batching.max_batch", self.max_batch)?,
+            max_text_jobs: match self.max_text_jobs {
+                0 => None,
+                n => Some(positive("batching.max_text_jobs", n)?),
+            },
             max_wait: self.max_wait.any("batching.max_wait")?,
             max_batch_tokens: positive("batching.max_batch_tokens", self.max_batch_tokens)?,
             max_length_ratio: self.max_length_ratio,

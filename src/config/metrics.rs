@@ -10,12 +10,15 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 pub struct RawMetrics {
     pub listen: String,
+    pub linger: super::check::RawDuration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetricsConfig {
     /// `None`: no endpoint (`listen = "off"`).
     pub listen: Option<SocketAddr>,
+    /// How long `work --drain` keeps serving after the queue drained, so the last batch is scraped.
+    pub linger: std::time::Duration,
 }
 
 impl RawMetrics {
@@ -27,6 +30,6 @@ impl RawMetrics {
                 reason: format!("{addr:?} is not an address:port or \"off\" ({e})"),
             })?),
         };
-        Ok(MetricsConfig { listen })
+        Ok(MetricsConfig { listen, linger: self.linger.any("metrics.linger")? })
     }
 }

@@ -13,9 +13,14 @@ use super::{q, Db, DbError};
 #[derive(Debug, Clone)]
 pub struct JobResult {
     pub job_id: Uuid,
+    /// The claim this synthesis ran under (`Claim::Proceed`): the commit requires it to be the
+    /// job's current claim.
+    pub claim: i32,
     pub s3_key: String,
     pub audio_seconds: f64,
     pub sha256: String,
+    /// The stored object's size.
+    pub bytes: i64,
     /// Segments of a CosyVoice2 text job.
     pub segments: Option<i32>,
 }
@@ -77,9 +82,23 @@ pub struct BatchEvent {
     pub detail: Option<String>,
 }
 
+/// What [`Db::complete_batch`] did with a batch's jobs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchCommit {
+    /// Jobs whose claim another delivery took over (this worker was paused past its lease): not
+    /// marked done by this batch; their objects are this claim's alone and no row points to them.
+    pub superseded: Vec<Uuid>,
+}
+
 impl Db {
-    /// Commits a finished batch: its row and every job `done`, in one transaction.
-    pub async fn complete_batch(&self, batch: &BatchRecord, results: &[JobResult]) -> Result<(), DbError> {
+    /// Commits a finished batch: its row and every job `done`, in one transaction. A job is marked
+    /// done only under the claim its audio was made for (`jobs.attempts = claim`, not yet done):
+    /// the fence that keeps a worker frozen past its lease from committing over the claim that
+    /// replaced it. Running the same commit again (its first answer lost) changes nothing and
+    /// reports the same jobs committed. A batch some of whose jobs were superseded keeps its whole
+    /// cost, spread over the jobs it did commit (its audio seconds count those; `superseded` the
+    /// others; `batch_size` stays what it synthesized).
+    pub async fn complete_batch(&self, batch: &BatchRecord, results: &[JobResult]) -> Result<BatchCommit, DbError> {
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         sqlx::query(
             "INSERT INTO batches (batch_id, worker_id, model, device, precision, batch_size, tokens, padded_tokens,
@@ -132,12 +151,22 @@ impl Db {
         let secs: Vec<f64> = results.iter().map(|r| r.audio_seconds).collect();
         let shas: Vec<&str> = results.iter().map(|r| r.sha256.as_str()).collect();
         let segments: Vec<Option<i32>> = results.iter().map(|r| r.segments).collect();
-        sqlx::query(
-            "UPDATE jobs SET status = 'done', s3_key = t.s3_key, audio_seconds = t.secs, audio_sha256 = t.sha,
-               segments = t.segments, batch_id = $6, finished_at = now(), error = NULL,
-               event_published_at = NULL, event_claimed_at = NULL
-             FROM UNNEST($1::uuid[], $2::text[], $3::float8[], $4::text[], $5::int[]) AS t(job_id, s3_key, secs, sha, segments)
-             WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
+        let claims: Vec<i32> = results.iter().map(|r| r.claim).collect();
+        let bytes: Vec<i64> = results.iter().map(|r| r.bytes).collect();
+        // Done under this claim, or already done by it (this commit's earlier run): committed.
+        let committed: std::collections::HashSet<Uuid> = sqlx::query_scalar(
+            "WITH t AS (SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::float8[], $4::text[], $5::int[], $7::int[], $8::int8[])
+                          AS t(job_id, s3_key, secs, sha, segments, claim, bytes)),
+                  marked AS (
+               UPDATE jobs SET status = 'done', s3_key = t.s3_key, audio_seconds = t.secs, audio_sha256 = t.sha,
+                 audio_bytes = t.bytes, segments = t.segments, batch_id = $6, finished_at = now(), error = NULL,
+                 event_published_at = NULL, event_claimed_at = NULL
+               FROM t WHERE jobs.job_id = t.job_id AND jobs.status <> 'done' AND jobs.attempts = t.claim
+               RETURNING jobs.job_id)
+             SELECT job_id FROM marked
+             UNION ALL
+             SELECT j.job_id FROM jobs j JOIN t ON t.job_id = j.job_id
+             WHERE j.status = 'done' AND j.batch_id = $6 AND j.attempts = t.claim",
         )
         .bind(&ids)
         .bind(&keys)
@@ -145,9 +174,25 @@ impl Db {
         .bind(&shas)
         .bind(&segments)
         .bind(batch.batch_id)
-        .execute(&mut *tx)
+        .bind(&claims)
+        .bind(&bytes)
+        .fetch_all(&mut *tx)
         .await
-        .map_err(q("mark done"))?;
+        .map_err(q("mark done"))?
+        .into_iter()
+        .collect();
+        let superseded: Vec<Uuid> = ids.iter().copied().filter(|id| !committed.contains(id)).collect();
+        if !superseded.is_empty() {
+            sqlx::query(
+                "UPDATE batches SET superseded = $2, audio_seconds = (SELECT coalesce(sum(audio_seconds), 0) FROM jobs WHERE batch_id = $1)
+                 WHERE batch_id = $1",
+            )
+            .bind(batch.batch_id)
+            .bind(superseded.len() as i32)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("count the batch's committed jobs"))?;
+        }
         if !batch.stages.is_empty() {
             let st = &batch.stages;
             sqlx::query(
@@ -170,7 +215,25 @@ impl Db {
             .map_err(q("insert batch stages"))?;
         }
         tx.commit().await.map_err(q("commit batch"))?;
-        Ok(())
+        Ok(BatchCommit { superseded })
+    }
+
+    /// Of `claims` (job, claim number), those that are still their job's current claim, not done:
+    /// what a batch checks before uploading, so a worker that was paused past its lease does not
+    /// upload audio its commit would refuse.
+    pub async fn current_claims(&self, claims: &[(Uuid, i32)]) -> Result<std::collections::HashSet<Uuid>, DbError> {
+        let ids: Vec<Uuid> = claims.iter().map(|c| c.0).collect();
+        let numbers: Vec<i32> = claims.iter().map(|c| c.1).collect();
+        let rows: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT j.job_id FROM jobs j JOIN UNNEST($1::uuid[], $2::int[]) AS t(job_id, claim) ON t.job_id = j.job_id
+             WHERE j.status <> 'done' AND j.attempts = t.claim",
+        )
+        .bind(&ids)
+        .bind(&numbers)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("check claims"))?;
+        Ok(rows.into_iter().collect())
     }
 
     /// Records a batch's out-of-memory errors, splits and lone failures.

@@ -5,8 +5,10 @@
 //! never deadlock), then compared with the delivery: already `done` → ack; other content under
 //! the same id → conflict; `running` under a claim that is still live (its worker heartbeats and
 //! the claim is younger than the lease) → busy, the delivery waits; otherwise the job is marked
-//! `running` for this worker. So two deliveries of one job are never synthesized at once, and a
-//! claim left by a crashed worker expires. A job of a cancelled campaign (`campaign_cancels`) that
+//! `running` for this worker under a new claim number (`attempts` + 1), which fences the claim:
+//! its audio key and its commit carry it (`storage::object_key`, `Db::complete_batch`). So two
+//! deliveries of one job are never synthesized at once, a claim left by a crashed worker expires,
+//! and a worker frozen past its lease cannot commit over the claim that replaced it. A job of a cancelled campaign (`campaign_cancels`) that
 //! is not done is marked `cancelled` in the same transaction and acked without synthesis.
 //!
 //! Neighbours: `worker::infer` calls [`Db::claim`] before inference and `Db::release` when it
@@ -25,8 +27,10 @@ use crate::job::{Job, Mode, RejectionKind};
 /// What the worker should do with a job it has received.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Claim {
-    /// Synthesize it.
-    Proceed,
+    /// Synthesize it under claim number `claim` (`jobs.attempts` after this claim): the fencing
+    /// token its upload key and its commit carry, so a delivery whose claim was taken over while it
+    /// was paused can neither overwrite the new claim's audio nor commit over it.
+    Proceed { claim: i32 },
     /// Its audio is already committed: ack without recomputation.
     AlreadyDone,
     /// The same job_id was submitted with different content: dead-letter the new message.
@@ -119,7 +123,7 @@ impl Db {
                 .map_err(q("read cancelled campaigns"))?
                 .into_iter()
                 .collect();
-        let decisions: Vec<Claim> = jobs
+        let mut decisions: Vec<Claim> = jobs
             .iter()
             .map(|j| match decide(j, existing.get(&j.job_id)) {
                 Claim::AlreadyDone => Claim::AlreadyDone,
@@ -127,12 +131,19 @@ impl Db {
                 d => d,
             })
             .collect();
-        let proceed: Vec<&Job> = jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Proceed).map(|(j, _)| j).collect();
-        mark_running(&mut tx, &proceed, worker_id).await?;
+        let proceed: Vec<&Job> =
+            jobs.iter().zip(&decisions).filter(|(_, d)| matches!(d, Claim::Proceed { .. })).map(|(j, _)| j).collect();
+        let claims = mark_running(&mut tx, &proceed, worker_id).await?;
+        for (j, d) in jobs.iter().zip(decisions.iter_mut()) {
+            if let Claim::Proceed { claim } = d {
+                *claim = *claims.get(&j.job_id).ok_or(DbError::Encode { what: "claim", reason: format!("job {} was not marked running", j.job_id) })?;
+            }
+        }
         let cancel: Vec<Uuid> = jobs.iter().zip(&decisions).filter(|(_, d)| **d == Claim::Cancelled).map(|(j, _)| j.job_id).collect();
         if !cancel.is_empty() {
             sqlx::query(
-                "UPDATE jobs SET status = 'cancelled', finished_at = now(), worker_id = $2
+                "UPDATE jobs SET status = 'cancelled', finished_at = now(), worker_id = $2,
+                   error = 'its campaign was cancelled (voxbatch cancel --campaign)', event_published_at = NULL, event_claimed_at = NULL
                  WHERE job_id = ANY($1) AND status <> 'done'",
             )
             .bind(&cancel)
@@ -179,9 +190,9 @@ impl Db {
 }
 
 fn decide(j: &Job, existing: Option<&Existing>) -> Claim {
-    let Some(e) = existing else { return Claim::Proceed };
+    let Some(e) = existing else { return Claim::Proceed { claim: 0 } };
     if e.status == "rejected" {
-        return Claim::Proceed;
+        return Claim::Proceed { claim: 0 };
     }
     let field = if e.text != j.text {
         Some("text")
@@ -204,7 +215,7 @@ fn decide(j: &Job, existing: Option<&Existing>) -> Claim {
         (Some(field), _) => Claim::Conflict(RejectionKind::Conflict { job_id: j.job_id, field }),
         (None, "done") => Claim::AlreadyDone,
         (None, "running") if e.live => Claim::Busy { worker_id: e.claimed_by.clone().unwrap_or_default() },
-        (None, _) => Claim::Proceed,
+        (None, _) => Claim::Proceed { claim: 0 },
     }
 }
 
@@ -242,11 +253,12 @@ async fn insert_queued(tx: &mut sqlx::PgConnection, jobs: &[&Job]) -> Result<(),
     Ok(())
 }
 
-/// Marks jobs `running` for `worker_id` (attempts + 1). The delivery's own fields replace the
-/// row's (a valid resubmission of a rejected id stores its priority and metadata).
-async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &str) -> Result<(), DbError> {
+/// Marks jobs `running` for `worker_id` (attempts + 1) and returns each job's claim number (its
+/// attempts after this claim). The delivery's own fields replace the row's (a valid resubmission
+/// of a rejected id stores its priority and metadata).
+async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &str) -> Result<HashMap<Uuid, i32>, DbError> {
     if jobs.is_empty() {
-        return Ok(());
+        return Ok(HashMap::new());
     }
     let ids: Vec<Uuid> = jobs.iter().map(|j| j.job_id).collect();
     let campaigns: Vec<&str> = jobs.iter().map(|j| j.campaign.as_str()).collect();
@@ -257,14 +269,15 @@ async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &st
     let priorities: Vec<i16> = jobs.iter().map(|j| i16::from(j.priority)).collect();
     let metadata: Vec<Option<serde_json::Value>> = jobs.iter().map(|j| j.metadata.clone().map(serde_json::Value::Object)).collect();
     let (speeds, modes, instructions) = synthesis_settings(jobs);
-    sqlx::query(
+    let rows = sqlx::query(
         "UPDATE jobs SET status = 'running', attempts = jobs.attempts + 1, started_at = now(), worker_id = $6,
            error = NULL, campaign = t.campaign, voice = t.voice, text = t.text, chars = t.chars,
            speech_tokens = t.speech_tokens, priority = t.priority, metadata = t.metadata, speed = t.speed,
            mode = t.mode, instruction = t.instruction
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::int[], $7::jsonb[], $8::smallint[], $9::jsonb[], $10::float8[], $11::text[], $12::text[])
            AS t(job_id, campaign, voice, text, chars, speech_tokens, priority, metadata, speed, mode, instruction)
-         WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'",
+         WHERE jobs.job_id = t.job_id AND jobs.status <> 'done'
+         RETURNING jobs.job_id, jobs.attempts",
     )
     .bind(&ids)
     .bind(&campaigns)
@@ -278,10 +291,10 @@ async fn mark_running(tx: &mut sqlx::PgConnection, jobs: &[&Job], worker_id: &st
     .bind(&speeds)
     .bind(&modes)
     .bind(&instructions)
-    .execute(&mut *tx)
+    .fetch_all(&mut *tx)
     .await
     .map_err(q("mark running"))?;
-    Ok(())
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// The jobs' `speed`, `mode` and `instruction` columns.

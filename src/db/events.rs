@@ -16,7 +16,7 @@ use super::{q, Db, DbError};
 pub struct JobEvent {
     pub job_id: Uuid,
     pub campaign: String,
-    /// `done` or `failed`.
+    /// `done`, `failed`, `cancelled` or `rejected`.
     pub status: String,
     pub s3_key: Option<String>,
     pub audio_seconds: Option<f64>,
@@ -33,7 +33,7 @@ impl Db {
         sqlx::query_as(
             "WITH picked AS (
                SELECT job_id FROM jobs
-               WHERE event_published_at IS NULL AND status IN ('done', 'failed')
+               WHERE event_published_at IS NULL AND status IN ('done', 'failed', 'cancelled', 'rejected')
                  AND (event_claimed_at IS NULL OR event_claimed_at < now() - make_interval(secs => $2))
                ORDER BY finished_at LIMIT $1 FOR UPDATE SKIP LOCKED)
              UPDATE jobs j SET event_claimed_at = now() FROM picked WHERE j.job_id = picked.job_id
@@ -61,18 +61,20 @@ impl Db {
     /// Campaigns whose drained event is due. Newly drained ones are recorded first: a campaign
     /// with a job settled in the last ten minutes, none queued or running, and every job `enqueue`
     /// published settled — and, unless `queue_empty` (the job queue has no ready message), only
-    /// campaigns `enqueue` published, whose size is known. Once per campaign. Returns every
-    /// recorded drain not yet published.
+    /// campaigns `enqueue` published, whose size is known. Once per drain: a campaign drains again
+    /// when jobs of it settle after its last drain (a requeued dead letter, a resumed campaign).
+    /// Returns every recorded drain not yet published.
     pub async fn due_drains(&self, queue_empty: bool) -> Result<Vec<String>, DbError> {
         sqlx::query(
             "INSERT INTO campaign_drains (campaign)
              SELECT c.campaign FROM (SELECT DISTINCT campaign FROM jobs WHERE finished_at > now() - interval '10 minutes') c
-             WHERE NOT EXISTS (SELECT 1 FROM campaign_drains d WHERE d.campaign = c.campaign)
+             WHERE NOT EXISTS (SELECT 1 FROM campaign_drains d WHERE d.campaign = c.campaign
+                                 AND d.drained_at >= (SELECT max(j.finished_at) FROM jobs j WHERE j.campaign = c.campaign))
                AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.campaign = c.campaign AND j.status IN ('queued', 'running'))
                AND ($1 OR EXISTS (SELECT 1 FROM campaign_enqueues e WHERE e.campaign = c.campaign))
                AND (SELECT count(*) FROM jobs j WHERE j.campaign = c.campaign AND j.status IN ('done', 'failed', 'rejected', 'cancelled'))
                    >= coalesce((SELECT sum(e.jobs) FROM campaign_enqueues e WHERE e.campaign = c.campaign), 0)
-             ON CONFLICT (campaign) DO NOTHING",
+             ON CONFLICT (campaign) DO UPDATE SET drained_at = now(), published_at = NULL",
         )
         .bind(queue_empty)
         .execute(&self.pool)

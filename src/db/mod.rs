@@ -27,7 +27,7 @@ pub mod dead;
 pub mod events;
 pub mod progress;
 mod voices;
-pub use batches::{BatchEvent, BatchRecord, JobResult, StageRecord};
+pub use batches::{BatchCommit, BatchEvent, BatchRecord, JobResult, StageRecord};
 pub use claim::{Claim, ClaimLease};
 pub use voices::{VoiceOrigin, VoiceSource, VoiceSummary};
 
@@ -190,8 +190,9 @@ impl Db {
     }
 
     /// A job's status, `None` when it has no row.
-    pub async fn job_status(&self, job_id: Uuid) -> Result<Option<String>, DbError> {
-        sqlx::query_scalar("SELECT status FROM jobs WHERE job_id = $1").bind(job_id).fetch_optional(&self.pool).await.map_err(q("job status"))
+    /// A job's status and how many times a worker claimed it (`None`: no row, never claimed).
+    pub async fn job_state(&self, job_id: Uuid) -> Result<Option<(String, i32)>, DbError> {
+        sqlx::query_as("SELECT status, attempts FROM jobs WHERE job_id = $1").bind(job_id).fetch_optional(&self.pool).await.map_err(q("job state"))
     }
 
     /// Marks jobs `failed` with a reason (they are dead-lettered by the caller).
@@ -216,7 +217,7 @@ impl Db {
         let reason = rejection.to_string().replace('\0', "");
         let mut tx = self.pool.begin().await.map_err(q("begin"))?;
         sqlx::query(
-            "INSERT INTO rejections (job_id, code, reason, payload_bytes, payload_excerpt, worker_id) VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO rejections (job_id, code, reason, payload_bytes, payload_excerpt, worker_id, campaign) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(rejection.job_id)
         .bind(rejection.kind.code())
@@ -224,6 +225,7 @@ impl Db {
         .bind(payload.len() as i32)
         .bind(&excerpt)
         .bind(worker_id)
+        .bind(rejection.campaign.as_deref())
         .execute(&mut *tx)
         .await
         .map_err(q("insert rejection"))?;
@@ -231,12 +233,13 @@ impl Db {
             if !matches!(rejection.kind, RejectionKind::Conflict { .. }) {
                 sqlx::query(
                     "INSERT INTO jobs (job_id, campaign, voice, text, chars, status, error, worker_id, finished_at)
-                     VALUES ($1, 'default', 'default', '', 0, 'rejected', $2, $3, now())
+                     VALUES ($1, $4, 'default', '', 0, 'rejected', $2, $3, now())
                      ON CONFLICT (job_id) DO NOTHING",
                 )
                 .bind(job_id)
                 .bind(&reason)
                 .bind(worker_id)
+                .bind(rejection.campaign.as_deref().unwrap_or(crate::job::DEFAULT_CAMPAIGN))
                 .execute(&mut *tx)
                 .await
                 .map_err(q("insert rejected job"))?;

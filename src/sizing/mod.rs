@@ -44,6 +44,10 @@ pub enum SizingError {
 /// segments find like-length peers for token2wav's buckets.
 pub const TEXT_BATCH_FILLS: usize = 8;
 
+/// Text models: messages a consumer takes before the intake looks at the work it holds again
+/// (`amqp.prefetch = 0`).
+pub const TEXT_PREFETCH: u16 = 16;
+
 /// A typical segment's speech tokens (10 s of audio) for [`TEXT_BATCH_FILLS`].
 pub const SEGMENT_SPEECH_TOKENS: usize = 250;
 
@@ -54,6 +58,10 @@ const CPU_SLOTS: usize = 8;
 pub struct Sizing<T> {
     pub policy: Box<dyn BatchPolicy<T>>,
     pub prefetch: u16,
+    /// Text models: the work (estimated speech tokens) the intake holds waiting for the next
+    /// batch; past it the worker stops taking messages, so a fleet shares a backlog of long jobs
+    /// by their work, not by a count of messages. `None`: the prefetch count alone.
+    pub hold_work: Option<usize>,
 }
 
 /// The batch policy the configuration asks for, and the prefetch it needs (three batches of the
@@ -75,7 +83,7 @@ pub fn worker_policy<T: Send + 'static>(
         // estimated throughput: its messages stay far inside RabbitMQ's consumer timeout unless
         // the device is slower than `[frontend] estimate_audio_seconds_per_gpu_second` says.
         let slots = llm_slots.ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
-        let max_jobs = b.max_batch.max(slots * TEXT_BATCH_FILLS);
+        let max_jobs = text_batch_jobs(b.max_text_jobs, slots);
         let max_tokens = text_batch_tokens(slots, cfg.worker.max_hold, cfg.frontend.estimate_audio_seconds_per_gpu_second);
         info!(slots, max_jobs, max_tokens, "batch sizing: text jobs by their estimated speech tokens (LLM slots × {TEXT_BATCH_FILLS}, within worker.max_hold)");
         // No length buckets: the model thread buckets segments itself, and a job's length says
@@ -83,22 +91,32 @@ pub fn worker_policy<T: Send + 'static>(
         // The work a batch holds is its jobs' tokens added up (`WorkBudget`), not its size × its
         // longest job: with a chapter in a batch that counted several times the real work.
         let policy = LengthBucketing::with_admission(max_jobs, b.max_wait, WorkBudget { max_tokens }).with_max_length_ratio(f64::INFINITY);
-        return Ok(Sizing { policy: Box::new(policy), prefetch: cfg.amqp.effective_prefetch(max_jobs) });
+        // Messages come in windows of TEXT_PREFETCH (the consumer is renewed for each, the intake
+        // doc says how) until the next batch's work is held: what a worker takes ahead is sized by
+        // work, a window at most past it.
+        let prefetch = if cfg.amqp.prefetch > 0 { cfg.amqp.prefetch } else { TEXT_PREFETCH };
+        return Ok(Sizing { policy: Box::new(policy), prefetch, hold_work: Some(max_tokens) });
     }
     match cfg.memory.policy {
         SizingPolicy::Tokens => {
             info!(max_batch = b.max_batch, max_batch_tokens = b.max_batch_tokens, "batch sizing: padded-token cap");
             let policy = LengthBucketing::new(b.max_batch, b.max_wait, b.max_batch_tokens).with_max_length_ratio(b.max_length_ratio);
-            Ok(Sizing { policy: Box::new(policy), prefetch: cfg.amqp.effective_prefetch(b.max_batch) })
+            Ok(Sizing { policy: Box::new(policy), prefetch: cfg.amqp.effective_prefetch(b.max_batch), hold_work: None })
         }
         SizingPolicy::Memory => {
             let (admission, _) = memory_admission(cfg, manifest, device, precision)?;
             let short_batch = admission.largest_batch(16, b.max_batch);
             let prefetch = cfg.amqp.effective_prefetch(short_batch);
             let policy = LengthBucketing::with_admission(b.max_batch, b.max_wait, admission).with_max_length_ratio(b.max_length_ratio);
-            Ok(Sizing { policy: Box::new(policy), prefetch })
+            Ok(Sizing { policy: Box::new(policy), prefetch, hold_work: None })
         }
     }
+}
+
+/// Jobs a batch of text jobs may hold: `batching.max_text_jobs`, else [`TEXT_BATCH_FILLS`] fills
+/// of the LLM's `slots`.
+pub fn text_batch_jobs(max_text_jobs: Option<usize>, slots: usize) -> usize {
+    max_text_jobs.unwrap_or(slots * TEXT_BATCH_FILLS).max(1)
 }
 
 /// The speech tokens (the jobs' estimates added up) a batch of text jobs may hold:
@@ -236,5 +254,14 @@ mod tests {
         // A device estimated at 20 audio-s/s: 5 min of work is 6,000 s of audio = 150,000 tokens.
         assert_eq!(text_batch_tokens(512, Duration::from_secs(300), 20.0), 150_000);
         assert_eq!(text_batch_tokens(8, Duration::from_secs(300), 200.0), 16_000);
+    }
+
+    #[test]
+    fn a_text_batch_holds_max_text_jobs_when_set_else_eight_fills_of_the_slots() {
+        // Issue 39, item 6: `batching.max_batch` caps token2wav buckets for text models; their
+        // batches of jobs have a cap of their own, named and honoured.
+        assert_eq!(text_batch_jobs(None, 8), 64);
+        assert_eq!(text_batch_jobs(Some(4), 8), 4);
+        assert_eq!(text_batch_jobs(Some(4), 512), 4);
     }
 }

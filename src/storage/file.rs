@@ -64,7 +64,7 @@ impl FileStore {
         Ok((body, meta))
     }
 
-    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
         let mut out = Vec::new();
         let mut stack = vec![self.root.clone()];
         while let Some(dir) = stack.pop() {
@@ -80,7 +80,8 @@ impl FileStore {
                 } else if let Ok(rel) = p.strip_prefix(&self.root) {
                     let key = rel.to_string_lossy().to_string();
                     if key.starts_with(prefix) && is_audio_key(&key) {
-                        out.push(key);
+                        let size = entry.metadata().await.map_err(io("list", &p))?.len();
+                        out.push((key, size));
                     }
                 }
             }

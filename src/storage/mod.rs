@@ -1,9 +1,12 @@
 //! Storage: where finished audio goes. `s3://BUCKET` (the default; SeaweedFS locally) or
-//! `file:///DIR`, both with the key layout `<key_prefix><campaign>/<job_id>.<wav|flac|mp3|opus>` and the object
-//! metadata job-id, model, voice and sha256.
+//! `file:///DIR`, both with the key layout `<key_prefix><campaign>/<job_id>.<wav|flac|mp3|opus>`
+//! (`<job_id>.<claim>.<ext>` from a job's second claim on: [`object_key`]) and the object metadata
+//! job-id, claim, batch-id, model, voice and sha256.
 //!
-//! Uploads are idempotent (same key, same bytes), so a retried or duplicated upload is harmless;
-//! Postgres, not the store, says whether a job is done.
+//! Each claim of a job writes its own key, so an upload is written by one claim's holder only: a
+//! retried upload of that claim is harmless (same key, same bytes), and a worker paused past its
+//! lease cannot overwrite the audio of the claim that replaced it. Postgres, not the store, says
+//! whether a job is done and which key holds its audio (`jobs.s3_key`).
 //!
 //! Neighbours: `audio` produces the bytes; `worker::commit` uploads each batch's files here before
 //! it records them in `db`; `commands::audit` lists them.
@@ -67,10 +70,22 @@ impl crate::worker::retry::Transience for StorageError {
     }
 }
 
-/// The object key of a job's audio: `<prefix><campaign>/<job_id>.<ext>` (the format's extension). The one
-/// place the key layout is written.
-pub fn object_key(prefix: &str, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat) -> String {
-    format!("{}{job_id}.{}", campaign_prefix(prefix, campaign), format.extension())
+/// The object key of a job's audio made under claim number `claim`: `<prefix><campaign>/<job_id>.<ext>`
+/// for the first claim (the usual case), `<prefix><campaign>/<job_id>.<claim>.<ext>` for a later one
+/// (the job was given back, or its worker was lost or paused past its lease). One key per claim is
+/// the fence on the store's side: only the holder of a claim writes its key. The one place the key
+/// layout is written.
+pub fn object_key(prefix: &str, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat, claim: i32) -> String {
+    let ext = format.extension();
+    match claim {
+        ..=1 => format!("{}{job_id}.{ext}", campaign_prefix(prefix, campaign)),
+        n => format!("{}{job_id}.{n}.{ext}", campaign_prefix(prefix, campaign)),
+    }
+}
+
+/// The prefix every claim's key of a job's audio starts with: `<prefix><campaign>/<job_id>.`.
+pub fn job_key_prefix(prefix: &str, campaign: &str, job_id: Uuid) -> String {
+    format!("{}{job_id}.", campaign_prefix(prefix, campaign))
 }
 
 /// The prefix under which a campaign's objects live: `<prefix><campaign>/`.
@@ -84,6 +99,10 @@ pub struct AudioMeta {
     /// The stored file's Content-Type ([`crate::audio::OutputFormat::content_type`]).
     pub content_type: &'static str,
     pub job_id: Uuid,
+    /// The claim the audio was made under ([`object_key`]).
+    pub claim: i32,
+    /// The batch that made it (`jobs.batch_id` once committed).
+    pub batch_id: Uuid,
     pub model: String,
     pub voice: String,
     pub sha256: String,
@@ -93,6 +112,8 @@ impl AudioMeta {
     pub fn to_map(&self) -> BTreeMap<String, String> {
         BTreeMap::from([
             ("job-id".to_string(), self.job_id.to_string()),
+            ("claim".to_string(), self.claim.to_string()),
+            ("batch-id".to_string(), self.batch_id.to_string()),
             ("model".to_string(), self.model.clone()),
             ("voice".to_string(), self.voice.clone()),
             ("sha256".to_string(), self.sha256.clone()),
@@ -123,9 +144,14 @@ impl Storage {
         }
     }
 
-    /// The object key of a job's audio, relative to the bucket or directory ([`object_key`]).
-    pub fn key(&self, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat) -> String {
-        object_key(self.key_prefix(), campaign, job_id, format)
+    /// The object key of a job's audio under claim `claim`, relative to the bucket or directory ([`object_key`]).
+    pub fn key(&self, campaign: &str, job_id: Uuid, format: crate::audio::OutputFormat, claim: i32) -> String {
+        object_key(self.key_prefix(), campaign, job_id, format, claim)
+    }
+
+    /// The prefix of every claim's key of a job's audio ([`job_key_prefix`]).
+    pub fn job_prefix(&self, campaign: &str, job_id: Uuid) -> String {
+        job_key_prefix(self.key_prefix(), campaign, job_id)
     }
 
     /// The prefix of a campaign's objects ([`campaign_prefix`]).
@@ -166,6 +192,11 @@ impl Storage {
 
     /// Keys under `prefix` (relative to the bucket or directory).
     pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        Ok(self.list_sizes(prefix).await?.into_iter().map(|(k, _)| k).collect())
+    }
+
+    /// Keys under `prefix` with their objects' sizes in bytes, sorted by key.
+    pub async fn list_sizes(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
         match self {
             Storage::S3(s) => s.list(prefix).await,
             Storage::File(f) => f.list(prefix).await,

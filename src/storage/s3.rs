@@ -134,7 +134,7 @@ impl S3Store {
         Ok((body, meta))
     }
 
-    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+    pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
         let mut keys = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -147,7 +147,7 @@ impl S3Store {
                 .send()
                 .await
                 .map_err(|e| s3_err("list", prefix, e))?;
-            keys.extend(out.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+            keys.extend(out.contents().iter().filter_map(|o| o.key().map(|k| (k.to_string(), o.size().unwrap_or(0).max(0) as u64))));
             match out.next_continuation_token() {
                 Some(t) if out.is_truncated().unwrap_or(false) => token = Some(t.to_string()),
                 _ => break,

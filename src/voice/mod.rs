@@ -5,7 +5,7 @@
 //! Stages, a file each: `recording` (any of WAV/FLAC/MP3/OGG in; mono; resampled as torchaudio
 //! does; checked as a prompt), `features` (the speech tokenizer's Whisper log-mel, the speaker
 //! embedding's Kaldi fbank, the flow's prompt mel; each matches the reference to 1e-4 in
-//! `tests/voice.rs`), `onnx` (the checkpoint's speech tokenizer and CAM++ through onnxruntime),
+//! `tests/integration/voice.rs`), `onnx` (the checkpoint's speech tokenizer and CAM++ through onnxruntime),
 //! `prompt` (the voice as data, from a recording or a checkpoint), `book` (a worker's voices:
 //! Postgres's, handed to the model thread, refreshed while it runs).
 //!

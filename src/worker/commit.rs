@@ -5,6 +5,14 @@
 //! failing past the hold limit gives the batch's messages back (and releases their claims);
 //! nothing is dropped. WAV encoding runs on blocking threads, spread over cores.
 //!
+//! Each job's audio goes under its claim's own key and is committed only under that claim (the
+//! fence, `Db::complete_batch`): a worker paused past its lease (SIGSTOP, a slow upload) whose
+//! jobs another delivery claimed meanwhile uploads nothing over the new claim's audio and commits
+//! nothing; it deletes what it uploaded for those jobs and acks them (their own claim settles
+//! them). So the object a `done` row names is the one that row describes. A job committed under a
+//! later claim has earlier claims' leftovers deleted (best effort; `voxbatch audit` lists any that
+//! remain).
+//!
 //! Neighbours: `infer` sends [`InferredBatch`]es; `audio` encodes; `storage` uploads; `db`
 //! records; `delivery` acks or gives back.
 
@@ -14,7 +22,7 @@ use std::time::Instant;
 use chrono::Utc;
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
-use tracing::{error, info, info_span, Instrument};
+use tracing::{error, info, info_span, warn, Instrument};
 use uuid::Uuid;
 
 use super::delivery::Settler;
@@ -77,9 +85,20 @@ impl Commit {
         let encode_ms = encode_started.elapsed().as_secs_f64() * 1000.0;
 
         let upload_started = Instant::now();
-        let keys: Vec<String> =
-            deliveries.received.iter().zip(&encoded).map(|(r, enc)| self.storage.key(&r.job.campaign, r.job.job_id, enc.format)).collect();
-        if self.upload(&deliveries.received, &encoded, &keys).await.is_err() {
+        let keys: Vec<String> = deliveries
+            .received
+            .iter()
+            .zip(&encoded)
+            .map(|(r, enc)| self.storage.key(&r.job.campaign, r.job.job_id, enc.format, r.claim))
+            .collect();
+        // Claims another delivery took over while this batch ran are not uploaded (their commit
+        // would be refused); the commit below is the fence, this only saves the upload.
+        let claims: Vec<(Uuid, i32)> = deliveries.received.iter().map(|r| (r.job.job_id, r.claim)).collect();
+        let current = match self.settler.retry.run("check claims", || self.db.current_claims(&claims)).await {
+            Ok(c) => c,
+            Err(_) => return self.give_back(deliveries).await,
+        };
+        if self.upload(&deliveries.received, &encoded, &keys, &meta, &current).await.is_err() {
             return self.give_back(deliveries).await;
         }
         let upload_ms = upload_started.elapsed().as_secs_f64() * 1000.0;
@@ -91,9 +110,11 @@ impl Commit {
             .zip(&keys)
             .map(|((r, enc), key)| JobResult {
                 job_id: r.job.job_id,
+                claim: r.claim,
                 s3_key: key.clone(),
                 audio_seconds: enc.seconds,
                 sha256: enc.sha256.clone(),
+                bytes: enc.bytes.len() as i64,
                 segments: r.text.as_ref().map(|t| t.segments.len() as i32),
             })
             .collect();
@@ -111,15 +132,29 @@ impl Commit {
                 async move { self.db.complete_batch(&record, results).await }
             })
             .await;
-        if committed.is_err() {
-            return self.give_back(deliveries).await;
-        }
+        let superseded = match committed {
+            Ok(c) => c.superseded,
+            Err(_) => return self.give_back(deliveries).await,
+        };
         // Committed: now, and only now, ack; the batch's events go out after the commit.
         self.events.notify_one();
-        let n = deliveries.received.len() as u64;
-        for r in deliveries.received.into_iter().chain(deliveries.duplicates) {
+        let (received, duplicates) = (deliveries.received, deliveries.duplicates);
+        let n = (received.len() - superseded.len()) as u64;
+        for ((r, key), result) in received.iter().zip(&keys).zip(&results) {
+            if superseded.contains(&r.job.job_id) {
+                warn!(job_id = %r.job.job_id, claim = r.claim, "another delivery took this job's claim over while this worker was paused; its audio is not committed");
+                self.delete_quietly(key).await;
+            } else if r.claim > 1 {
+                self.delete_earlier_claims(&r.job.campaign, r.job.job_id, &result.s3_key).await;
+            }
+        }
+        for r in received.into_iter().chain(duplicates) {
             r.delivery.ack().await;
         }
+        let results: Vec<JobResult> = results.into_iter().filter(|r| !superseded.contains(&r.job_id)).collect();
+        record.batch_size = results.len() as i32;
+        record.audio_seconds = results.iter().map(|r| r.audio_seconds).sum();
+        let audio_seconds = record.audio_seconds;
         let segments: u64 = results.iter().filter_map(|r| r.segments).map(|n| n.max(0) as u64).sum();
         self.counters.add_batch(&record, segments);
         info!(
@@ -132,16 +167,26 @@ impl Commit {
         );
     }
 
-    /// Uploads every object (a few at a time), each retried.
-    async fn upload(self: &Arc<Self>, received: &[Received], encoded: &[EncodedAudio], keys: &[String]) -> Result<(), ()> {
+    /// Uploads the object of every job whose claim is still `current` (a few at a time), each retried.
+    async fn upload(
+        self: &Arc<Self>,
+        received: &[Received],
+        encoded: &[EncodedAudio],
+        keys: &[String],
+        batch: &BatchMeta,
+        current: &std::collections::HashSet<Uuid>,
+    ) -> Result<(), ()> {
         let uploads: Vec<(String, Vec<u8>, AudioMeta)> = received
             .iter()
             .zip(encoded)
             .zip(keys)
+            .filter(|((r, _), _)| current.contains(&r.job.job_id))
             .map(|((r, enc), key)| {
                 let meta = AudioMeta {
                     content_type: enc.format.content_type(),
                     job_id: r.job.job_id,
+                    claim: r.claim,
+                    batch_id: batch.batch_id,
                     model: self.manifest.name.clone(),
                     voice: r.job.voice.clone(),
                     sha256: enc.sha256.clone(),
@@ -158,6 +203,27 @@ impl Commit {
         .await
         .map(|_| ())
         .map_err(|_| ())
+    }
+
+    /// Deletes one of this worker's own objects that no row will name (best effort: `voxbatch
+    /// audit` lists what is left).
+    async fn delete_quietly(&self, key: &str) {
+        if let Err(e) = self.storage.delete(key).await {
+            warn!(key, error = %e, "could not delete audio no row names; `voxbatch audit` lists it");
+        }
+    }
+
+    /// Deletes a job's objects of claims before the one committed (`keep`): a worker lost or
+    /// paused mid-upload left them (best effort).
+    async fn delete_earlier_claims(&self, campaign: &str, job_id: Uuid, keep: &str) {
+        match self.storage.list(&self.storage.job_prefix(campaign, job_id)).await {
+            Ok(keys) => {
+                for key in keys.iter().filter(|k| k.as_str() != keep) {
+                    self.delete_quietly(key).await;
+                }
+            }
+            Err(e) => warn!(%job_id, error = %e, "could not list earlier claims' audio; `voxbatch audit` lists any left"),
+        }
     }
 
     fn record(&self, meta: &BatchMeta, size: usize, audio_seconds: f64, encode_ms: f64, upload_ms: f64) -> BatchRecord {

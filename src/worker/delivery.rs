@@ -35,6 +35,10 @@ use crate::queue::{self, QueueError};
 
 /// Header counting how often workers gave a message back (informational).
 pub const RETURNED_HEADER: &str = "x-voxbatch-returned";
+/// Header counting how often a message reached the delivery limit without ever being claimed
+/// (prefetched by workers that crashed or lost their connection before they started it) and was
+/// given back with its count reset; at `delivery_limit` such returns it is failed like any other.
+pub const UNCLAIMED_RETURNS_HEADER: &str = "x-voxbatch-unclaimed-returns";
 
 /// The number of deliveries the worker holds; [`HeldCount::wait_zero`] resolves when it is 0.
 #[derive(Clone)]
@@ -68,6 +72,8 @@ pub struct Delivery {
     acker: Acker,
     body: Vec<u8>,
     properties: BasicProperties,
+    /// The broker's redelivered flag: set when this message was delivered before and not settled.
+    redelivered: bool,
     held: HeldCount,
 }
 
@@ -75,7 +81,7 @@ impl Delivery {
     /// Takes a delivery from the consumer (counted as held until settled or dropped).
     pub fn hold(d: lapin::message::Delivery, held: &HeldCount) -> Delivery {
         held.add();
-        Delivery { acker: d.acker, body: d.data, properties: d.properties, held: held.clone() }
+        Delivery { acker: d.acker, body: d.data, properties: d.properties, redelivered: d.redelivered, held: held.clone() }
     }
 
     pub fn body(&self) -> &[u8] {
@@ -83,8 +89,13 @@ impl Delivery {
     }
 
     /// How often the broker delivered this message before without it being settled
-    /// (`x-delivery-count`: crashed workers, lost connections; give-backs do not count).
+    /// (`x-delivery-count`: crashed workers, lost connections; give-backs do not count). Read only
+    /// on a redelivery: on a first delivery the header can only be the publisher's, and a
+    /// publisher-set count must not fail a job it never ran.
     pub fn previous_deliveries(&self) -> u64 {
+        if !self.redelivered {
+            return 0;
+        }
         let Some(headers) = self.properties.headers() else { return 0 };
         match headers.inner().get("x-delivery-count") {
             Some(AMQPValue::LongLongInt(n)) => u64::try_from(*n).unwrap_or(0),
@@ -121,13 +132,27 @@ impl Delivery {
         }
     }
 
-    fn returned_copy_properties(&self) -> BasicProperties {
-        let mut headers = self.properties.headers().clone().unwrap_or_default();
-        let returned = match headers.inner().get(RETURNED_HEADER) {
-            Some(AMQPValue::LongLongInt(n)) => *n,
+    /// A header of ours counting returns (0 when absent).
+    fn count_header(&self, name: &str) -> i64 {
+        match self.properties.headers().as_ref().and_then(|h| h.inner().get(name).cloned()) {
+            Some(AMQPValue::LongLongInt(n)) => n,
             _ => 0,
-        };
-        headers.insert(RETURNED_HEADER.into(), AMQPValue::LongLongInt(returned + 1));
+        }
+    }
+
+    /// How often this message was given back after reaching the delivery limit unclaimed.
+    pub fn unclaimed_returns(&self) -> u64 {
+        u64::try_from(self.count_header(UNCLAIMED_RETURNS_HEADER)).unwrap_or(0)
+    }
+
+    /// A fresh copy's properties: our counters moved on (`RETURNED_HEADER`, and
+    /// `UNCLAIMED_RETURNS_HEADER` when `unclaimed`), the broker's delivery headers dropped.
+    fn returned_copy_properties(&self, unclaimed: bool) -> BasicProperties {
+        let mut headers = self.properties.headers().clone().unwrap_or_default();
+        headers.insert(RETURNED_HEADER.into(), AMQPValue::LongLongInt(self.count_header(RETURNED_HEADER) + 1));
+        if unclaimed {
+            headers.insert(UNCLAIMED_RETURNS_HEADER.into(), AMQPValue::LongLongInt(self.count_header(UNCLAIMED_RETURNS_HEADER) + 1));
+        }
         strip_broker_headers(&mut headers);
         self.properties.clone().with_headers(headers)
     }
@@ -175,6 +200,16 @@ impl Outbox {
     /// confirmed, then the original acked. A message whose copy is not confirmed is nacked with
     /// requeue instead (the broker keeps it either way).
     pub async fn give_back(&self, deliveries: Vec<Delivery>) {
+        self.give_back_counted(deliveries, false).await
+    }
+
+    /// The delivery limit of the job queue (`amqp.delivery_limit`).
+    pub fn delivery_limit(&self) -> u64 {
+        u64::from(self.amqp.delivery_limit)
+    }
+
+    /// [`Outbox::give_back`], counting each copy as an unclaimed return when `unclaimed`.
+    async fn give_back_counted(&self, deliveries: Vec<Delivery>, unclaimed: bool) {
         if deliveries.is_empty() {
             return;
         }
@@ -195,7 +230,7 @@ impl Outbox {
                     self.amqp.routing_key.as_str().into(),
                     BasicPublishOptions { mandatory: true, ..Default::default() },
                     &d.body,
-                    d.returned_copy_properties(),
+                    d.returned_copy_properties(unclaimed),
                 )
                 .await;
             pending.push((d, published));
@@ -268,19 +303,26 @@ impl Settler {
 
     /// A job on its last delivery the broker allows (the ones before crashed workers or lost
     /// connections): dead-lettered here with the reason, so it never disappears silently into the
-    /// dead-letter queue. A job already done is just acked.
-    pub async fn give_up(&self, job_id: Uuid, d: Delivery) {
-        let rejection = Rejection { job_id: Some(job_id), kind: RejectionKind::DeliveryLimit { deliveries: d.previous_deliveries() } };
+    /// dead-letter queue. A job already done is just acked. A job no worker ever claimed was only
+    /// prefetched by the workers that were lost: it did not crash them, so it goes back with its
+    /// count reset (at most `delivery_limit` times; then it fails like any other).
+    pub async fn give_up(&self, job: &crate::job::Job, d: Delivery) {
+        let job_id = job.job_id;
+        let rejection = Rejection::of(job, RejectionKind::DeliveryLimit { deliveries: d.previous_deliveries() });
         let reason = rejection.to_string();
-        error!(%job_id, %reason, "giving up on a job");
-        match self.retry.run("read job status", || self.db.job_status(job_id)).await {
-            Ok(Some(status)) if status == "done" => {
+        match self.retry.run("read job status", || self.db.job_state(job_id)).await {
+            Ok(Some((status, _))) if status == "done" => {
                 d.ack().await;
                 return;
+            }
+            Ok(state) if state.as_ref().is_none_or(|(_, claims)| *claims == 0) && d.unclaimed_returns() < self.outbox.delivery_limit() => {
+                info!(%job_id, deliveries = d.previous_deliveries(), "never claimed: the lost deliveries were prefetched by workers that went away; given back with its count reset");
+                return self.outbox.give_back_counted(vec![d], true).await;
             }
             Ok(_) => {}
             Err(_) => return self.outbox.give_back(vec![d]).await,
         }
+        error!(%job_id, %reason, "giving up on a job");
         let ids = [job_id];
         let recorded = self
             .retry

@@ -1,7 +1,7 @@
 //! Completion events: after a batch's rows commit, each settled job's event goes to the topic
 //! exchange `amqp.events_exchange` (routing keys `job.done.<campaign>`, `job.failed.<campaign>`,
-//! and `campaign.drained.<campaign>` once a campaign has nothing left), JSON as
-//! docs/event.schema.json describes.
+//! `job.cancelled.<campaign>`, `job.rejected.<campaign>`, and `campaign.drained.<campaign>` each
+//! time a campaign has nothing left), JSON as docs/event.schema.json describes.
 //!
 //! One path publishes them: a sweep that claims pending events in Postgres (`db::events`),
 //! publishes each with a confirm, and marks it. The commit stage wakes it after every batch (job
@@ -36,7 +36,7 @@ const CLAIM_FOR: Duration = Duration::from_secs(60);
 /// A completion event's body (docs/event.schema.json).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Event {
-    /// `job.done`, `job.failed` or `campaign.drained`.
+    /// `job.done`, `job.failed`, `job.cancelled`, `job.rejected` or `campaign.drained`.
     pub event: &'static str,
     pub campaign: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -61,7 +61,12 @@ impl Event {
     fn of_job(e: &JobEvent, audio_url: impl Fn(&str) -> String) -> Event {
         let done = e.status == "done";
         Event {
-            event: if done { "job.done" } else { "job.failed" },
+            event: match e.status.as_str() {
+                "done" => "job.done",
+                "cancelled" => "job.cancelled",
+                "rejected" => "job.rejected",
+                _ => "job.failed",
+            },
             campaign: e.campaign.clone(),
             job_id: Some(e.job_id),
             audio_url: e.s3_key.as_deref().filter(|_| done).map(audio_url),

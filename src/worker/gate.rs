@@ -6,7 +6,7 @@
 //! ahead (queued while the previous batch runs), the next batch holds only the jobs prepared by
 //! then — at the start of a backlog a few hundred milliseconds' worth — and every later job waits
 //! for the batch after it: a corpus of 2,010 jobs ran as 8 text batches where its work budget
-//! allows 3 (docs/PERFORMANCE.md, 2026-12-04, session 10), and each text batch ends with a flush of
+//! allows 3 (docs/PERFORMANCE.md, 2026-12-04), and each text batch ends with a flush of
 //! ill-matched token2wav buckets. Formed when the stage is idle, a batch takes everything prepared
 //! while its predecessor ran; the handover costs the batch policy's choice (milliseconds), not a
 //! GPU stall. Short batches (speech-token jobs, the reference model) keep one batch queued ahead:

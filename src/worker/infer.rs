@@ -221,7 +221,7 @@ impl Infer {
         let mut to_run = Vec::new();
         for (r, decision) in unique.into_iter().zip(decisions) {
             match decision {
-                Claim::Proceed => to_run.push(r),
+                Claim::Proceed { claim } => to_run.push(Received { claim, ..r }),
                 Claim::AlreadyDone => {
                     info!(job_id = %r.job.job_id, "already done; acking without synthesis");
                     self.counters.add_already_done(1);
@@ -233,7 +233,7 @@ impl Infer {
                     r.delivery.ack().await;
                 }
                 Claim::Conflict(kind) => {
-                    let rejection = crate::job::Rejection { job_id: Some(r.job.job_id), kind };
+                    let rejection = crate::job::Rejection::of(&r.job, kind);
                     self.settler.reject(rejection, r.delivery).await;
                 }
                 Claim::Busy { worker_id } => {

@@ -51,6 +51,8 @@ pub struct Received {
     pub text: Option<Arc<TextInput>>,
     /// Tokens the batch policy counts (the voice's prompt included).
     pub length: usize,
+    /// The claim this delivery synthesizes under, once `infer` has claimed it (0 before).
+    pub claim: i32,
     pub delivery: Delivery,
 }
 
@@ -71,6 +73,13 @@ pub struct Intake {
     pub text: Option<TextPrep>,
     pub worker_id: String,
     pub prefetch: u16,
+    /// Text models: the work the intake holds for the next batch (`Sizing::hold_work`). Messages
+    /// come in windows of `prefetch`: once a consumer has delivered its window, or this much work
+    /// waits (estimated speech tokens of the jobs unbatched or in the frontend), the consumer is
+    /// cancelled — what it delivered stays held, acked as usual — and a new one takes the next
+    /// window only while less work waits. The rest of the backlog stays in the queue for other
+    /// workers; a per-consumer prefetch alone would pin a window's messages per batch in flight.
+    pub hold_work: Option<usize>,
     /// Exit once the queue is empty and nothing is held.
     pub drain: bool,
     pub drain_poll: Duration,
@@ -93,6 +102,9 @@ pub struct TextPrep {
     /// `[llm] force_lengths` (benchmarks with random weights).
     pub rates: SpeakingRates,
     pub force_lengths: bool,
+    /// Estimated speech tokens of the jobs the frontend is preparing now (part of the work the
+    /// intake holds: `Intake::hold_work`).
+    pub preparing: Arc<std::sync::atomic::AtomicUsize>,
     pub settler: Arc<Settler>,
     pub stop: CancellationToken,
     /// Where prepared jobs go (the intake's `returns`).
@@ -162,7 +174,7 @@ impl Intake {
     async fn session(
         &self,
         channel: &Channel,
-        mut consumer: Consumer,
+        consumer: Consumer,
         policy: &mut dyn BatchPolicy<Received>,
         ch: &mut IntakeChannels,
         seq: &mut u64,
@@ -170,9 +182,42 @@ impl Intake {
     ) -> Result<SessionEnd, WorkerError> {
         let mut drain_tick = tokio::time::interval(self.drain_poll);
         let mut empty_polls = 0;
+        // `None` once a cancel we asked for has ended the consumer; `paused` from that request on.
+        let mut consumer = Some(consumer);
+        let mut paused = false;
+        // Deliveries of the current consumer (its window: `prefetch`).
+        let mut window = 0usize;
         loop {
             while let Ok(outcome) = ch.outcomes.try_recv() {
                 policy.observe(&outcome);
+            }
+            // Work-sized intake (text models): hold the next batch's work, no more.
+            if let Some(hold) = self.hold_work {
+                let waiting = policy.tokens() + self.text.as_ref().map_or(0, |t| t.preparing.load(std::sync::atomic::Ordering::SeqCst));
+                if !paused && (waiting >= hold || window >= usize::from(self.prefetch)) {
+                    debug!(waiting, hold, window, "a window taken or the next batch's work held; taking no more messages for now");
+                    if let Err(e) = channel.basic_cancel(self.worker_id.as_str().into(), BasicCancelOptions::default()).await {
+                        warn!(error = %e, "consumer cancel failed; reconnecting");
+                        return Ok(SessionEnd::Reconnect);
+                    }
+                    paused = true;
+                } else if paused && consumer.is_none() && waiting < hold {
+                    match channel
+                        .basic_consume(self.amqp.queue.as_str().into(), self.worker_id.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+                        .await
+                    {
+                        Ok(c) => {
+                            debug!(waiting, hold, "taking messages again");
+                            consumer = Some(c);
+                            paused = false;
+                            window = 0;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "could not consume again; reconnecting");
+                            return Ok(SessionEnd::Reconnect);
+                        }
+                    }
+                }
             }
             // Form a batch only when the inference stage can take it (text models: when it is
             // idle): until then the pool keeps absorbing deliveries.
@@ -205,15 +250,18 @@ impl Intake {
                     // The inference stage finished its batch: decide again with a full view.
                 }
                 Some(r) = ch.returns.recv() => self.push(policy, r, seq),
-                delivery = consumer.next() => match delivery {
+                delivery = next_delivery(&mut consumer), if consumer.is_some() => match delivery {
                     Some(Ok(d)) => {
                         empty_polls = 0;
+                        window += 1;
                         self.receive(Delivery::hold(d, &self.held), policy, seq, &ch.prepared);
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer failed; reconnecting (unacked messages will be redelivered)");
                         return Ok(SessionEnd::Reconnect);
                     }
+                    // Our own cancel took effect: what was delivered before it has been read.
+                    None if paused => consumer = None,
                     None => {
                         warn!("the broker cancelled the consumer; re-subscribing");
                         return Ok(SessionEnd::Reconnect);
@@ -246,13 +294,13 @@ impl Intake {
         let received = Instant::now();
         let parsed = parse_job(delivery.body(), &self.limits, true).and_then(|job| match model_input(&job, &self.manifest) {
             Ok(input) => Ok((job, input)),
-            Err(kind) => Err(Rejection { job_id: Some(job.job_id), kind }),
+            Err(kind) => Err(Rejection::of(&job, kind)),
         });
         match parsed {
             // The broker's last allowed delivery: the earlier ones crashed workers.
             Ok((job, _)) if delivery.previous_deliveries() >= u64::from(self.amqp.delivery_limit) => {
                 let settler = self.settler.clone();
-                tokio::spawn(async move { settler.give_up(job.job_id, delivery).await });
+                tokio::spawn(async move { settler.give_up(&job, delivery).await });
             }
             Ok((job, input)) => match self.voices.lookup(&job.voice) {
                 Lookup::Found(voice) => {
@@ -377,7 +425,7 @@ fn admit(job: Job, input: ModelInput, voice: BookEntry, delivery: Delivery, text
     match input {
         ModelInput::Tokens(tokens) => {
             let length = crate::model::cosyvoice2::stretched_len(tokens.len(), job.speed) + voice.prompt_tokens;
-            Some(Received { job, tokens, voice: voice.index, text: None, length, delivery })
+            Some(Received { job, tokens, voice: voice.index, text: None, length, claim: 0, delivery })
         }
         ModelInput::Text => {
             match text {
@@ -404,10 +452,10 @@ fn voice_rejection(job: Job, lookup: Lookup, voices: &VoiceBook) -> Rejection {
             } else {
                 known.join(", ")
             };
-            RejectionKind::UnknownVoice { voice: job.voice, known }
+            RejectionKind::UnknownVoice { voice: job.voice.clone(), known }
         }
     };
-    Rejection { job_id: Some(job.job_id), kind }
+    Rejection::of(&job, kind)
 }
 
 impl TextPrep {
@@ -417,16 +465,22 @@ impl TextPrep {
     /// failure of the model's grammar files fails the job, saying so.
     fn spawn(&self, job: Job, voice: i64, delivery: Delivery) {
         let prep = self.clone();
+        // Counted as held work until prepared, at the slower (Chinese) speaking rate: an estimate
+        // on the high side takes less ahead, never more.
+        let estimate = self.rates.speech_tokens(&job.text, crate::frontend::segment::Lang::Zh);
+        let counted = Preparing::count(&self.preparing, estimate);
         tokio::spawn(async move {
+            let _counted = counted;
             let _slot = prep.slots.clone().acquire_owned().await;
             let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
+            let campaign = job.campaign.clone();
             let (frontend, rates, forced) = (prep.frontend.clone(), prep.rates, prep.force_lengths);
             let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
             let settler = &prep.settler;
             match result {
                 Ok(Ok(input)) => {
                     let length = input.estimated_speech_tokens();
-                    let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, delivery };
+                    let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, claim: 0, delivery };
                     if prep.stop.is_cancelled() {
                         settler.outbox.give_back(vec![r.delivery]).await;
                     } else if let Err(mpsc::error::SendError(r)) = prep.returns.send(r) {
@@ -438,7 +492,7 @@ impl TextPrep {
                         FrontendError::Empty => RejectionKind::NothingToSay("it is empty or only punctuation and symbols".into()),
                         other => RejectionKind::InvalidField { field: "text", reason: other.to_string() },
                     };
-                    settler.reject(Rejection { job_id: Some(id), kind }, delivery).await;
+                    settler.reject(Rejection { job_id: Some(id), campaign: Some(campaign), kind }, delivery).await;
                 }
                 Ok(Err(e)) => settler.fail(id, &format!("text frontend: {}", super::error_chain(&e)), delivery).await,
                 Err(e) => settler.fail(id, &format!("text frontend stopped: {e}"), delivery).await,
@@ -463,4 +517,31 @@ async fn sleep_until(at: Option<Instant>) {
 
 async fn send(tx: &mpsc::Sender<Assembled>, batch: Assembled) -> Result<(), WorkerError> {
     tx.send(batch).await.map_err(|_| WorkerError::Stage("inference stage stopped".into()))
+}
+
+/// A job's estimated work counted in `TextPrep::preparing` while the frontend prepares it.
+struct Preparing {
+    counter: Arc<std::sync::atomic::AtomicUsize>,
+    tokens: usize,
+}
+
+impl Preparing {
+    fn count(counter: &Arc<std::sync::atomic::AtomicUsize>, tokens: usize) -> Preparing {
+        counter.fetch_add(tokens, std::sync::atomic::Ordering::SeqCst);
+        Preparing { counter: counter.clone(), tokens }
+    }
+}
+
+impl Drop for Preparing {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.tokens, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The next delivery of the consumer (never called without one: the select's guard).
+async fn next_delivery(consumer: &mut Option<Consumer>) -> Option<Result<lapin::message::Delivery, lapin::Error>> {
+    match consumer {
+        Some(c) => c.next().await,
+        None => std::future::pending().await,
+    }
 }

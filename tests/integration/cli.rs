@@ -29,6 +29,7 @@ fn test_env_vars(env: &TestEnv) -> Vec<(&'static str, String)> {
         ("DATABASE_URL", env.cfg.database.url.expose().to_string()),
         ("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix()),
         ("VOXBATCH_MODEL__DIR", env.cfg.model.dir.display().to_string()),
+        ("VOXBATCH_METRICS__LISTEN", "off".to_string()),
     ]
 }
 

@@ -154,7 +154,7 @@ fn every_compile_variant_computes_the_reference_stages() {
         &["--layout", "time-major-strided", "--mish", "exp", "--hift-channel-multiple", "4", "--attention", "flash", "--qkv", "fused"],
         &["--layout", "time-major-shift", "--hift-channel-multiple", "8", "--hift-dilation", "phases"],
         &["--layout", "time-major-strided-copy"],
-        // The defaults before session 19 (the tool's defaults are the first line's, `--qkv auto`).
+        // The defaults before 2026-12-05 (commit d1195c5) (the tool's defaults are the first line's, `--qkv auto`).
         &["--layout", "time-major", "--mish", "exact", "--hift-channel-multiple", "1", "--hift-dilation", "dilated"],
     ];
     for args in variants {
@@ -250,7 +250,7 @@ fn the_strided_copy_layout_writes_each_window_with_a_kernel_of_the_package() {
 /// the tool's default `--inductor-option`s, stage-prefixed): its CUDA kernels (listed without a
 /// GPU, as above) cast no fp32 weight to bf16 on each call, while the encoder, compiled in the same
 /// run, still does (freezing failed in the encoder's CUDA compile on an H100: docs/PERFORMANCE.md,
-/// session 18); and `estimator:freezing=False` given after the default turns it off again.
+/// 2026-12-05, commit 5163193); and `estimator:freezing=False` given after the default turns it off again.
 #[test]
 fn the_estimators_weights_are_folded_by_default_and_a_stage_option_overrides_it() {
     // A plain weight cast is a kernel fusing nothing but `_to_copy`: `triton_poi_fused__to_copy_<n>`.
@@ -355,7 +355,7 @@ fn on_a_gpu_each_compiled_stage_gives_the_eager_ports_output_at_the_same_precisi
 /// A compiled package that runs out of CUDA memory says so — "CUDA out of memory", which the model
 /// sorts into `ModelError::OutOfMemory` (`torchscript::classify`), so the worker splits the batch
 /// and calibration ends its sweep — where AOTInductor itself reports only that a call failed (an
-/// H100's calibration stopped on that in session 20); and once memory is free the package runs
+/// H100's calibration stopped on that on 2026-12-05); and once memory is free the package runs
 /// again and gives what it gave before. Needs the tiny model's packages compiled on that GPU
 /// (scripts/device/parity-gpu.sh runs it).
 #[test]

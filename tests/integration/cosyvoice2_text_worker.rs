@@ -271,3 +271,58 @@ async fn a_worker_that_stops_while_its_model_loads_waits_for_the_load_to_end() {
     assert_eq!(summary.jobs_done, 0);
     env.cleanup().await;
 }
+
+/// Issue 39, item 6: a text model's batches of jobs stay within `batching.max_text_jobs`
+/// (`--max-text-jobs`), the documented cap (`batching.max_batch` caps its token2wav buckets).
+#[tokio::test]
+async fn text_batches_hold_at_most_max_text_jobs() {
+    let patient = tiny_cosyvoice2_with_max_ratio("200.0");
+    let mut env = TestEnv::new("cv2maxjobs").await;
+    env.cfg.model.dir = patient.path().to_path_buf();
+    env.cfg.batching.max_text_jobs = Some(4);
+    // Random weights end speech at random: forced lengths make every segment end.
+    env.cfg.llm.force_lengths = true;
+    env.cfg.batching.max_wait = std::time::Duration::from_secs(2);
+    let mut jobs: Vec<Job> = (0..12).map(|i| text_job(&format!("Line number {i} of twelve."), "voice0", None, None)).collect();
+    for (i, job) in jobs.iter_mut().enumerate() {
+        job.job_id = uuid::Uuid::from_u128(0x6a0b_0000 + i as u128);
+    }
+    env.publish(&jobs).await;
+    let summary = env.drain().await;
+    assert_eq!(summary.jobs_done, 12, "{summary:?}");
+    let largest: i32 = sqlx::query_scalar("SELECT max(batch_size) FROM batches").fetch_one(env.db.pool()).await.unwrap();
+    assert!(largest <= 4, "a batch of {largest} jobs over max_text_jobs = 4");
+    env.cleanup().await;
+}
+
+/// Issue 39, item 13: a text worker takes the work of its next batch and leaves the rest of the
+/// backlog in the queue, so a second worker shares it (before, one worker prefetched three
+/// batches' worth of messages and a second ran none).
+#[tokio::test]
+async fn a_text_worker_takes_its_next_batchs_work_and_leaves_the_rest_of_the_backlog_to_the_fleet() {
+    let patient = tiny_cosyvoice2_with_max_ratio("200.0");
+    let mut env = TestEnv::new("cv2share").await;
+    env.cfg.model.dir = patient.path().to_path_buf();
+    env.cfg.llm.force_lengths = true;
+    // A small work budget: about two of these lines a batch (1 s of work at 4 audio-s/s = 100 tokens).
+    env.cfg.worker.max_hold = std::time::Duration::from_secs(1);
+    env.cfg.frontend.estimate_audio_seconds_per_gpu_second = 4.0;
+    let mut jobs: Vec<Job> = (0..60).map(|i| text_job(&format!("Line {i} of a backlog a fleet shares."), "voice0", None, None)).collect();
+    for (i, job) in jobs.iter_mut().enumerate() {
+        job.job_id = uuid::Uuid::from_u128(0x5a4e_0000 + i as u128);
+    }
+    env.publish(&jobs).await;
+    let (stop_a, a) = common::spawn_worker(&env, env.cfg.clone());
+    assert!(
+        common::eventually(std::time::Duration::from_secs(60), || async { env.count("SELECT count(*) FROM jobs").await > 0 }).await,
+        "worker A took jobs"
+    );
+    let (ready, _) = env.depths().await;
+    assert!(ready >= 30, "worker A holds its batch, the next batch's work and at most a window more: {ready} of 60 still ready");
+    let b = env.drain().await;
+    let _ = stop_a.send(());
+    let a = a.await.unwrap();
+    assert_eq!(a.jobs_done + b.jobs_done, 60, "{a:?} {b:?}");
+    assert!(b.batches >= 1 && a.batches >= 1, "both workers ran batches: {a:?} {b:?}");
+    env.cleanup().await;
+}

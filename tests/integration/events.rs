@@ -84,3 +84,41 @@ async fn every_done_job_announces_itself_once_committed_the_campaign_its_drain_a
 async fn receive_none(consumer: &mut lapin::Consumer) -> bool {
     tokio::time::timeout(Duration::from_millis(800), consumer.next()).await.is_err()
 }
+
+/// Issue 39: every settled job announces itself — cancelled and rejected jobs too, so a campaign's
+/// job events add up to its jobs — and a campaign whose jobs settle after its drain (a resumed
+/// campaign, a requeued dead letter) drains again.
+#[tokio::test]
+async fn cancelled_and_rejected_jobs_announce_themselves_and_a_campaign_settling_after_its_drain_drains_again() {
+    let env = TestEnv::new("events_more").await;
+    let (_conn, mut consumer) = listen(&env).await;
+    let job = |text: &str| {
+        let mut j = Job::new(text);
+        j.campaign = "tale".into();
+        j
+    };
+    let bad = format!(r#"{{"job_id":"{}","campaign":"tale","text":"hi","voice":"nobody"}}"#, uuid::Uuid::new_v4());
+    env.publish(&[job("the first line")]).await;
+    env.publish_raw(&[bad.as_bytes()]).await;
+    env.drain().await;
+    let first = receive(&mut consumer, 3).await;
+    let keys: HashSet<&str> = first.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, HashSet::from(["job.done.tale", "job.rejected.tale", "campaign.drained.tale"]), "{first:?}");
+    let rejected = first.iter().find(|(k, _)| k == "job.rejected.tale").unwrap();
+    assert!(rejected.1["error"].as_str().unwrap().contains("nobody"), "{rejected:?}");
+
+    // Cancelled: its job says so; resumed later, the campaign drains again.
+    assert!(voxbatch::commands::cancel(&env.cfg, "tale", false).await.unwrap());
+    env.publish(&[job("a line cancelled")]).await;
+    env.drain().await;
+    let cancelled = receive(&mut consumer, 2).await;
+    let keys: HashSet<&str> = cancelled.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, HashSet::from(["job.cancelled.tale", "campaign.drained.tale"]), "{cancelled:?}");
+    assert!(voxbatch::commands::cancel(&env.cfg, "tale", true).await.unwrap(), "resumed");
+    env.publish(&[job("a line after the resume")]).await;
+    env.drain().await;
+    let resumed = receive(&mut consumer, 2).await;
+    let keys: HashSet<&str> = resumed.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, HashSet::from(["job.done.tale", "campaign.drained.tale"]), "{resumed:?}");
+    env.cleanup().await;
+}

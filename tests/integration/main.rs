@@ -21,6 +21,7 @@ mod cosyvoice2_worker;
 mod dead_letters;
 mod events;
 mod faults;
+mod fencing;
 mod fleet;
 mod frontend;
 mod house_rules;

@@ -40,7 +40,10 @@ async fn the_metrics_endpoint_counts_jobs_batches_audio_and_stage_times_as_they_
     let text = scrape(port).unwrap();
     assert_eq!(value(&text, "voxbatch_jobs_total{outcome=\"rejected\"}"), Some(1.0), "{text}");
     assert!(value(&text, "voxbatch_batches_total{device=\"cpu\"}").is_some_and(|n| n >= 1.0));
-    assert!(value(&text, "voxbatch_audio_seconds_total").is_some(), "{text}");
+    // Audio seconds carry their fraction: the sum of the done rows' seconds, to the millisecond.
+    let rows: f64 = sqlx::query_scalar("SELECT sum(audio_seconds) FROM jobs WHERE status = 'done'").fetch_one(env.db.pool()).await.unwrap();
+    let exported = value(&text, "voxbatch_audio_seconds_total").expect("audio seconds exported");
+    assert!((exported - rows).abs() < 0.01 && exported.fract() != 0.0, "exported {exported}, rows {rows}: {text}");
     assert!(value(&text, "voxbatch_stage_seconds_count{device=\"cpu\",stage=\"infer\"}").is_some_and(|n| n >= 1.0), "{text}");
     assert!(text.contains("voxbatch_batch_size_bucket") && text.contains("# TYPE voxbatch_jobs_total counter"));
     assert!(
@@ -48,5 +51,34 @@ async fn the_metrics_endpoint_counts_jobs_batches_audio_and_stage_times_as_they_
         "the queue-depth gauge follows the broker"
     );
     worker.kill().await.unwrap();
+    env.cleanup().await;
+}
+
+/// Issue 39: a drained worker keeps `/metrics` up for `metrics.linger`, so the last batch is
+/// scraped, then exits.
+#[tokio::test]
+async fn a_drained_worker_serves_its_last_counts_for_the_linger_then_exits() {
+    let env = TestEnv::new("metricslinger").await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let jobs: Vec<Job> = (0..3).map(|i| Job::new(format!("last scrape {i}"))).collect();
+    env.publish(&jobs).await;
+    let mut worker =
+        spawn_worker_process_with(&env, &["--drain"], &[("VOXBATCH_METRICS__LISTEN", listen.as_str()), ("VOXBATCH_METRICS__LINGER", "6s")]);
+    assert!(
+        eventually(Duration::from_secs(60), || async { env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await == 3 }).await,
+        "the worker drained the queue"
+    );
+    // Drained and its worker stopped (the process would exit here without the linger): the
+    // endpoint still answers with the final counts.
+    assert!(
+        eventually(Duration::from_secs(60), || async { env.count("SELECT count(*) FROM workers WHERE stopped_at IS NOT NULL").await == 1 }).await,
+        "the worker stopped after draining"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = scrape(port).expect("the endpoint still answers after the drain");
+    assert_eq!(value(&text, "voxbatch_jobs_total{outcome=\"done\"}"), Some(3.0), "{text}");
+    let exited = tokio::time::timeout(Duration::from_secs(30), worker.wait()).await.expect("exits once the linger is over").unwrap();
+    assert!(exited.success());
     env.cleanup().await;
 }

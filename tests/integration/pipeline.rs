@@ -53,9 +53,9 @@ async fn sample_corpus_becomes_one_valid_wav_and_one_done_row_per_job() {
         assert!((row.1 - info.samples as f64 / info.sample_rate as f64).abs() < 1e-9);
     }
 
-    let audit = voxbatch::commands::audit(&env.cfg, "demo").await.unwrap();
+    let audit = voxbatch::commands::audit(&env.cfg, "demo", true).await.unwrap();
     assert_eq!((audit.done_rows, audit.objects), (jobs.len(), jobs.len()));
-    assert!(audit.missing_objects.is_empty() && audit.orphan_objects.is_empty());
+    assert!(audit.problems() == 0 && audit.orphan_objects.is_empty(), "{audit}");
     let report = voxbatch::report::report(&env.db, voxbatch::report::Dimension::Campaign, None, Some("demo")).await.unwrap();
     assert_eq!(report.rows.len(), 1);
     assert_eq!(report.rows[0].key, "demo");

@@ -115,18 +115,18 @@ async fn claims_of_one_job_by_two_live_workers_let_exactly_one_synthesize() {
     // Both claim at the same moment: the transaction lets one proceed, the other waits.
     let (a, b) = tokio::join!(env.db.claim(jobs, "w-a", &lease), env.db.claim(jobs, "w-b", &lease));
     let mut decisions = vec![a.unwrap().remove(0), b.unwrap().remove(0)];
-    decisions.sort_by_key(|d| matches!(d, Claim::Proceed));
+    decisions.sort_by_key(|d| matches!(d, Claim::Proceed { .. }));
     assert!(matches!(&decisions[0], Claim::Busy { .. }), "{decisions:?}");
-    assert_eq!(decisions[1], Claim::Proceed);
+    assert!(matches!(decisions[1], Claim::Proceed { .. }));
     let winner: String = sqlx::query_scalar("SELECT worker_id FROM jobs").fetch_one(env.db.pool()).await.unwrap();
     let loser = if winner == "w-a" { "w-b" } else { "w-a" };
     // Still busy while the winner lives; once it has stopped, the claim is free.
     assert!(matches!(env.db.claim(jobs, loser, &lease).await.unwrap()[0], Claim::Busy { .. }));
     env.db.worker_stopped(&winner, 0.0, 1.0).await.unwrap();
-    assert_eq!(env.db.claim(jobs, loser, &lease).await.unwrap()[0], Claim::Proceed);
+    assert!(matches!(env.db.claim(jobs, loser, &lease).await.unwrap()[0], Claim::Proceed { .. }));
     // Released claims are free at once, too.
     env.db.release(&[job.job_id], loser).await.unwrap();
-    assert_eq!(env.db.claim(jobs, &winner, &lease).await.unwrap()[0], Claim::Proceed);
+    assert!(matches!(env.db.claim(jobs, &winner, &lease).await.unwrap()[0], Claim::Proceed { .. }));
     env.cleanup().await;
 }
 
@@ -219,5 +219,92 @@ async fn status_shows_jobs_stuck_in_running_with_no_live_worker_and_a_storage_ou
     assert!(s.workers.iter().any(|w| w.worker_id == "w-gone" && w.state == "stopped"));
     assert!(s.storage.is_err(), "the outage is visible");
     assert_eq!(s.depths, Ok((0, 0)));
+    env.cleanup().await;
+}
+
+/// Issue 39, items 1 and 12: a job refused for any reason is filed under the campaign its message
+/// names, so `status --campaign` counts it and no `campaign.drained.default` is announced.
+#[tokio::test]
+async fn a_rejected_job_is_filed_under_the_campaign_its_message_names() {
+    let env = TestEnv::new("rejcampaign").await;
+    let id = uuid::Uuid::new_v4();
+    let body = format!(r#"{{"job_id":"{id}","campaign":"book-7","text":"hi","voice":"nobody"}}"#);
+    env.publish_raw(&[body.as_bytes()]).await;
+    let summary = env.drain().await;
+    assert_eq!(summary.rejected, 1);
+    let (campaign, status): (String, String) =
+        sqlx::query_as("SELECT campaign, status FROM jobs WHERE job_id = $1").bind(id).fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!((campaign.as_str(), status.as_str()), ("book-7", "rejected"));
+    let filed: Option<String> = sqlx::query_scalar("SELECT campaign FROM rejections WHERE job_id = $1").bind(id).fetch_one(env.db.pool()).await.unwrap();
+    assert_eq!(filed.as_deref(), Some("book-7"));
+    env.cleanup().await;
+}
+
+/// Issue 39, item 16: JSON leaves a key named twice open; the job is refused as ambiguous rather
+/// than filed under whichever value came last.
+#[tokio::test]
+async fn a_message_naming_a_key_twice_is_refused_as_ambiguous() {
+    let env = TestEnv::new("dupkey").await;
+    let id = uuid::Uuid::new_v4();
+    let body = format!(r#"{{"job_id":"{id}","text":"Twice named.","campaign":"a","campaign":"b"}}"#);
+    env.publish_raw(&[body.as_bytes()]).await;
+    assert_eq!(env.drain().await.rejected, 1);
+    let dead = dead_letters(&env, 1).await;
+    assert_eq!(dead[0].0, "not_json");
+    assert!(dead[0].1.contains("`campaign` appears twice"), "{}", dead[0].1);
+    assert_eq!(env.objects().await.len(), 0);
+    env.cleanup().await;
+}
+
+/// Issue 39, item 14: `x-delivery-count` on a first delivery can only be the publisher's; it must
+/// not fail a job that never ran.
+#[tokio::test]
+async fn a_publisher_set_delivery_count_does_not_fail_a_job_on_its_first_delivery() {
+    use lapin::options::BasicPublishOptions;
+    use lapin::types::{AMQPValue, FieldTable};
+    let env = TestEnv::new("spoofcount").await;
+    let job = Job::new("A header that lies about the past.");
+    let conn = lapin::Connection::connect(env.cfg.amqp.url().expose(), Default::default()).await.unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(99));
+    ch.basic_publish(
+        env.cfg.amqp.exchange.as_str().into(),
+        env.cfg.amqp.routing_key.as_str().into(),
+        BasicPublishOptions::default(),
+        &job.to_json(),
+        lapin::BasicProperties::default().with_headers(headers),
+    )
+    .await
+    .unwrap();
+    let _ = conn.close(200, "done".into()).await;
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.jobs_failed), (1, 0));
+    env.cleanup().await;
+}
+
+/// Issue 39, item 13: deliveries lost with workers that only prefetched a job (it was never
+/// claimed) do not count against it: at the limit it goes back with its count reset, and is done.
+#[tokio::test]
+async fn a_job_only_prefetched_by_lost_workers_is_given_back_at_the_limit_not_failed() {
+    use futures::StreamExt;
+    let env = TestEnv::new_with("unclaimed", |c| c.amqp.delivery_limit = 2).await;
+    let job = Job::new("Prefetched twice, never started.");
+    env.publish(std::slice::from_ref(&job)).await;
+    // Two consumers take it and vanish without acking (as workers killed while it sat in their prefetch).
+    for _ in 0..2 {
+        let conn = lapin::Connection::connect(env.cfg.amqp.url().expose(), Default::default()).await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let mut consumer = ch
+            .basic_consume(env.cfg.amqp.queue.as_str().into(), "lost".into(), Default::default(), Default::default())
+            .await
+            .unwrap();
+        let _held = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await.expect("a delivery").unwrap().unwrap();
+        let _ = conn.close(200, "vanish".into()).await;
+    }
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done, summary.jobs_failed), (1, 0), "given back and done, not failed");
+    assert_eq!(env.depths_settled((0, 0)).await, (0, 0));
+    assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
     env.cleanup().await;
 }

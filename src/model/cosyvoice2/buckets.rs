@@ -72,7 +72,7 @@ const BUCKET_OVERHEAD_TOKENS: usize = 1_000;
 
 /// The least a token2wav call costs, in padded speech tokens, however little it holds: a small
 /// bucket is launch-bound (ten Euler steps of the compiled estimator, the vocoder, the encoder).
-/// From the H200 corpus run (2026-12-04, session 12, worker log): batch-end buckets of 36 to 128
+/// From the H200 corpus run (2026-12-04, worker log): batch-end buckets of 36 to 128
 /// short segments each took 0.27–0.32 s (flow steps 0.18–0.19 s), the time of ≈ 4,500 padded tokens
 /// at the bench's 16.8 ms per 250, of which [`BUCKET_OVERHEAD_TOKENS`] is the call's overhead.
 const CALL_FLOOR_TOKENS: usize = 3_500;

@@ -1,6 +1,6 @@
 //! CUDA graphs of the flow's estimator step, for small token2wav batches: where launches, not the
 //! GPU, set the pace. A compiled estimator call launches ≈ 700 kernels; on the H200 a bucket of
-//! short segments took ≈ 18 ms a step whatever its size (2026-12-04, session 12's corpus run: 36
+//! short segments took ≈ 18 ms a step whatever its size (the 2026-12-04 corpus run: 36
 //! buckets with flow steps of 150–300 ms, 13 s of a 137-s drain, NVML at 40–70 % through them).
 //! Replayed as one graph, a step costs what its kernels cost.
 //!

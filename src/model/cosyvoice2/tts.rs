@@ -195,7 +195,7 @@ impl TextToSpeech {
     /// One short sentence (`text`: its token ids) through both stages, its length forced (random
     /// weights warm up as real ones do): the LLM's first prefill and graph capture, the compiled
     /// packages' first calls (their kernels load then) and libtorch's first handles happen here,
-    /// at load, rather than inside the first text batch — session 11's first batch (12 jobs,
+    /// at load, rather than inside the first text batch — the 2026-12-04 corpus run's first batch (12 jobs,
     /// 444 s of audio) took 3.3 s with NVML at ≈ 50 %. Nothing is kept: its stage times are
     /// dropped. Returns the seconds it took. `Ok` without work for a model with no voice.
     pub fn warm_up(&mut self, text: Vec<i64>) -> Result<f64, ModelError> {

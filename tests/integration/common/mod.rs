@@ -321,3 +321,65 @@ pub async fn wait_done(env: &TestEnv, n: i64, secs: u64) -> bool {
     .await
 }
 
+
+/// A TCP proxy in front of a service that the test can pause: while paused, bytes already sent
+/// wait in it (a stalled network, a slow upload) and flow again on resume. For a worker whose
+/// store answers late.
+pub struct PausableProxy {
+    pub port: u16,
+    paused: tokio::sync::watch::Sender<bool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl PausableProxy {
+    /// Listens on a free port of 127.0.0.1 and forwards each connection to `upstream`.
+    pub async fn start(upstream: &str) -> PausableProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (paused, rx) = tokio::sync::watch::channel(false);
+        let upstream = upstream.to_string();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (rx, upstream) = (rx.clone(), upstream.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::join!(pipe(cr, sw, rx.clone()), pipe(sr, cw, rx));
+                });
+            }
+        });
+        PausableProxy { port, paused, accept }
+    }
+
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+}
+
+impl Drop for PausableProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut paused: tokio::sync::watch::Receiver<bool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => {
+                let _ = to.shutdown().await;
+                return;
+            }
+            Ok(n) => n,
+        };
+        if paused.wait_for(|p| !*p).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
