@@ -419,45 +419,6 @@ fn speech_tokens(v: Value, limit: usize) -> Result<Vec<i64>, RejectionKind> {
         .collect()
 }
 
-/// What a job gives `manifest`'s model.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ModelInput {
-    /// Token ids: speech tokens, or text tokenized by the manifest's tokenizer.
-    Tokens(Vec<i64>),
-    /// Text for the CosyVoice2 frontend (kind `cosyvoice2`): normalised, segmented and tokenized
-    /// off the async runtime (`model::TextInput::prepare`).
-    Text,
-}
-
-/// What a job gives `manifest`'s model: its speech tokens (checked against the model's
-/// vocabulary) for a speech-token model, text for the frontend of a `cosyvoice2` model (unless
-/// the job carries speech tokens), its tokenized text otherwise.
-pub fn model_input(job: &Job, manifest: &crate::model::Manifest) -> Result<ModelInput, RejectionKind> {
-    if job.speed.is_some_and(|s| s != 1.0) && !manifest.kind.has_prompt_voices() {
-        let reason = format!("a {} model speaks at one speed; only CosyVoice2 models take `speed`", manifest.kind.as_str());
-        return Err(RejectionKind::InvalidField { field: "speed", reason });
-    }
-    if manifest.kind == crate::model::ModelKind::Cosyvoice2 && job.speech_tokens.is_none() {
-        return if is_blank(&job.text) { Err(RejectionKind::EmptyText) } else { Ok(ModelInput::Text) };
-    }
-    model_tokens(job, manifest).map(ModelInput::Tokens)
-}
-
-fn model_tokens(job: &Job, manifest: &crate::model::Manifest) -> Result<Vec<i64>, RejectionKind> {
-    if !manifest.takes_speech_tokens() {
-        if is_blank(&job.text) {
-            return Err(RejectionKind::EmptyText);
-        }
-        return Ok(manifest.tokenize(&job.text));
-    }
-    let tokens = job.speech_tokens.as_ref().ok_or(RejectionKind::MissingSpeechTokens)?;
-    let vocab = manifest.vocab_size();
-    if let Some((i, t)) = tokens.iter().enumerate().find(|(_, t)| **t >= vocab) {
-        return Err(RejectionKind::InvalidSpeechTokens(format!("item {i} ({t}) is not below this model's vocabulary size {vocab}")));
-    }
-    Ok(tokens.clone())
-}
-
 /// `voice` and `campaign`: optional strings of letters, digits, `.`, `_`, `-` (they appear in
 /// object keys and reports).
 fn optional_name(obj: &mut Map<String, Value>, field: &'static str, default: &str) -> Result<String, RejectionKind> {

@@ -17,13 +17,15 @@
 //!   and CosyVoice2's token2wav ([`model::cosyvoice2`]).
 //! - [`frontend`]: CosyVoice2's text frontend: normalisation, segments, tokenizer.
 //! - [`voice`]: voices from recordings (features, ONNX models) and a worker's voice book.
-//! - [`gpu`]: NVML: device memory, per-batch sampler.
+//! - [`device`]: what a worker runs on (cpu, cuda:N) and at which precision (a leaf).
+//! - [`gpu`]: NVML: device memory, per-batch sampler; `torch_shim`: the libtorch C++ shim (`csrc/`).
 //! - [`audio`]: waveform → WAV, FLAC, MP3 or Ogg Opus bytes + sha256.
 //! - [`storage`]: S3 / file store for audio, the object key layout.
 //! - [`metrics`]: the worker's Prometheus endpoint.
 //! - [`db`]: Postgres schema, claims, batch commits, rejections, voices.
 //! - [`cost`]: prices and per-batch cost.
 //! - [`worker`]: the pipeline, a file per stage: intake → infer → commit, delivery, retry.
+//! - [`transience`]: whether an error heals by waiting (the stages' errors say; `worker::retry` reads).
 //! - [`report`]: throughput and cost reports; [`plot`]: their charts.
 //! - [`bench`]: the benchmarks.
 //! - [`commands`]: what each CLI command does, a file per command (the binary only parses flags).
@@ -36,6 +38,7 @@ pub mod commands;
 pub mod config;
 pub mod cost;
 pub mod db;
+pub mod device;
 pub mod enqueue;
 pub mod frontend;
 pub mod gpu;
@@ -47,5 +50,7 @@ pub mod queue;
 pub mod report;
 pub mod sizing;
 pub mod storage;
+pub(crate) mod torch_shim;
+pub mod transience;
 pub mod voice;
 pub mod worker;

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::ConfigError;
-use crate::model::cosyvoice2::flow_graphs::FlowGraphSettings;
-use crate::model::{Device, Precision};
+use crate::device::{Device, Precision};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,8 +37,8 @@ impl RawModel {
     pub fn validate(self) -> Result<ModelConfig, ConfigError> {
         Ok(ModelConfig {
             dir: self.dir,
-            device: self.device.parse().map_err(|e: crate::model::ParseError| ConfigError::Invalid { key: "model.device", reason: e.to_string() })?,
-            precision: self.precision.parse().map_err(|e: crate::model::ParseError| ConfigError::Invalid { key: "model.precision", reason: e.to_string() })?,
+            device: self.device.parse().map_err(|e: crate::device::ParseError| ConfigError::Invalid { key: "model.device", reason: e.to_string() })?,
+            precision: self.precision.parse().map_err(|e: crate::device::ParseError| ConfigError::Invalid { key: "model.precision", reason: e.to_string() })?,
             cpu_threads: usize::try_from(self.cpu_threads).map_err(|_| ConfigError::Invalid { key: "model.cpu_threads", reason: "must be >= 0".into() })?,
             flow_graphs: FlowGraphSettings {
                 graphs: usize::try_from(self.flow_graphs).map_err(|_| ConfigError::Invalid { key: "model.flow_graphs", reason: "must be >= 0".into() })?,
@@ -51,5 +50,41 @@ impl RawModel {
             },
             cudnn_benchmark: self.cudnn_benchmark,
         })
+    }
+}
+
+/// `[model] flow_graphs` and `[model] flow_graph_max_frames`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowGraphSettings {
+    /// Step graphs kept at most (0: none captured).
+    pub graphs: usize,
+    /// The largest step captured: rows (the doubled batch) × mel frames.
+    pub max_frames: i64,
+}
+
+impl FlowGraphSettings {
+    pub const OFF: FlowGraphSettings = FlowGraphSettings { graphs: 0, max_frames: 0 };
+
+    /// The most device memory the graphs hold, which batches cannot use: each graph's input
+    /// buffers and output (x, mu, cond, out: 4 × rows × frames × 80 fp32), and the shared pool's
+    /// activations of one call at the largest shape (bounded by [`ACTIVATION_BYTES_PER_FRAME`] (`model::cosyvoice2::flow_graphs` captures the graphs)).
+    pub fn reserve_bytes(&self) -> u64 {
+        if self.graphs == 0 {
+            return 0;
+        }
+        let frames = self.max_frames.max(0) as u64;
+        self.graphs as u64 * 4 * frames * 80 * 4 + frames * ACTIVATION_BYTES_PER_FRAME
+    }
+}
+
+/// An estimator call's live activations per row × frame, generously: CosyVoice2's estimator keeps
+/// 256 channels (fp32 residual stream, bf16 projections, a 1,024-wide feed-forward) and a causal
+/// convolution's three taps side by side — a few kilobytes; 16 KiB bounds it.
+const ACTIVATION_BYTES_PER_FRAME: u64 = 16 * 1024;
+
+/// None (libraries and tests; the worker takes `[model]`'s).
+impl Default for FlowGraphSettings {
+    fn default() -> FlowGraphSettings {
+        FlowGraphSettings::OFF
     }
 }

@@ -59,7 +59,7 @@ impl DbError {
     }
 }
 
-impl crate::worker::retry::Transience for DbError {
+impl crate::transience::Transience for DbError {
     /// Refused credentials (28P01, 28000) or a missing role/database (3D000) do not heal by
     /// waiting; a bad URL neither.
     fn is_permanent(&self) -> bool {

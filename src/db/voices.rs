@@ -11,7 +11,7 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::{q, Db, DbError};
-use crate::voice::prompt::VoicePrompt;
+use crate::model::VoicePrompt;
 
 /// Where a voice came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,14 +5,16 @@
 //! or `None`, never a crash.
 //!
 //! Neighbours: `batch::memory` sizes batches from [`MemoryInfo`]; per-batch GPU metrics build on
-//! this module.
+//! this module; `model` asks it for the GPU's architecture and the host's memory readings. It
+//! reads libtorch's allocator through `torch_shim`, and names nothing of `model`.
 
 pub mod sampler;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 
-use crate::model::Device;
+use crate::device::Device;
+use crate::torch_shim as shim;
 
 /// Errors reading device information.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +45,7 @@ pub fn memory_info(device: Device) -> Result<MemoryInfo, GpuError> {
         Device::Cuda(index) => match nvml_memory(index) {
             Ok(info) => Ok(info),
             // Without NVML, libtorch still knows free and total memory.
-            Err(e) => match crate::model::memory::cuda_device_memory(index) {
+            Err(e) => match cuda_device_memory(index) {
                 Some((free, total, reserved)) => Ok(MemoryInfo {
                     name: format!("cuda:{index}"),
                     total_bytes: total,
@@ -85,7 +87,7 @@ fn nvml_memory(index: usize) -> Result<MemoryInfo, GpuError> {
     // Some drivers (containers) do not report per-process usage: count all used memory that is
     // not ours (our caching allocator's reservation) as others'.
     if others == 0 && mine == 0 {
-        let ours = crate::model::memory::cuda_device_memory(index).map(|(_, _, reserved)| reserved).unwrap_or(0);
+        let ours = cuda_device_memory(index).map(|(_, _, reserved)| reserved).unwrap_or(0);
         others = mem.used.saturating_sub(ours).saturating_sub(reserved_by_driver(mem.total));
     }
     Ok(MemoryInfo { name, total_bytes: mem.total, used_by_others_bytes: others })
@@ -104,12 +106,26 @@ pub fn host_memory() -> Result<MemoryInfo, GpuError> {
     };
     let total = field("MemTotal:").ok_or(GpuError::Meminfo)?;
     let available = field("MemAvailable:").ok_or(GpuError::Meminfo)?;
-    let mine = crate::model::memory::proc_status_kib("VmRSS:").unwrap_or(0) * 1024;
+    let mine = proc_status_kib("VmRSS:").unwrap_or(0) * 1024;
     Ok(MemoryInfo {
         name: "cpu".to_string(),
         total_bytes: total,
         used_by_others_bytes: total.saturating_sub(available).saturating_sub(mine),
     })
+}
+
+/// Memory of CUDA device `index` as libtorch sees it: (free, total, reserved by this process's
+/// caching allocator). `None` without CUDA.
+pub fn cuda_device_memory(index: usize) -> Option<(u64, u64, u64)> {
+    let (free, total) = shim::cuda_mem_info(index)?;
+    let reserved = shim::cuda_memory_stat(index, shim::CudaStat::Reserved).unwrap_or(0);
+    Some((free, total, reserved))
+}
+
+/// A `kB` field of /proc/self/status.
+pub fn proc_status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]

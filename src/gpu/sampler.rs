@@ -15,7 +15,7 @@ use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
 
-use crate::model::Device;
+use crate::device::Device;
 
 /// One batch's GPU figures. Fields NVML could not read are `None`.
 #[derive(Debug, Clone, Default, PartialEq)]

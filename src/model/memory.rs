@@ -4,6 +4,7 @@
 
 use super::shim;
 use super::Device;
+use crate::gpu::proc_status_kib;
 
 /// Peak-memory probe for one device, used on the inference thread.
 #[derive(Debug, Clone, Copy)]
@@ -52,20 +53,6 @@ impl MemoryProbe {
             shim::cuda_empty_cache();
         }
     }
-}
-
-/// Memory of CUDA device `index` as libtorch sees it: (free, total, reserved by this process's
-/// caching allocator). `None` without CUDA.
-pub fn cuda_device_memory(index: usize) -> Option<(u64, u64, u64)> {
-    let (free, total) = shim::cuda_mem_info(index)?;
-    let reserved = shim::cuda_memory_stat(index, shim::CudaStat::Reserved).unwrap_or(0);
-    Some((free, total, reserved))
-}
-
-/// A `kB` field of /proc/self/status.
-pub fn proc_status_kib(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -15,112 +15,25 @@
 
 pub mod compiled;
 pub mod cosyvoice2;
+mod input;
 mod manifest;
+pub mod voice_prompt;
 pub mod memory;
 pub mod cuda_graph;
 pub mod profiler;
-pub(crate) mod shim;
+pub(crate) use crate::torch_shim as shim;
 mod torchscript;
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+pub use crate::device::{Device, ParseError, Precision};
+pub use input::{model_input, ModelInput};
+pub use voice_prompt::VoicePrompt;
 pub use cosyvoice2::tts::TextInput;
 pub use manifest::{Cosyvoice2Dims, LlmDims, Manifest, ModelKind, TokenizerSpec};
 pub use torchscript::TorchScriptModel;
-
-/// Where inference runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-}
-
-/// A value that is not a device or a precision.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{value}` is not a {what}: use {expected}")]
-pub struct ParseError {
-    pub value: String,
-    pub what: &'static str,
-    pub expected: &'static str,
-}
-
-impl FromStr for Device {
-    type Err = ParseError;
-    fn from_str(s: &str) -> Result<Self, ParseError> {
-        match s.trim() {
-            "cpu" => Ok(Device::Cpu),
-            "cuda" => Ok(Device::Cuda(0)),
-            other => other
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(Device::Cuda)
-                .ok_or_else(|| ParseError { value: other.to_string(), what: "device", expected: "cpu or cuda:N" }),
-        }
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
-
-impl Device {
-    pub fn to_tch(self) -> tch::Device {
-        match self {
-            Device::Cpu => tch::Device::Cpu,
-            Device::Cuda(n) => tch::Device::Cuda(n),
-        }
-    }
-}
-
-/// Numeric precision of inference. Weights stay fp32; fp16/bf16 run under autocast with that
-/// dtype; tf32 lets fp32 matmuls and convolutions use TF32 tensor cores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    Fp32,
-    Tf32,
-    Fp16,
-    Bf16,
-}
-
-impl FromStr for Precision {
-    type Err = ParseError;
-    fn from_str(s: &str) -> Result<Self, ParseError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "fp32" | "float32" => Ok(Precision::Fp32),
-            "tf32" => Ok(Precision::Tf32),
-            "fp16" | "float16" | "half" => Ok(Precision::Fp16),
-            "bf16" | "bfloat16" => Ok(Precision::Bf16),
-            other => Err(ParseError { value: other.to_string(), what: "precision", expected: "fp32, tf32, fp16 or bf16" }),
-        }
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Precision {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Precision, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Fp32 => "fp32",
-            Precision::Tf32 => "tf32",
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-        })
-    }
-}
 
 /// Errors of the model stage.
 #[derive(Debug, thiserror::Error)]
@@ -295,7 +208,7 @@ pub trait Synthesizer {
     fn release_memory(&self) {}
     /// Puts a voice at `index` (replacing, or appending at the end): models whose voices come
     /// from Postgres (CosyVoice2). Others keep the voices their directory fixes.
-    fn set_voice(&mut self, index: usize, prompt: &crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
+    fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
         let _ = (index, prompt);
         Err(ModelError::BadInput(format!("a {} model's voices are fixed by its directory", self.manifest().kind.as_str())))
     }
@@ -359,7 +272,7 @@ struct BatchRequest(Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelErr
 
 /// A voice for the inference thread's table: index and prompt, already checked against the
 /// manifest ([`cosyvoice2::check_voice`]).
-struct VoiceRequest(usize, Box<crate::voice::prompt::VoicePrompt>);
+struct VoiceRequest(usize, Box<VoicePrompt>);
 
 /// Where the inference thread's load stands.
 #[derive(Clone)]
@@ -526,7 +439,7 @@ impl ModelHandle {
     /// checking it against the manifest ([`cosyvoice2::check_voice`]: `BadInput` says why the
     /// model cannot use it). Does not wait for the thread, nor for the load: batches sent after
     /// this returns see the voice.
-    pub fn set_voice(&self, index: usize, prompt: crate::voice::prompt::VoicePrompt) -> Result<(), ModelError> {
+    pub fn set_voice(&self, index: usize, prompt: VoicePrompt) -> Result<(), ModelError> {
         cosyvoice2::check_voice(&self.manifest, &prompt).map_err(ModelError::BadInput)?;
         self.voices.send(VoiceRequest(index, Box::new(prompt))).map_err(|_| self.gone())
     }

@@ -50,7 +50,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a publisher waits for one confirm.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
-impl crate::worker::retry::Transience for QueueError {
+impl crate::transience::Transience for QueueError {
     /// The broker refused the credentials or the access (ACCESS_REFUSED, NOT_ALLOWED): waiting
     /// does not help.
     fn is_permanent(&self) -> bool {
@@ -79,7 +79,7 @@ fn amqp(op: &'static str) -> impl FnOnce(lapin::Error) -> QueueError {
 /// with back-off). A refusal of the credentials is returned at once: every node of a cluster
 /// shares its users.
 pub async fn connect(cfg: &AmqpConfig, name: &str) -> Result<Connection, QueueError> {
-    use crate::worker::retry::Transience;
+    use crate::transience::Transience;
     let mut last = None;
     for (i, url) in cfg.urls.iter().enumerate() {
         let props = ConnectionProperties::default().with_connection_name(name.into());

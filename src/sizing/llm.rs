@@ -35,11 +35,7 @@ pub fn kv_bytes_per_position(dims: &LlmDims, kind: Kind) -> u64 {
     SlotCache::bytes_per_token(dims.layers as i64, dims.kv_heads, dims.head_dim, kind)
 }
 
-/// Positions one slot must hold for the configured limits.
-pub fn max_positions(c: &LlmConfig, dims: &LlmDims) -> i64 {
-    let input = 2 + c.max_prompt_text_tokens + c.max_text_tokens + c.max_prompt_speech_tokens;
-    input as i64 + (c.max_text_tokens as f64 * dims.max_token_text_ratio).ceil() as i64
-}
+pub use crate::model::cosyvoice2::llm::request::max_positions;
 
 /// What the LM stage gets.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

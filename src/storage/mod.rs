@@ -64,7 +64,7 @@ impl StorageError {
     }
 }
 
-impl crate::worker::retry::Transience for StorageError {
+impl crate::transience::Transience for StorageError {
     fn is_permanent(&self) -> bool {
         StorageError::is_permanent(self)
     }

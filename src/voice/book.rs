@@ -54,7 +54,7 @@ pub enum BookError {
     Model(#[from] ModelError),
 }
 
-impl crate::worker::retry::Transience for BookError {
+impl crate::transience::Transience for BookError {
     fn is_permanent(&self) -> bool {
         match self {
             BookError::Db(e) => e.is_permanent(),

@@ -25,7 +25,7 @@ pub const SPEECH_TOKENIZER_FILE: &str = "speech_tokenizer_v2.onnx";
 /// The speaker model's file in a model directory (the checkpoint's name).
 pub const CAMPPLUS_FILE: &str = "campplus.onnx";
 /// Width of the speaker embedding.
-pub const EMBEDDING_DIM: usize = 192;
+pub use crate::model::voice_prompt::EMBEDDING_DIM;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

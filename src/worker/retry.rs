@@ -21,14 +21,7 @@ pub fn backoff(attempt: u32, min: Duration, max: Duration) -> Duration {
     Duration::from_secs_f64(capped * (0.5 + rand::random::<f64>() * 0.5))
 }
 
-/// Whether retrying an error can help.
-pub trait Transience {
-    /// True when the error will not go away by itself (bad credentials, access denied, a
-    /// request the service will always refuse).
-    fn is_permanent(&self) -> bool {
-        false
-    }
-}
+pub use crate::transience::Transience;
 
 /// What to check when `e` is an error waiting will not fix (refused credentials or access).
 pub fn permanent_hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {

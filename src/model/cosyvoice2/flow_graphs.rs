@@ -32,41 +32,8 @@ use crate::model::compiled::CompiledPackage;
 use crate::model::cuda_graph::CudaGraph;
 use crate::model::Device;
 
-/// `[model] flow_graphs` and `[model] flow_graph_max_frames`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlowGraphSettings {
-    /// Step graphs kept at most (0: none captured).
-    pub graphs: usize,
-    /// The largest step captured: rows (the doubled batch) × mel frames.
-    pub max_frames: i64,
-}
+pub use crate::config::FlowGraphSettings;
 
-impl FlowGraphSettings {
-    pub const OFF: FlowGraphSettings = FlowGraphSettings { graphs: 0, max_frames: 0 };
-
-    /// The most device memory the graphs hold, which batches cannot use: each graph's input
-    /// buffers and output (x, mu, cond, out: 4 × rows × frames × 80 fp32), and the shared pool's
-    /// activations of one call at the largest shape (bounded by [`ACTIVATION_BYTES_PER_FRAME`]).
-    pub fn reserve_bytes(&self) -> u64 {
-        if self.graphs == 0 {
-            return 0;
-        }
-        let frames = self.max_frames.max(0) as u64;
-        self.graphs as u64 * 4 * frames * 80 * 4 + frames * ACTIVATION_BYTES_PER_FRAME
-    }
-}
-
-/// An estimator call's live activations per row × frame, generously: CosyVoice2's estimator keeps
-/// 256 channels (fp32 residual stream, bf16 projections, a 1,024-wide feed-forward) and a causal
-/// convolution's three taps side by side — a few kilobytes; 16 KiB bounds it.
-const ACTIVATION_BYTES_PER_FRAME: u64 = 16 * 1024;
-
-/// None (libraries and tests; the worker takes `[model]`'s).
-impl Default for FlowGraphSettings {
-    fn default() -> FlowGraphSettings {
-        FlowGraphSettings::OFF
-    }
-}
 
 /// What the graphs did since the flow loaded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]

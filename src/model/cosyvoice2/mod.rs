@@ -38,12 +38,12 @@ use tch::{Kind, Tensor};
 use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
-pub use self::weights::Weights;
+pub use self::weights::{checkpoint_voices, Weights};
 use super::compiled::CompiledStage;
 use super::shim::{AutocastGuard, Tf32Scope};
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
-use crate::voice::prompt::VoicePrompt;
+use crate::model::VoicePrompt;
 
 pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
 pub const VOICES_FILE: &str = "voices.safetensors";
@@ -245,7 +245,7 @@ impl Token2Wav {
         hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), digest.as_ref()));
 
         let mut voices = Vec::new();
-        for (i, prompt) in crate::voice::prompt::checkpoint_voices(dir, &manifest)?.iter().enumerate() {
+        for (i, prompt) in weights::checkpoint_voices(dir, &manifest)?.iter().enumerate() {
             let declared = manifest.prompt_tokens(i as i64);
             if declared != prompt.flow_tokens().len() {
                 return Err(err(format!(

@@ -35,7 +35,7 @@ use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::Mode;
 use crate::model::{ItemAudio, LlmDims, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
-use crate::voice::prompt::VoicePrompt;
+use crate::model::VoicePrompt;
 use crate::model::Device;
 
 /// A text job as the frontend prepared it: what the model thread needs.
@@ -163,7 +163,7 @@ impl TextToSpeech {
         let token2wav_s = started.elapsed().as_secs_f64();
         let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
         let llm_s = started.elapsed().as_secs_f64() - token2wav_s;
-        let positions = crate::sizing::llm::max_positions(&plan.llm, &dims);
+        let positions = super::llm::request::max_positions(&plan.llm, &dims);
         let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;
         tracing::info!(
             token2wav_s = format!("{token2wav_s:.2}"),

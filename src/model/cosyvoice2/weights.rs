@@ -121,6 +121,33 @@ impl Weights {
     }
 }
 
+/// The voices a converted model directory carries (`voices.safetensors`, from the checkpoint's
+/// `spk2info.pt`), in `model.toml`'s order. Blocking (reads the file).
+pub fn checkpoint_voices(dir: &std::path::Path, manifest: &crate::model::Manifest) -> Result<Vec<crate::model::VoicePrompt>, crate::model::ModelError> {
+    use super::VOICES_FILE;
+    use crate::model::voice_prompt::{EMBEDDING_DIM, FRAMES_PER_TOKEN, MEL_BINS};
+    let err = |reason: String| crate::model::ModelError::Manifest { dir: dir.display().to_string(), reason };
+    let w = Weights::load(&dir.join(VOICES_FILE), tch::Device::Cpu)?;
+    let floats = |t: tch::Tensor| Vec::<f32>::try_from(t.reshape([-1])).map_err(|e| err(format!("{VOICES_FILE}: {e}")));
+    let mut voices = Vec::new();
+    for name in &manifest.voices {
+        let embedding = floats(w.get(&format!("{name}.embedding"), &[EMBEDDING_DIM as i64]))?;
+        let (flow, prompt_mel) = match w.get_ids(&format!("{name}.prompt_token")) {
+            Some(tokens) => {
+                let mel = floats(w.get(&format!("{name}.prompt_feat"), &[(FRAMES_PER_TOKEN * tokens.len()) as i64, MEL_BINS as i64]))?;
+                (tokens, mel)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let llm = w.get_ids(&format!("{name}.llm_prompt_token")).unwrap_or_else(|| flow.clone());
+        let prompt_text_tokens = w.get_ids(&format!("{name}.prompt_text")).unwrap_or_default();
+        let flow_tokens = (llm != flow).then_some(flow);
+        voices.push(crate::model::VoicePrompt { name: name.clone(), prompt_text: None, prompt_text_tokens, speech_tokens: llm, flow_tokens, prompt_mel, embedding });
+    }
+    w.finish()?;
+    Ok(voices)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@
 //! compute what nobody reads; their writes land at position 0 of a free slot, which the next
 //! prefill overwrites.
 //!
-//! Neighbours: `speech_lm` drives it (`SpeechLm::generate`); `qwen2::Qwen2::step` is the step;
+//! Neighbours: `speech_lm` drives it (`SpeechLm::generate`) and is the [`DecodingLm`] it steps; `qwen2::Qwen2::step` is the step;
 //! `sampler::draw` runs inside it; `model::cuda_graph` captures and replays.
 
 use std::collections::HashMap;
@@ -20,7 +20,6 @@ use tch::{Device, Kind, Tensor};
 use super::super::layers::R;
 use super::cache::SlotCache;
 use super::sampler::{draw, uniforms_tensor, SamplingParams};
-use super::speech_lm::SpeechLm;
 use crate::model::cuda_graph::CudaGraph;
 
 /// What one decode step leaves for the sampler: log-probabilities `[rows, V]` (fp32) and each
@@ -120,10 +119,26 @@ pub fn rows_for(used: usize, slots: usize) -> i64 {
     rounded.min(slots) as i64
 }
 
+/// What the batched decoder needs of a speech-token LM: a slot cache, its device, width and
+/// weights' kind, the embeddings of the tokens just drawn, and one decode step's outputs with
+/// their draws (device work only, so a step can be captured as a CUDA graph). CosyVoice2's
+/// `SpeechLm` implements it; another LM over a Qwen2 backbone (other heads, another input
+/// layout) decodes on this same decoder by implementing it too.
+pub trait DecodingLm {
+    fn new_cache(&self, slots: usize, max_positions: i64) -> R<SlotCache>;
+    fn device(&self) -> tch::Device;
+    fn kind(&self) -> Kind;
+    fn hidden_size(&self) -> i64;
+    /// Writes the speech embeddings of `tokens` `[N]` into `out` `[N, hidden]`.
+    fn speech_embeddings_into(&self, out: &Tensor, tokens: &Tensor) -> R<Tensor>;
+    /// The decode step over the first rows of `cache` and its sampler draws.
+    fn step_outputs(&self, cache: &SlotCache, x: &Tensor, positions: &Tensor, uniforms: &Tensor, span: i64, params: &SamplingParams) -> R<StepOutputs>;
+}
+
 impl BatchDecoder {
     /// A decoder of `slots` sequences of up to `max_positions` positions each, sampling with
     /// `params`; CUDA graphs on a CUDA device unless `graphs` is false.
-    pub fn new(lm: &SpeechLm, slots: usize, max_positions: i64, params: SamplingParams, graphs: bool) -> R<BatchDecoder> {
+    pub fn new(lm: &impl DecodingLm, slots: usize, max_positions: i64, params: SamplingParams, graphs: bool) -> R<BatchDecoder> {
         let cache = lm.new_cache(slots.max(1), max_positions)?;
         let device = lm.device();
         let graphs_on = graphs && device.is_cuda();
@@ -164,7 +179,7 @@ impl BatchDecoder {
     /// Runs one step over the first `rows` slots reading `span` positions: writes each row's keys
     /// and values at its position and returns the step's outputs (valid until the next step).
     /// Advancing the slots' lengths is the caller's.
-    pub fn step(&mut self, lm: &SpeechLm, rows: i64, span: i64, input: &StepInput<'_>) -> R<StepOutputs> {
+    pub fn step(&mut self, lm: &impl DecodingLm, rows: i64, span: i64, input: &StepInput<'_>) -> R<StepOutputs> {
         if !self.buffers.contains_key(&rows) {
             let h = lm.hidden_size();
             let buffers = StepBuffers {
@@ -203,7 +218,7 @@ impl BatchDecoder {
     }
 
     /// Replays the graph of (`rows`, `span`), capturing it first if needed.
-    fn replay(&mut self, lm: &SpeechLm, rows: i64, span: i64) -> Result<StepOutputs, crate::model::cuda_graph::GraphError> {
+    fn replay(&mut self, lm: &impl DecodingLm, rows: i64, span: i64) -> Result<StepOutputs, crate::model::cuda_graph::GraphError> {
         let key = (rows, span);
         if !self.captured.contains_key(&key) {
             let started = Instant::now();
@@ -229,7 +244,7 @@ impl BatchDecoder {
     /// Benchmarks: the mean seconds of one step over `rows` rows reading `span` positions (every
     /// row at position `span - 1`), run `n` times back to back — graph replays alone on CUDA with
     /// graphs on, so no host work is counted — then synchronised. Clobbers the cache's contents.
-    pub fn time_step(&mut self, lm: &SpeechLm, rows: i64, span: i64, n: usize) -> R<f64> {
+    pub fn time_step(&mut self, lm: &impl DecodingLm, rows: i64, span: i64, n: usize) -> R<f64> {
         let r = rows as usize;
         let (tokens, positions, uniforms) = (vec![0i64; r], vec![span - 1; r], vec![(0.5, 0.5); r]);
         let input = StepInput { tokens: &tokens, embeddings: &[], positions: &positions, uniforms: &uniforms };

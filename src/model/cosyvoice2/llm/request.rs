@@ -4,6 +4,15 @@
 //!
 //! Neighbours: `speech_lm` (decodes requests), `prompt` (builds them from a job's segments).
 
+use crate::config::LlmConfig;
+use crate::model::LlmDims;
+
+/// Positions one slot must hold for the configured limits.
+pub fn max_positions(c: &LlmConfig, dims: &LlmDims) -> i64 {
+    let input = 2 + c.max_prompt_text_tokens + c.max_text_tokens + c.max_prompt_speech_tokens;
+    input as i64 + (c.max_text_tokens as f64 * dims.max_token_text_ratio).ceil() as i64
+}
+
 /// Draws of an end-of-speech token before `min_len` tolerated per step.
 pub(super) const MAX_TRIALS: usize = 100;
 

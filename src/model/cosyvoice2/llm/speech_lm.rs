@@ -29,7 +29,7 @@ use tch::{Kind, TchError, Tensor};
 
 use super::super::layers::{Linear, R};
 use super::super::weights::Weights;
-use super::batch::{rows_for, BatchDecoder, StepInput, StepOutputs};
+use super::batch::{BatchDecoder, DecodingLm, StepInput, StepOutputs, rows_for};
 use super::cache::SlotCache;
 use super::qwen2::{span_for, Qwen2, Qwen2Dims, Rows};
 use super::request::{max_steps, MAX_TRIALS};
@@ -465,6 +465,27 @@ impl SpeechLm {
         let logp = self.log_probs(&hidden)?;
         let picks = draw(&logp, uniforms, params)?;
         Ok(StepOutputs { logp, picks })
+    }
+}
+
+impl DecodingLm for SpeechLm {
+    fn new_cache(&self, slots: usize, max_positions: i64) -> R<SlotCache> {
+        SpeechLm::new_cache(self, slots, max_positions)
+    }
+    fn device(&self) -> tch::Device {
+        SpeechLm::device(self)
+    }
+    fn kind(&self) -> Kind {
+        SpeechLm::kind(self)
+    }
+    fn hidden_size(&self) -> i64 {
+        SpeechLm::hidden_size(self)
+    }
+    fn speech_embeddings_into(&self, out: &Tensor, tokens: &Tensor) -> R<Tensor> {
+        SpeechLm::speech_embeddings_into(self, out, tokens)
+    }
+    fn step_outputs(&self, cache: &SlotCache, x: &Tensor, positions: &Tensor, uniforms: &Tensor, span: i64, params: &SamplingParams) -> R<StepOutputs> {
+        SpeechLm::step_outputs(self, cache, x, positions, uniforms, span, params)
     }
 }
 

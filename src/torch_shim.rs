@@ -1,8 +1,10 @@
-//! Safe wrappers over `csrc/torch_shim.cpp` (libtorch calls tch does not expose).
+//! Safe wrappers over `csrc/torch_shim.cpp` (libtorch calls tch does not expose). Below the
+//! model and the GPU readings: `model` runs autocast, TF32, compiled packages and CUDA graphs
+//! through it, `gpu` reads the caching allocator's memory.
 
 use std::ffi::{c_char, CStr};
 
-use super::{Device, Precision};
+use crate::device::{Device, Precision};
 
 extern "C" {
     fn voxbatch_autocast_set(device_type: i32, enabled: i32, dtype: i32, err: *mut c_char, err_len: usize) -> i32;
