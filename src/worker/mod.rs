@@ -18,6 +18,9 @@
 //! - two deliveries of one job are never synthesized at once (claims in one transaction);
 //! - shutdown (the injected future) finishes the batch in progress and gives back the rest.
 //!
+//! [`run`] wires the stages and nothing else; `lifecycle.rs` prepares a worker (checks, loads,
+//! registration) and ends it (the stages' ends, last events, summary).
+//!
 //! Neighbours: `commands::work` builds a worker per device; `sizing` chooses the batch policy.
 
 mod commit;
@@ -26,6 +29,7 @@ pub mod events;
 mod gate;
 mod infer;
 mod intake;
+mod lifecycle;
 pub mod retry;
 
 use std::future::Future;
@@ -35,15 +39,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 use uuid::Uuid;
 
 pub use delivery::RETURNED_HEADER;
 pub use infer::{error_chain, synthesize_splitting, ModelRun};
 
 use crate::config::Config;
-use crate::db::{ClaimLease, Db, WorkerRow};
-use crate::gpu::sampler::GpuSampler;
+use crate::db::{ClaimLease, Db};
 use crate::model::ModelHandle;
 use crate::voice::VoiceBook;
 use crate::queue::QueueError;
@@ -170,7 +173,8 @@ pub fn new_worker_id() -> String {
     format!("{}-{}-{}", crate::db::hostname(), std::process::id(), &Uuid::new_v4().simple().to_string()[..8])
 }
 
-/// Runs a worker until `shutdown` resolves (or, with `drain`, until the queue is empty).
+/// Runs a worker until `shutdown` resolves (or, with `drain`, until the queue is empty): wires
+/// the stages (`lifecycle` prepares them and ends them).
 pub async fn run(
     cfg: Config,
     model: ModelHandle,
@@ -180,100 +184,18 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerSummary, WorkerError> {
     let worker_id = opts.worker_id.clone().or_else(|| cfg.worker.id.clone()).unwrap_or_else(new_worker_id);
-    let manifest = Arc::new(model.manifest().clone());
+    let lifecycle::Setup { manifest, device, precision, sampler, hourly_usd, frontend, sizing, voices } =
+        lifecycle::prepare(&cfg, &model, &db, &worker_id).await?;
     let loading = model.clone();
-    let (device, precision) = (model.device(), model.precision());
-    // The configured format must be writable here (codec library, model rate); a job asking for
-    // another that is not gets WAV, so say which those are now.
-    // Opening a codec library reads files: off the async runtime.
-    let (format, rate) = (cfg.output.format, manifest.sample_rate);
-    let checks = tokio::task::spawn_blocking(move || crate::audio::OutputFormat::ALL.map(|f| (f, f.check(rate))))
-        .await
-        .map_err(|e| WorkerError::Stage(format!("output format check: {e}")))?;
-    for (f, check) in checks {
-        match check {
-            Err(e) if f == format => return Err(WorkerError::OutputFormat(e)),
-            Err(e) => warn!(format = f.extension(), error = %e, "jobs asking for this format will be stored as WAV"),
-            Ok(()) => {}
-        }
-    }
-    // NVML and calibration files: blocking calls, off the async runtime.
-    let interval = cfg.cost.sample_interval;
-    let sampler = tokio::task::spawn_blocking(move || GpuSampler::start(device, interval))
-        .await
-        .map_err(|e| WorkerError::Stage(format!("gpu sampler: {e}")))?
-        .map(Arc::new);
-    let gpu_name = sampler.as_ref().map(|s| s.name().to_string());
-    let hourly_usd = cfg.cost.prices.hourly(device, gpu_name.as_deref());
-    // Kind cosyvoice2: the text frontend (grammars, tokenizer) runs at the intake, `[frontend]
-    // threads` jobs at a time on the blocking pool, so bad text is refused before it takes a place
-    // in a batch.
-    let frontend = if manifest.kind == crate::model::ModelKind::Cosyvoice2 {
-        let (dir, limits) = (manifest.dir.clone(), crate::frontend::segment::SegmentLimits::from_config(&cfg));
-        let frontend_cfg = cfg.frontend.clone();
-        let (loaded, threads) = tokio::task::spawn_blocking(move || {
-            // `threads()` may read the host's cgroup files: here, off the runtime.
-            let threads = frontend_cfg.threads();
-            crate::frontend::Frontend::load_for_threads(&dir, limits, threads).map(|f| (f, threads))
-        })
-        .await
-        .map_err(|e| WorkerError::Stage(format!("text frontend: {e}")))??;
-        Some((Arc::new(loaded), threads))
-    } else {
-        None
-    };
-    let sizing = {
-        let (cfg, manifest, llm_slots) = (cfg.clone(), manifest.clone(), model.llm_slots());
-        tokio::task::spawn_blocking(move || crate::sizing::worker_policy(&cfg, &manifest, device, precision, llm_slots))
-            .await
-            .map_err(|e| WorkerError::Stage(format!("batch sizing: {e}")))??
-    };
-    // The voices jobs may name: a CosyVoice2 model's come from Postgres (its directory's own are
-    // imported first) and reach the model thread before any batch names them.
-    let voices = Arc::new(if manifest.kind.has_prompt_voices() {
-        VoiceBook::shared(db.clone(), model.clone()).await?
-    } else {
-        VoiceBook::fixed(&manifest)
-    });
-    db.register_worker(&WorkerRow {
-        worker_id: &worker_id,
-        device: &device.to_string(),
-        model: &manifest.name,
-        precision: &precision.to_string(),
-        gpu_name: gpu_name.as_deref(),
-        hourly_usd,
-    })
-    .await?;
-    info!(worker_id, model = %manifest.name, %device, %precision, "worker started");
-
-    let stop = CancellationToken::new();
-    let counters = Arc::new(Counters::default());
-    let clock = Arc::new(WorkerClock::new());
-    let held = delivery::HeldCount::default();
-    let fatal = Arc::new(retry::Fatal::default());
-    let retry = retry::Retry {
-        min: cfg.worker.retry_min,
-        max: cfg.worker.retry_max,
-        max_hold: cfg.worker.max_hold,
-        stop: stop.clone(),
-        fatal: fatal.clone(),
-    };
+    let (stop, counters, clock, fatal) = (CancellationToken::new(), Arc::new(Counters::default()), Arc::new(WorkerClock::new()), Arc::new(retry::Fatal::default()));
+    let retry = retry::Retry { min: cfg.worker.retry_min, max: cfg.worker.retry_max, max_hold: cfg.worker.max_hold, stop: stop.clone(), fatal: fatal.clone() };
     let outbox = Arc::new(delivery::Outbox::new(cfg.amqp.clone()));
-    let settler = Arc::new(delivery::Settler {
-        db: db.clone(),
-        outbox: outbox.clone(),
-        retry,
-        worker_id: worker_id.clone(),
-        counters: counters.clone(),
-    });
-
-    let (batch_tx, batch_rx) = mpsc::channel(1);
-    // Text models form each batch when the inference stage is idle (gate.rs says why).
-    // The model may still be loading (`ModelHandle::start`): the gate is held until it is ready.
+    let settler = Arc::new(delivery::Settler { db: db.clone(), outbox: outbox.clone(), retry, worker_id: worker_id.clone(), counters: counters.clone() });
+    // Text models form each batch when the inference stage is idle (gate.rs says why); the model
+    // may still be loading (`ModelHandle::start`): the gate is held until it is ready.
     let gate = frontend.is_some().then(|| Arc::new(gate::InferenceGate::loading()));
-    let (outcome_tx, outcome_rx) = mpsc::unbounded_channel();
-    let (return_tx, return_rx) = mpsc::unbounded_channel();
-    let (post_tx, post_rx) = mpsc::channel(1);
+    let ((batch_tx, batch_rx), (post_tx, post_rx)) = (mpsc::channel(1), mpsc::channel(1));
+    let ((outcome_tx, outcome_rx), (return_tx, return_rx)) = (mpsc::unbounded_channel(), mpsc::unbounded_channel());
     let infer = infer::Infer {
         db: db.clone(),
         model,
@@ -287,17 +209,10 @@ pub async fn run(
         stop: stop.clone(),
         gate: gate.clone(),
     };
-    let events_wake = Arc::new(tokio::sync::Notify::new());
+    let (events_wake, events_stop) = (Arc::new(tokio::sync::Notify::new()), CancellationToken::new());
     let events_storage = storage.clone();
-    let sweep = events::EventSweep::new(
-        db.clone(),
-        cfg.amqp.clone(),
-        Arc::new(move |key: &str| events_storage.url(key)),
-        cfg.worker.events_sweep,
-        events_wake.clone(),
-    );
-    let events_stop = CancellationToken::new();
-    let events_task = tokio::spawn(sweep.run(events_stop.clone()));
+    let audio_url = Arc::new(move |key: &str| events_storage.url(key));
+    let sweep = events::EventSweep::new(db.clone(), cfg.amqp.clone(), audio_url, cfg.worker.events_sweep, events_wake.clone());
     let commit = commit::Commit {
         db: db.clone(),
         storage,
@@ -334,51 +249,23 @@ pub async fn run(
         hold_work: sizing.hold_work,
         drain: opts.drain,
         drain_poll: cfg.worker.drain_poll,
-        held,
-        stop: stop.clone(),
+        held: delivery::HeldCount::default(),
+        stop,
         fatal: fatal.clone(),
         outbox,
         settler,
     };
-    let prepared = return_tx.clone();
-    let infer_task = tokio::spawn(infer.run(batch_rx, post_tx, outcome_tx, return_tx));
-    let commit_task = tokio::spawn(commit.run(post_rx));
-    let heartbeat = tokio::spawn(heartbeat_loop(db.clone(), worker_id.clone(), clock.clone(), cfg.worker.heartbeat));
-    let voice_poll = tokio::spawn(voice_poll_loop(voices, cfg.voices.refresh));
-
-    let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx, prepared, gate };
+    let channels = intake::IntakeChannels { batches: batch_tx, outcomes: outcome_rx, returns: return_rx, prepared: return_tx.clone(), gate };
+    let tasks = lifecycle::Tasks {
+        infer: tokio::spawn(infer.run(batch_rx, post_tx, outcome_tx, return_tx)),
+        commit: tokio::spawn(commit.run(post_rx)),
+        events: tokio::spawn(sweep.run(events_stop.clone())),
+        events_stop,
+        heartbeat: tokio::spawn(heartbeat_loop(db.clone(), worker_id.clone(), clock.clone(), cfg.worker.heartbeat)),
+        voice_poll: tokio::spawn(voice_poll_loop(voices, cfg.voices.refresh)),
+    };
     let intake_result = intake.run(sizing.policy, channels, shutdown).await;
-
-    // The intake has stopped and dropped its sender: the stages finish what they hold.
-    let infer_result = infer_task.await;
-    let commit_result = commit_task.await;
-    // A worker that stops while its model still loads (a drained queue, a shutdown) waits for the
-    // load to end: a process that exits while libtorch loads on the inference thread crashes in
-    // libtorch's teardown (a `--drain` worker of the 16-process fleet test with no job to do did,
-    // SIGSEGV, 2026-12-05).
-    if !loading.is_settled() {
-        info!("waiting for the model to finish loading before the worker stops");
-    }
-    let _ = loading.ready().await;
-    events_stop.cancel();
-    if tokio::time::timeout(Duration::from_secs(30), events_task).await.is_err() {
-        warn!("the last completion events are still pending; another worker's sweep publishes them");
-    }
-    heartbeat.abort();
-    voice_poll.abort();
-    let (busy, alive) = clock.busy_alive_ms();
-    if let Err(e) = db.worker_stopped(&worker_id, busy, alive).await {
-        warn!(error = %e, "could not record worker stop");
-    }
-    if let Some((error, hint)) = fatal.error() {
-        return Err(WorkerError::Permanent { error: error.to_string(), hint });
-    }
-    intake_result?;
-    infer_result.map_err(|e| WorkerError::Stage(format!("infer: {e}")))?;
-    commit_result.map_err(|e| WorkerError::Stage(format!("commit: {e}")))?;
-    let summary = counters.summary(worker_id);
-    info!(?summary, "worker stopped");
-    Ok(summary)
+    lifecycle::finish(tasks, intake_result, loading, &db, worker_id, &clock, &counters, &fatal).await
 }
 
 /// Looks for voices added, replaced or removed in Postgres (CosyVoice2 models).
