@@ -5,16 +5,20 @@
 //! voice added a moment ago is found), feeds each valid job to the batch policy and hands a
 //! batch to the inference stage only when that stage has room (text batches: only when it is
 //! idle, `gate`), so each batch is chosen from everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
-//! a `cosyvoice2` model goes through the text frontend first, on the blocking pool (text that
-//! says nothing is rejected there, before it takes a place in a batch), and joins the policy with
+//! a `cosyvoice2` model goes through the text frontend first (`text_prep`, on the blocking pool:
+//! text that says nothing is rejected there, before it takes a place in a batch), and joins the policy with
 //! its estimated speech tokens (characters at the speaking rate) as its length, the unit of
 //! speech-token jobs too. Jobs parked by the inference stage (claimed elsewhere) and
 //! prepared text jobs come back through `returns`. On shutdown or drain
 //! it stops consuming, gives back every job not started, and waits for the other stages to
 //! settle what they hold before closing the connection.
 //!
+//! Text models take messages in windows of `prefetch`, and only while less than the next batch's
+//! work waits (`hold_work`): the consumer is cancelled and renewed, its deliveries staying held.
+//!
 //! Neighbours: `mod.rs` wires it; `infer` receives its batches; `gate` says when the inference
-//! stage is idle; `delivery` settles messages; `batch` decides; `job` validates.
+//! stage is idle; `text_prep` prepares text jobs; `delivery` settles messages; `batch` decides;
+//! `job` validates.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -30,11 +34,11 @@ use tracing::{debug, error, info, warn};
 
 use super::delivery::{Delivery, HeldCount, Outbox, Settler};
 use super::gate::InferenceGate;
+pub use super::text_prep::TextPrep;
 use super::retry::{backoff, Fatal, Transience};
 use super::WorkerError;
 use crate::batch::{BatchOutcome, BatchPolicy, Decision, Flush, Pending};
 use crate::config::{AmqpConfig, Limits};
-use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::{parse_job, Job, Rejection, RejectionKind};
 use crate::model::{model_input, ModelInput};
 use crate::model::{Manifest, TextInput};
@@ -91,25 +95,6 @@ pub struct Intake {
     pub fatal: Arc<Fatal>,
     pub outbox: Arc<Outbox>,
     pub settler: Arc<Settler>,
-}
-
-/// How a text job is prepared: the text frontend on the blocking pool, a few jobs at a time.
-#[derive(Clone)]
-pub struct TextPrep {
-    pub frontend: Arc<Frontend>,
-    /// Jobs prepared at once (blocking threads; the grammars are one lock per language).
-    pub slots: Arc<tokio::sync::Semaphore>,
-    /// `[frontend]` speaking rates (a text job's estimated speech tokens are its length), and
-    /// `[llm] force_lengths` (benchmarks with random weights).
-    pub rates: SpeakingRates,
-    pub force_lengths: bool,
-    /// Estimated speech tokens of the jobs the frontend is preparing now (part of the work the
-    /// intake holds: `Intake::hold_work`).
-    pub preparing: Arc<std::sync::atomic::AtomicUsize>,
-    pub settler: Arc<Settler>,
-    pub stop: CancellationToken,
-    /// Where prepared jobs go (the intake's `returns`).
-    pub returns: mpsc::UnboundedSender<Received>,
 }
 
 /// The stage's channels.
@@ -459,49 +444,6 @@ fn voice_rejection(job: Job, lookup: Lookup, voices: &VoiceBook) -> Rejection {
     Rejection::of(&job, kind)
 }
 
-impl TextPrep {
-    /// Runs the text frontend over a job on the blocking pool; the prepared job comes back
-    /// through the intake's `returns` (or, when the worker is stopping, goes back to the queue).
-    /// Text that says nothing (or that the tokenizer refuses) is rejected with the reason; a
-    /// failure of the model's grammar files fails the job, saying so.
-    fn spawn(&self, job: Job, voice: i64, delivery: Delivery) {
-        let prep = self.clone();
-        // Counted as held work until prepared, at the slower (Chinese) speaking rate: an estimate
-        // on the high side takes less ahead, never more.
-        let estimate = self.rates.speech_tokens(&job.text, crate::frontend::segment::Lang::Zh);
-        let counted = Preparing::count(&self.preparing, estimate);
-        tokio::spawn(async move {
-            let _counted = counted;
-            let _slot = prep.slots.clone().acquire_owned().await;
-            let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
-            let campaign = job.campaign.clone();
-            let (frontend, rates, forced) = (prep.frontend.clone(), prep.rates, prep.force_lengths);
-            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
-            let settler = &prep.settler;
-            match result {
-                Ok(Ok(input)) => {
-                    let length = input.estimated_speech_tokens();
-                    let r = Received { job, tokens: Vec::new(), voice, text: Some(Arc::new(input)), length, claim: 0, delivery };
-                    if prep.stop.is_cancelled() {
-                        settler.outbox.give_back(vec![r.delivery]).await;
-                    } else if let Err(mpsc::error::SendError(r)) = prep.returns.send(r) {
-                        settler.outbox.give_back(vec![r.delivery]).await;
-                    }
-                }
-                Ok(Err(e)) if e.is_input() => {
-                    let kind = match e {
-                        FrontendError::Empty => RejectionKind::NothingToSay("it is empty or only punctuation and symbols".into()),
-                        other => RejectionKind::InvalidField { field: "text", reason: other.to_string() },
-                    };
-                    settler.reject(Rejection { job_id: Some(id), campaign: Some(campaign), kind }, delivery).await;
-                }
-                Ok(Err(e)) => settler.fail(id, &format!("text frontend: {}", super::error_chain(&e)), delivery).await,
-                Err(e) => settler.fail(id, &format!("text frontend stopped: {e}"), delivery).await,
-            }
-        });
-    }
-}
-
 async fn idled(gate: Option<&InferenceGate>) {
     match gate {
         Some(g) => g.idled().await,
@@ -518,25 +460,6 @@ async fn sleep_until(at: Option<Instant>) {
 
 async fn send(tx: &mpsc::Sender<Assembled>, batch: Assembled) -> Result<(), WorkerError> {
     tx.send(batch).await.map_err(|_| WorkerError::Stage("inference stage stopped".into()))
-}
-
-/// A job's estimated work counted in `TextPrep::preparing` while the frontend prepares it.
-struct Preparing {
-    counter: Arc<std::sync::atomic::AtomicUsize>,
-    tokens: usize,
-}
-
-impl Preparing {
-    fn count(counter: &Arc<std::sync::atomic::AtomicUsize>, tokens: usize) -> Preparing {
-        counter.fetch_add(tokens, std::sync::atomic::Ordering::SeqCst);
-        Preparing { counter: counter.clone(), tokens }
-    }
-}
-
-impl Drop for Preparing {
-    fn drop(&mut self) {
-        self.counter.fetch_sub(self.tokens, std::sync::atomic::Ordering::SeqCst);
-    }
 }
 
 /// The next delivery of the consumer (never called without one: the select's guard).

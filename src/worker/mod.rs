@@ -31,6 +31,7 @@ mod infer;
 mod intake;
 mod lifecycle;
 pub mod retry;
+mod text_prep;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,7 +229,7 @@ pub async fn run(
         counters: counters.clone(),
         settler: settler.clone(),
     };
-    let text = frontend.map(|(frontend, threads)| intake::TextPrep {
+    let text = frontend.map(|(frontend, threads)| text_prep::TextPrep {
         frontend,
         slots: Arc::new(tokio::sync::Semaphore::new(threads)),
         rates: crate::frontend::SpeakingRates::from_config(&cfg.frontend),
