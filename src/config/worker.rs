@@ -1,10 +1,11 @@
-//! `[worker]`: identity, heartbeats, retrying and the hold limit.
+//! `[worker]`: identity, heartbeats, retrying, the hold limit and the spool of finished audio.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::check::RawDuration;
+use super::check::{non_negative, RawDuration};
 use super::ConfigError;
 
 #[derive(Debug, Deserialize)]
@@ -17,6 +18,8 @@ pub struct RawWorker {
     pub max_hold: RawDuration,
     pub drain_poll: RawDuration,
     pub events_sweep: RawDuration,
+    pub spool_dir: String,
+    pub spool_max_bytes: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -29,6 +32,19 @@ pub struct WorkerConfig {
     pub drain_poll: Duration,
     /// How often unpublished completion events are swept up and published.
     pub events_sweep: Duration,
+    /// Where finished audio of batches given back is kept (`worker::spool`); `None`: the default,
+    /// [`WorkerConfig::spool_dir`].
+    pub spool_dir: Option<PathBuf>,
+    /// The spool's size limit (oldest entries evicted first); 0: no spool.
+    pub spool_max_bytes: u64,
+}
+
+impl WorkerConfig {
+    /// The spool's directory: `spool_dir`, else `voxbatch-spool` in the system's temporary
+    /// directory (`$TMPDIR`, else `/tmp`).
+    pub fn spool_dir(&self) -> PathBuf {
+        self.spool_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("voxbatch-spool"))
+    }
 }
 
 /// Three stages of `max_hold` must stay inside RabbitMQ's 30-minute consumer timeout.
@@ -51,6 +67,25 @@ impl RawWorker {
             max_hold,
             drain_poll: self.drain_poll.positive("worker.drain_poll")?,
             events_sweep: self.events_sweep.positive("worker.events_sweep")?,
+            spool_dir: Some(self.spool_dir.trim()).filter(|s| !s.is_empty()).map(PathBuf::from),
+            spool_max_bytes: non_negative("worker.spool_max_bytes", self.spool_max_bytes)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn the_spool_defaults_to_two_gib_in_the_temporary_directory_and_refuses_a_negative_size() {
+        let c = Config::defaults().unwrap();
+        assert_eq!(c.worker.spool_max_bytes, 2 << 30);
+        assert_eq!(c.worker.spool_dir(), std::env::temp_dir().join("voxbatch-spool"));
+        let env = |k: &str, v: &str| std::collections::BTreeMap::from([(k.to_string(), v.to_string())]);
+        let c = Config::load(None, &env("VOXBATCH_WORKER__SPOOL_DIR", "/var/spool/voxbatch")).unwrap();
+        assert_eq!(c.worker.spool_dir(), std::path::PathBuf::from("/var/spool/voxbatch"));
+        let e = Config::load(None, &env("VOXBATCH_WORKER__SPOOL_MAX_BYTES", "-1")).unwrap_err();
+        assert!(e.to_string().contains("worker.spool_max_bytes"), "{e}");
     }
 }

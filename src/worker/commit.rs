@@ -13,8 +13,13 @@
 //! later claim has earlier claims' leftovers deleted (best effort; `voxbatch audit` lists any that
 //! remain).
 //!
+//! One path commits every job, whether the model made its audio in this batch (encoded here) or
+//! an earlier claim did and the spool kept it encoded ([`JobAudio`]). A batch given back after
+//! encoding keeps each job's encoded audio in the spool first, so the job's next claim need not
+//! synthesize it again; a committed job's entry is deleted.
+//!
 //! Neighbours: `infer` sends [`InferredBatch`]es; `audio` encodes; `storage` uploads; `db`
-//! records; `delivery` acks or gives back.
+//! records; `spool` keeps audio across give-backs; `delivery` acks or gives back.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,8 +31,9 @@ use tracing::{error, info, info_span, warn, Instrument};
 use uuid::Uuid;
 
 use super::delivery::Settler;
-use super::infer::{BatchMeta, InferredBatch};
+use super::infer::{BatchMeta, InferredBatch, JobAudio};
 use super::intake::Received;
+use super::spool::{Spool, SpoolEntry};
 use super::Counters;
 use crate::audio::{encode_batch, EncodedAudio, OutputFormat, Waveform};
 use crate::config::OutputConfig;
@@ -53,6 +59,8 @@ pub struct Commit {
     pub events: Arc<tokio::sync::Notify>,
     /// `[output]`: a job's audio format when it does not name one, and the lossy bitrates.
     pub output: OutputConfig,
+    /// Where a batch given back keeps its encoded audio.
+    pub spool: Arc<Spool>,
 }
 
 impl Commit {
@@ -67,22 +75,18 @@ impl Commit {
 
     async fn commit(self: &Arc<Self>, batch: InferredBatch) {
         let InferredBatch { meta, done, duplicates } = batch;
-        let (received, audio): (Vec<Received>, Vec<Waveform>) = done.into_iter().unzip();
-        let audio: Vec<(Waveform, OutputFormat)> = audio.into_iter().zip(&received).map(|(a, r)| (a, r.job.format.unwrap_or(self.output.format))).collect();
+        let (received, audio): (Vec<Received>, Vec<JobAudio>) = done.into_iter().unzip();
+        let shares: Vec<f64> = audio.iter().map(JobAudio::infer_ms).collect();
+        let spooled: Vec<bool> = audio.iter().map(|a| matches!(a, JobAudio::Spooled { .. })).collect();
         let deliveries = Deliveries { received, duplicates };
 
         let encode_started = Instant::now();
-        let sample_rate = self.manifest.sample_rate;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
-        let bitrates = self.output.bitrates;
-        let encoded = match tokio::task::spawn_blocking(move || encode_batch(&audio, sample_rate, bitrates, threads)).await {
-            Ok(e) => e,
-            Err(e) => {
-                error!(error = %e, "encoding panicked; giving the batch back");
-                return self.give_back(deliveries).await;
-            }
+        let Some(encoded) = self.encode(audio, &deliveries.received).await else {
+            return self.give_back(deliveries).await;
         };
         let encode_ms = encode_started.elapsed().as_secs_f64() * 1000.0;
+        // From here on a give-back keeps the batch's encoded audio in the spool first.
+        let kept = Kept { encoded: &encoded, shares: &shares };
 
         let upload_started = Instant::now();
         let keys: Vec<String> = deliveries
@@ -96,10 +100,10 @@ impl Commit {
         let claims: Vec<(Uuid, i32)> = deliveries.received.iter().map(|r| (r.job.job_id, r.claim)).collect();
         let current = match self.settler.retry.run("check claims", || self.db.current_claims(&claims)).await {
             Ok(c) => c,
-            Err(_) => return self.give_back(deliveries).await,
+            Err(_) => return self.spool_and_give_back(deliveries, kept).await,
         };
         if self.upload(&deliveries.received, &encoded, &keys, &meta, &current).await.is_err() {
-            return self.give_back(deliveries).await;
+            return self.spool_and_give_back(deliveries, kept).await;
         }
         let upload_ms = upload_started.elapsed().as_secs_f64() * 1000.0;
 
@@ -134,10 +138,13 @@ impl Commit {
             .await;
         let superseded = match committed {
             Ok(c) => c.superseded,
-            Err(_) => return self.give_back(deliveries).await,
+            Err(_) => return self.spool_and_give_back(deliveries, kept).await,
         };
         // Committed: now, and only now, ack; the batch's events go out after the commit.
         self.events.notify_one();
+        let from_spool: Vec<(Uuid, String)> =
+            deliveries.received.iter().zip(&spooled).filter(|(_, s)| **s).map(|(r, _)| (r.job.job_id, self.spool.digest(&r.job))).collect();
+        self.spool.forget(from_spool).await;
         let (received, duplicates) = (deliveries.received, deliveries.duplicates);
         let n = (received.len() - superseded.len()) as u64;
         for ((r, key), result) in received.iter().zip(&keys).zip(&results) {
@@ -165,6 +172,57 @@ impl Commit {
             upload_ms = upload_ms as u64,
             "batch committed"
         );
+    }
+
+    /// Each job's encoded audio, in batch order: the model's waveforms encoded on blocking threads
+    /// (spread over cores), spooled audio as it is. `None` when encoding panicked.
+    async fn encode(&self, audio: Vec<JobAudio>, received: &[Received]) -> Option<Vec<EncodedAudio>> {
+        let mut out: Vec<Option<EncodedAudio>> = Vec::with_capacity(audio.len());
+        let (mut to_encode, mut at): (Vec<(Waveform, OutputFormat)>, Vec<usize>) = (Vec::new(), Vec::new());
+        for (i, (a, r)) in audio.into_iter().zip(received).enumerate() {
+            match a {
+                JobAudio::Synthesized { waveform, .. } => {
+                    to_encode.push((waveform, r.job.format.unwrap_or(self.output.format)));
+                    at.push(i);
+                    out.push(None);
+                }
+                JobAudio::Spooled { audio, .. } => out.push(Some(audio)),
+            }
+        }
+        if !to_encode.is_empty() {
+            let sample_rate = self.manifest.sample_rate;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(16);
+            let bitrates = self.output.bitrates;
+            match tokio::task::spawn_blocking(move || encode_batch(&to_encode, sample_rate, bitrates, threads)).await {
+                Ok(encoded) => {
+                    for (i, e) in at.into_iter().zip(encoded) {
+                        out[i] = Some(e);
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "encoding panicked; giving the batch back");
+                    return None;
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Keeps the batch's encoded audio in the spool, then gives its messages back: the jobs'
+    /// next claims commit that audio instead of synthesizing it again.
+    async fn spool_and_give_back(&self, d: Deliveries, kept: Kept<'_>) {
+        let entries: Vec<SpoolEntry> = d
+            .received
+            .iter()
+            .zip(kept.encoded)
+            .zip(kept.shares)
+            .map(|((r, audio), share)| SpoolEntry { job_id: r.job.job_id, digest: self.spool.digest(&r.job), audio: audio.clone(), infer_ms: *share })
+            .collect();
+        if self.spool.enabled() {
+            info!(jobs = entries.len(), "keeping the batch's finished audio in the spool before giving it back");
+        }
+        self.spool.keep(entries).await;
+        self.give_back(d).await;
     }
 
     /// Uploads the object of every job whose claim is still `current` (a few at a time), each retried.
@@ -289,6 +347,13 @@ fn stage_records(stages: &[StageTime], cost_usd: Option<f64>, energy_j: Option<f
             }
         })
         .collect()
+}
+
+/// A batch's encoded audio and each job's share of the device time that made it, for the spool.
+#[derive(Clone, Copy)]
+struct Kept<'a> {
+    encoded: &'a [EncodedAudio],
+    shares: &'a [f64],
 }
 
 /// A batch's messages: first copies and duplicates.

@@ -4,10 +4,13 @@
 //! calls it too): an out-of-memory error or any inference error splits the batch in halves down
 //! to single jobs; a job that fails alone is failed with its reason. Claims decide per job:
 //! synthesize it, ack it (already done), reject it (conflicting content), or park it for a
-//! while when another delivery of the same job is being synthesized right now.
+//! while when another delivery of the same job is being synthesized right now. A job claimed
+//! again whose finished audio is in the spool (its batch was given back after it was made) goes to
+//! the commit stage with that audio, not to the model.
 //!
 //! Neighbours: `intake` sends [`Assembled`] batches and receives parked jobs back; `commit`
-//! receives [`InferredBatch`]es; `delivery` settles; `db` claims; `model` runs.
+//! receives [`InferredBatch`]es; `spool` keeps finished audio; `delivery` settles; `db` claims;
+//! `model` runs.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +26,9 @@ use uuid::Uuid;
 use super::delivery::Settler;
 use super::gate::InferenceGate;
 use super::intake::{Assembled, Received};
+use super::spool::Spool;
 use super::{Counters, WorkerClock};
-use crate::audio::Waveform;
+use crate::audio::{EncodedAudio, Waveform};
 use crate::batch::split::{run_splitting, AttemptError, SplitEvent};
 use crate::batch::{padding, BatchOutcome};
 use crate::db::{BatchEvent, Claim, ClaimLease, Db};
@@ -34,10 +38,35 @@ use crate::model::{add_stages, ModelError, ModelHandle, StageTime, SynthItem};
 /// A batch whose audio is ready to be committed.
 pub struct InferredBatch {
     pub meta: BatchMeta,
-    /// Jobs with their audio, in batch order.
-    pub done: Vec<(Received, Waveform)>,
+    /// Jobs with their audio: synthesized in this batch, then taken from the spool.
+    pub done: Vec<(Received, JobAudio)>,
     /// Extra deliveries of a job in `done` (same job_id twice in one batch): acked with it.
     pub duplicates: Vec<Received>,
+}
+
+/// A job's finished audio, as the commit stage gets it.
+pub enum JobAudio {
+    /// Made by the model in this batch; the commit stage encodes it.
+    Synthesized {
+        waveform: Waveform,
+        /// The job's share of the batch's device time.
+        infer_ms: f64,
+    },
+    /// Made by an earlier claim's batch, encoded, kept in the spool when that batch was given back.
+    Spooled {
+        audio: EncodedAudio,
+        /// The job's share of the device time of the batch that made it.
+        infer_ms: f64,
+    },
+}
+
+impl JobAudio {
+    /// The job's share of the device time that made its audio (billed by the batch committing it).
+    pub fn infer_ms(&self) -> f64 {
+        match self {
+            JobAudio::Synthesized { infer_ms, .. } | JobAudio::Spooled { infer_ms, .. } => *infer_ms,
+        }
+    }
 }
 
 /// What the batch row records about inference.
@@ -46,6 +75,8 @@ pub struct BatchMeta {
     pub flush_reason: &'static str,
     pub started_at: DateTime<Utc>,
     pub queue_ms: f64,
+    /// Device time billed by this batch: its own inference, plus the shares its spooled jobs
+    /// carried from the batches that synthesized them.
     pub infer_ms: f64,
     pub claim_ms: f64,
     pub tokens: usize,
@@ -73,6 +104,20 @@ pub struct Infer {
     pub stop: CancellationToken,
     /// Text models: told when a batch is done with (`gate`'s module doc).
     pub gate: Option<Arc<InferenceGate>>,
+    /// Finished audio of jobs given back, looked up before synthesis.
+    pub spool: Arc<Spool>,
+}
+
+/// What the model made of a batch's jobs not found in the spool.
+struct Synthesized {
+    done: Vec<(Received, JobAudio)>,
+    infer_ms: f64,
+    tokens: usize,
+    padded_tokens: usize,
+    padding_waste: f64,
+    peak: Option<u64>,
+    gpu: Option<GpuStats>,
+    stages: Vec<StageTime>,
 }
 
 impl Infer {
@@ -155,20 +200,80 @@ impl Infer {
             return None;
         }
 
+        // Jobs whose audio an earlier claim made and the spool kept skip the model.
         let started_at = Utc::now();
-        let (tokens, padded_tokens, padding_waste) = padding(to_run.iter().map(|r| r.length));
+        let (spooled, to_synthesize) = self.from_spool(to_run).await;
+        let made = self.synthesize(batch_id, to_synthesize, outcomes).await;
+        let carried_ms: f64 = spooled.iter().map(|(_, a)| a.infer_ms()).sum();
+        let mut done = made.done;
+        done.extend(spooled);
+        if done.is_empty() {
+            return None;
+        }
+        let done_ids: Vec<Uuid> = done.iter().map(|(r, _)| r.job.job_id).collect();
+        let (duplicates, orphans): (Vec<_>, Vec<_>) = duplicates.into_iter().partition(|d| done_ids.contains(&d.job.job_id));
+        for o in orphans {
+            o.delivery.ack().await; // its first copy failed and was dead-lettered with the reason
+        }
+        let meta = BatchMeta {
+            batch_id,
+            flush_reason: reason,
+            started_at,
+            queue_ms,
+            infer_ms: made.infer_ms + carried_ms,
+            claim_ms,
+            tokens: made.tokens,
+            padded_tokens: made.padded_tokens,
+            padding_waste: made.padding_waste,
+            predicted_peak,
+            measured_peak: made.peak,
+            gpu: made.gpu,
+            stages: made.stages,
+        };
+        Some(InferredBatch { meta, done, duplicates })
+    }
+
+    /// Splits claimed jobs into those the spool has finished audio for (with it) and those to
+    /// synthesize.
+    async fn from_spool(&self, jobs: Vec<Received>) -> (Vec<(Received, JobAudio)>, Vec<Received>) {
+        if !self.spool.enabled() {
+            return (Vec::new(), jobs);
+        }
+        let wanted = jobs.iter().map(|r| (r.job.job_id, self.spool.digest(&r.job))).collect();
+        let found = self.spool.take(wanted).await;
+        let (mut spooled, mut rest) = (Vec::new(), Vec::new());
+        for (r, entry) in jobs.into_iter().zip(found) {
+            match entry {
+                Some(e) => spooled.push((r, JobAudio::Spooled { audio: e.audio, infer_ms: e.infer_ms })),
+                None => rest.push(r),
+            }
+        }
+        if !spooled.is_empty() {
+            info!(jobs = spooled.len(), "finished audio taken from the spool; not synthesized again");
+            self.counters.add_from_spool(spooled.len() as u64);
+        }
+        (spooled, rest)
+    }
+
+    /// Runs `jobs` on the model (split on failure); settles those it fails or cannot start.
+    async fn synthesize(&self, batch_id: Uuid, jobs: Vec<Received>, outcomes: &mpsc::UnboundedSender<BatchOutcome>) -> Synthesized {
+        let (tokens, padded_tokens, padding_waste) = padding(jobs.iter().map(|r| r.length));
+        let mut made = Synthesized { done: Vec::new(), infer_ms: 0.0, tokens, padded_tokens, padding_waste, peak: None, gpu: None, stages: Vec::new() };
+        if jobs.is_empty() {
+            return made;
+        }
         if let Some(s) = &self.sampler {
             s.begin();
         }
         let infer_started = Instant::now();
-        let run = synthesize_splitting(&self.model, to_run, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice, text: r.text.clone(), speed: r.job.speed }).await;
+        let run = synthesize_splitting(&self.model, jobs, |r: &Received| SynthItem { tokens: r.tokens.clone(), voice: r.voice, text: r.text.clone(), speed: r.job.speed }).await;
         let infer_elapsed = infer_started.elapsed();
-        let gpu = match &self.sampler {
+        made.gpu = match &self.sampler {
             Some(s) => Some(s.end().await),
             None => None,
         };
         self.clock.add_busy(infer_elapsed);
-        let infer_ms = infer_elapsed.as_secs_f64() * 1000.0;
+        made.infer_ms = infer_elapsed.as_secs_f64() * 1000.0;
         let ooms = run.events.iter().filter(|e| matches!(e, SplitEvent::OutOfMemory { .. })).count() as u64;
         crate::metrics::oom_splits(ooms);
         let oom = ooms > 0;
@@ -179,31 +284,26 @@ impl Infer {
         for (r, reason) in run.failed {
             self.settler.fail(r.job.job_id, &reason, r.delivery).await;
         }
-        if run.done.is_empty() {
-            return None;
+        self.counters.add_synthesized(run.done.len() as u64);
+        if !run.done.is_empty() {
+            info!(jobs = run.done.len(), infer_ms = made.infer_ms as u64, kernels = crate::model::kernels(&run.stages).unwrap_or("-"), "inferred");
         }
-        let done_ids: Vec<Uuid> = run.done.iter().map(|(r, _)| r.job.job_id).collect();
-        let (duplicates, orphans): (Vec<_>, Vec<_>) = duplicates.into_iter().partition(|d| done_ids.contains(&d.job.job_id));
-        for o in orphans {
-            o.delivery.ack().await; // its first copy failed and was dead-lettered with the reason
-        }
-        info!(jobs = run.done.len(), infer_ms = infer_ms as u64, kernels = crate::model::kernels(&run.stages).unwrap_or("-"), "inferred");
-        let meta = BatchMeta {
-            batch_id,
-            flush_reason: reason,
-            started_at,
-            queue_ms,
-            infer_ms,
-            claim_ms,
-            tokens,
-            padded_tokens,
-            padding_waste,
-            predicted_peak,
-            measured_peak: run.peak,
-            gpu,
-            stages: run.stages,
-        };
-        Some(InferredBatch { meta, done: run.done, duplicates })
+        // Each job's share of the device time, by its length: carried with it if its batch is
+        // given back and its audio spooled, so whichever batch commits it bills it.
+        let length: f64 = run.done.iter().map(|(r, _)| r.length as f64).sum();
+        let n = run.done.len() as f64;
+        let infer_ms = made.infer_ms;
+        made.done = run
+            .done
+            .into_iter()
+            .map(|(r, waveform)| {
+                let share = if length > 0.0 { r.length as f64 / length } else { 1.0 / n };
+                (r, JobAudio::Synthesized { waveform, infer_ms: infer_ms * share })
+            })
+            .collect();
+        made.peak = run.peak;
+        made.stages = run.stages;
+        made
     }
 
     /// Claims the jobs; returns those to synthesize. The others are settled or parked here.

@@ -14,7 +14,8 @@
 //! - a redelivered job that is already `done` is acked without recomputation;
 //! - a malformed message goes straight to the dead-letter queue with its reason; never retried;
 //! - an outage of S3 or Postgres delays work (retries with back-off, messages held) but never
-//!   drops it; past the hold limit messages are given back without spending their delivery budget;
+//!   drops it; past the hold limit messages are given back without spending their delivery budget,
+//!   their finished audio kept in the spool (`spool.rs`) so that it is not synthesized again;
 //! - two deliveries of one job are never synthesized at once (claims in one transaction);
 //! - shutdown (the injected future) finishes the batch in progress and gives back the rest.
 //!
@@ -31,6 +32,7 @@ mod infer;
 mod intake;
 mod lifecycle;
 pub mod retry;
+mod spool;
 mod text_prep;
 
 use std::future::Future;
@@ -97,6 +99,10 @@ pub struct WorkerSummary {
     pub cancelled: u64,
     pub rejected: u64,
     pub audio_seconds: f64,
+    /// Jobs the model made audio for (a job given back and synthesized again counts twice).
+    pub jobs_synthesized: u64,
+    /// Jobs whose audio came from the spool (made by an earlier claim, not synthesized again).
+    pub jobs_from_spool: u64,
 }
 
 /// What the stages count.
@@ -109,6 +115,8 @@ pub struct Counters {
     cancelled: AtomicU64,
     rejected: AtomicU64,
     audio_ms: AtomicU64,
+    synthesized: AtomicU64,
+    from_spool: AtomicU64,
 }
 
 /// The one place a worker counts its outcomes: its summary's counters and the process's metrics.
@@ -129,6 +137,12 @@ impl Counters {
         self.cancelled.fetch_add(n, Ordering::SeqCst);
         crate::metrics::jobs_settled("cancelled", n);
     }
+    fn add_synthesized(&self, n: u64) {
+        self.synthesized.fetch_add(n, Ordering::SeqCst);
+    }
+    fn add_from_spool(&self, n: u64) {
+        self.from_spool.fetch_add(n, Ordering::SeqCst);
+    }
     /// A committed batch of `record.batch_size` done jobs (`segments` text segments among them).
     fn add_batch(&self, record: &crate::db::BatchRecord, segments: u64) {
         self.batches.fetch_add(1, Ordering::SeqCst);
@@ -146,6 +160,8 @@ impl Counters {
             cancelled: self.cancelled.load(Ordering::SeqCst),
             rejected: self.rejected.load(Ordering::SeqCst),
             audio_seconds: self.audio_ms.load(Ordering::SeqCst) as f64 / 1000.0,
+            jobs_synthesized: self.synthesized.load(Ordering::SeqCst),
+            jobs_from_spool: self.from_spool.load(Ordering::SeqCst),
         }
     }
 }
@@ -197,6 +213,7 @@ pub async fn run(
     let gate = frontend.is_some().then(|| Arc::new(gate::InferenceGate::loading()));
     let ((batch_tx, batch_rx), (post_tx, post_rx)) = (mpsc::channel(1), mpsc::channel(1));
     let ((outcome_tx, outcome_rx), (return_tx, return_rx)) = (mpsc::unbounded_channel(), mpsc::unbounded_channel());
+    let spool = Arc::new(spool::Spool::new(&cfg.worker, &manifest.name, &cfg.output));
     let infer = infer::Infer {
         db: db.clone(),
         model,
@@ -209,6 +226,7 @@ pub async fn run(
         settler: settler.clone(),
         stop: stop.clone(),
         gate: gate.clone(),
+        spool: spool.clone(),
     };
     let (events_wake, events_stop) = (Arc::new(tokio::sync::Notify::new()), CancellationToken::new());
     let events_storage = storage.clone();
@@ -219,6 +237,7 @@ pub async fn run(
         storage,
         events: events_wake,
         output: cfg.output.clone(),
+        spool,
         manifest: manifest.clone(),
         device,
         precision,

@@ -32,5 +32,6 @@ mod output_formats;
 mod pipeline;
 mod reliability;
 mod report;
+mod spool;
 mod voice;
 mod voices;

@@ -34,7 +34,7 @@ pub fn repo_path(rel: &str) -> PathBuf {
 }
 
 /// Test configuration with unique names for `id`: queues `vbt-<id>…`, database `vbt_<id>`,
-/// S3 keys under `vbt-<id>/` in the default bucket; short timeouts.
+/// S3 keys under `vbt-<id>/` in the default bucket, a spool directory of its own; short timeouts.
 pub fn test_config(id: &str) -> Config {
     let mut cfg = Config::defaults().expect("default config is valid");
     cfg.amqp.exchange = format!("vbt-{id}");
@@ -56,7 +56,13 @@ pub fn test_config(id: &str) -> Config {
     cfg.worker.heartbeat = Duration::from_secs(1);
     // No calibration profile: the conservative built-in memory model (deterministic across machines).
     cfg.memory.calibration_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("no-calibration");
+    cfg.worker.spool_dir = Some(spool_dir(id));
     cfg
+}
+
+/// The spool directory of test `id` (removed by [`TestEnv::cleanup`]).
+pub fn spool_dir(id: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("spool").join(id)
 }
 
 impl TestEnv {
@@ -171,6 +177,7 @@ impl TestEnv {
         }
         self.db.pool().close().await;
         drop_database(&self.id).await;
+        let _ = tokio::fs::remove_dir_all(spool_dir(&self.id)).await;
     }
 }
 
@@ -205,6 +212,7 @@ pub fn spawn_worker_process_with(env: &TestEnv, args: &[&str], vars: &[(&str, &s
         .env("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix())
         .env("VOXBATCH_MODEL__DIR", &env.cfg.model.dir)
         .env("VOXBATCH_MEMORY__CALIBRATION_DIR", &env.cfg.memory.calibration_dir)
+        .env("VOXBATCH_WORKER__SPOOL_DIR", env.cfg.worker.spool_dir())
         .env("VOXBATCH_WORKER__HEARTBEAT", "1s")
         .env("VOXBATCH_METRICS__LISTEN", "off")
         .env("RUST_LOG", "warn")
@@ -322,13 +330,21 @@ pub async fn wait_done(env: &TestEnv, n: i64, secs: u64) -> bool {
 }
 
 
-/// A TCP proxy in front of a service that the test can pause: while paused, bytes already sent
-/// wait in it (a stalled network, a slow upload) and flow again on resume. For a worker whose
-/// store answers late.
+/// A TCP proxy in front of a service that the test can pause or cut off: while paused, bytes
+/// already sent wait in it (a stalled network, a slow upload) and flow again on resume; while
+/// refusing, it closes every connection, open or new, at once (a store that is down: requests fail
+/// fast instead of hanging). For a worker whose store answers late or not at all.
 pub struct PausableProxy {
     pub port: u16,
-    paused: tokio::sync::watch::Sender<bool>,
+    mode: tokio::sync::watch::Sender<ProxyMode>,
     accept: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProxyMode {
+    Forward,
+    Pause,
+    Refuse,
 }
 
 impl PausableProxy {
@@ -336,10 +352,14 @@ impl PausableProxy {
     pub async fn start(upstream: &str) -> PausableProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let port = listener.local_addr().expect("proxy address").port();
-        let (paused, rx) = tokio::sync::watch::channel(false);
+        let (mode, rx) = tokio::sync::watch::channel(ProxyMode::Forward);
         let upstream = upstream.to_string();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *rx.borrow() == ProxyMode::Refuse {
+                    drop(client);
+                    continue;
+                }
                 let (rx, upstream) = (rx.clone(), upstream.clone());
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
@@ -349,15 +369,22 @@ impl PausableProxy {
                 });
             }
         });
-        PausableProxy { port, paused, accept }
+        PausableProxy { port, mode, accept }
     }
 
+    /// Holds the bytes of every connection until [`PausableProxy::resume`].
     pub fn pause(&self) {
-        self.paused.send_replace(true);
+        self.mode.send_replace(ProxyMode::Pause);
     }
 
+    /// Closes every open connection and each new one until [`PausableProxy::resume`].
+    pub fn refuse(&self) {
+        self.mode.send_replace(ProxyMode::Refuse);
+    }
+
+    /// Forwards again.
     pub fn resume(&self) {
-        self.paused.send_replace(false);
+        self.mode.send_replace(ProxyMode::Forward);
     }
 }
 
@@ -367,19 +394,35 @@ impl Drop for PausableProxy {
     }
 }
 
-async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut paused: tokio::sync::watch::Receiver<bool>) {
+/// Copies `from` to `to` while the proxy forwards; waits while it is paused; ends (closing both)
+/// when it refuses.
+async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut mode: tokio::sync::watch::Receiver<ProxyMode>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => {
+        let read = tokio::select! {
+            read = from.read(&mut buf) => Some(read),
+            () = refused(&mut mode) => None,
+        };
+        let n = match read {
+            None => return,
+            Some(Ok(0) | Err(_)) => {
                 let _ = to.shutdown().await;
                 return;
             }
-            Ok(n) => n,
+            Some(Ok(n)) => n,
         };
-        if paused.wait_for(|p| !*p).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
+        let forward = match mode.wait_for(|m| *m != ProxyMode::Pause).await {
+            Ok(m) => *m == ProxyMode::Forward,
+            Err(_) => false,
+        };
+        if !forward || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
+}
+
+/// Resolves once the proxy refuses (or is gone).
+async fn refused(mode: &mut tokio::sync::watch::Receiver<ProxyMode>) {
+    let _ = mode.wait_for(|m| *m == ProxyMode::Refuse).await.map(|_| ());
 }
