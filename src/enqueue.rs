@@ -8,6 +8,8 @@
 //! campaign, the file's SHA-256 and the line number), so enqueuing the same file twice publishes
 //! the same ids and workers settle the second copy without synthesizing it again.
 //!
+//! An interrupted run is resumed by [`resume_command`]: the same command with `--skip N`.
+//!
 //! Neighbours: `job` validates each line; `commands::enqueue` publishes through `queue::Publisher`.
 
 use std::fs::File;
@@ -205,9 +207,73 @@ fn with_defaults_jsonl(line: &[u8], defaults: &LineDefaults) -> Vec<u8> {
     }
 }
 
+/// The command that resumes an interrupted `enqueue` run of `args` (the process's arguments, the
+/// program first) after `published` jobs of its file: the same arguments — every flag kept, as
+/// `--campaign` and `--voice` change the derived job ids — with `--skip` set to `published`, each
+/// argument quoted for a POSIX shell.
+pub fn resume_command(args: &[String], published: usize) -> String {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let mut out: Vec<String> = Vec::with_capacity(args.len() + 2);
+    let mut i = 0;
+    while i < end {
+        let a = &args[i];
+        if a == "--skip" {
+            i += 2;
+            continue;
+        }
+        if !a.starts_with("--skip=") {
+            out.push(a.clone());
+        }
+        i += 1;
+    }
+    out.push("--skip".into());
+    out.push(published.to_string());
+    out.extend(args[end..].iter().cloned());
+    out.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
+}
+
+/// `s` as one word of a POSIX shell: as is when it is plain, else in single quotes (`$'…'` with
+/// escapes when it holds control characters, so none reaches the terminal raw).
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "@%+=:,./_-".contains(c));
+    if plain {
+        return s.to_string();
+    }
+    if s.chars().any(char::is_control) {
+        let body: String = s
+            .chars()
+            .map(|c| match c {
+                '\\' => "\\\\".to_string(),
+                '\'' => "\\'".to_string(),
+                c if c.is_control() && (c as u32) < 0x100 => format!("\\x{:02x}", c as u32),
+                c if c.is_control() => format!("\\u{:04x}", c as u32),
+                c => c.to_string(),
+            })
+            .collect();
+        return format!("$'{body}'");
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_resume_command_keeps_every_flag_and_quotes_each_word() {
+        let args: Vec<String> = ["target/debug/voxbatch", "--config", "my conf.toml", "enqueue", "book's lines.txt", "--campaign", "book-42", "--voice", "narrator", "--skip", "10", "--speed=1.25"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            resume_command(&args, 512),
+            "target/debug/voxbatch --config 'my conf.toml' enqueue 'book'\\''s lines.txt' --campaign book-42 --voice narrator --speed=1.25 --skip 512"
+        );
+        let eq: Vec<String> = ["voxbatch", "enqueue", "a.txt", "--skip=3", "--", "-odd.txt"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(resume_command(&eq, 7), "voxbatch enqueue a.txt --skip 7 -- -odd.txt");
+        assert_eq!(shell_quote("a\nb\u{1b}[2J'"), "$'a\\x0ab\\x1b[2J\\''");
+        assert_eq!(shell_quote(""), "''");
+    }
 
     #[test]
     fn txt_lines_become_jobs_with_the_given_campaign_and_voice() {

@@ -3,7 +3,8 @@
 //! the batch its metadata names against the row (the object a `done` row names is the one it
 //! describes: `worker::commit`'s fence). Objects no row names are listed as orphans.
 //!
-//! Neighbours: `db` (the rows), `storage` (listing, reading); `main.rs` prints [`Audit`].
+//! Neighbours: `db` (the rows), `storage` (listing, reading); `main.rs` prints [`Audit`]
+//! (`report::Render`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -102,6 +103,12 @@ pub async fn audit(cfg: &Config, campaign: &str, deep: bool) -> Result<Audit, Co
         }
     }
     Ok(audit)
+}
+
+impl crate::report::Render for Audit {
+    fn text(&self) -> String {
+        self.to_string()
+    }
 }
 
 impl fmt::Display for Audit {

@@ -98,3 +98,60 @@ pub fn bench_corpus(jobs: usize, seed: u64) -> Vec<String> {
         .map(|(i, text)| serde_json::json!({ "text": text, "voice": voices[i % voices.len()] }).to_string())
         .collect()
 }
+
+/// A benchmark to run, its options resolved, and where its results go.
+pub enum BenchRun {
+    SweetSpot(sweetspot::SweetSpotOptions, PathBuf),
+    Token2wav(token2wav::Token2WavBenchOptions, PathBuf),
+    Llm(llm::LlmBenchOptions, PathBuf),
+    /// The policy bench's corpus as JSONL (nothing written).
+    Corpus { jobs: usize, seed: u64 },
+    /// The policy bench, on the configured model.
+    Policy { jobs: usize, seed: u64, policy_only: bool, out: PathBuf },
+}
+
+/// Runs `run`, passing each progress line to `progress`; returns the results table (Markdown for
+/// the sweet spot, the corpus for `Corpus`) and the files written.
+pub async fn bench(cfg: &Config, run: BenchRun, mut progress: impl FnMut(&str) + Send + 'static) -> Result<(String, Vec<PathBuf>), CommandError> {
+    Ok(match run {
+        BenchRun::SweetSpot(opts, out) => {
+            let (report, paths) = bench_sweetspot(&opts, &out, progress).await?;
+            (sweetspot::markdown(&report), paths)
+        }
+        BenchRun::Token2wav(opts, out) => {
+            let (report, paths) = bench_token2wav(opts, &out, move |p| progress(&token2wav_point_text(p))).await?;
+            (token2wav::table(&report), paths)
+        }
+        BenchRun::Llm(opts, out) => {
+            let (report, paths) = bench_llm(opts, &out, move |p| progress(&llm_point_text(p))).await?;
+            (llm::table(&report), paths)
+        }
+        BenchRun::Corpus { jobs, seed } => (bench_corpus(jobs, seed).join("\n"), Vec::new()),
+        BenchRun::Policy { jobs, seed, policy_only, out } => {
+            let (report, paths) = bench_policy(cfg, jobs, seed, policy_only, &out, |r| progress(&policy_run_text(r))).await?;
+            (policy::table(&report), paths)
+        }
+    })
+}
+
+/// A token2wav bench point as it is measured.
+fn token2wav_point_text(p: &token2wav::Point) -> String {
+    let error = p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+    format!("flow {} HiFT {} batch {}: {:.1} audio-s/s{error}", p.precision, p.vocoder, p.batch, p.audio_seconds_per_second)
+}
+
+/// An LLM bench point as it is measured.
+fn llm_point_text(p: &llm::Point) -> String {
+    let error = p.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+    format!("{} slots: {:.0} tokens/s, {:.1} audio-s/s{error}", p.slots, p.tokens_per_second, p.audio_seconds_per_second)
+}
+
+/// A policy bench run as it ends.
+fn policy_run_text(r: &policy::RunResult) -> String {
+    format!("{}: {:.1} audio-s/s, {} OOM, peak {:.2} GiB", r.config, r.audio_seconds_per_second, r.ooms, r.peak_memory_bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The files a bench wrote, a line each.
+pub fn written_text(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| format!("wrote {}\n", p.display())).collect()
+}

@@ -20,6 +20,28 @@ pub struct DemoSummary {
     pub audio_urls: Vec<String>,
     /// Where the campaign's audio lives.
     pub audio_prefix: String,
+    /// The model the worker ran.
+    pub model_dir: std::path::PathBuf,
+}
+
+impl std::fmt::Display for DemoSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::report::Render;
+        writeln!(f, "enqueued {} job(s) (jobs of an earlier demo run are acked as already done)", self.enqueued)?;
+        writeln!(f, "worker drained the queue: {} batch(es), {} job(s), {:.1} s of audio", self.worker.batches, self.worker.jobs_done, self.worker.audio_seconds)?;
+        write!(f, "{}", self.report.text())?;
+        writeln!(f, "audio: {} file(s) under {}", self.audio_urls.len(), self.audio_prefix)?;
+        for url in self.audio_urls.iter().take(3) {
+            writeln!(f, "  {url}")?;
+        }
+        // The bundled models have random weights (no weights can be downloaded): say so.
+        if self.model_dir.ends_with("cosyvoice2-tiny") {
+            writeln!(f, "(cosyvoice2-tiny has random weights: its audio is noise of the right length, not speech; convert your CosyVoice2 checkpoint for speech)")?;
+        } else if self.model_dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with("reference-")) {
+            writeln!(f, "(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)")?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs the demo for `campaign` on `corpus`.
@@ -34,5 +56,5 @@ pub async fn demo(cfg: &Config, corpus: &Path, campaign: &str, shutdown: impl Fu
     let storage = Storage::open(&cfg.storage).await?;
     let prefix = storage.campaign_prefix(campaign);
     let audio_urls = storage.list(&prefix).await?.iter().map(|k| storage.url(k)).collect();
-    Ok(DemoSummary { enqueued, worker, report, audio_urls, audio_prefix: storage.url(&prefix) })
+    Ok(DemoSummary { enqueued, worker, report, audio_urls, audio_prefix: storage.url(&prefix), model_dir: cfg.model.dir.clone() })
 }

@@ -1,5 +1,7 @@
 //! What each CLI command does, a file per command, as library functions: tests and the demo call
-//! the same code the binary does. `main.rs` parses flags, calls one of these and prints.
+//! the same code the binary does. `main.rs` parses flags, calls one of these and prints what it
+//! returns: each result type renders itself (`report::Render`: text with one table style,
+//! publisher-controlled fields escaped; CSV where it is one table; JSON).
 //!
 //! Neighbours: everything; this is the top of the library.
 
@@ -18,17 +20,17 @@ mod voice;
 mod work;
 
 pub use audit::{audit, Audit};
-pub use bench::{bench_corpus, bench_llm, bench_policy, bench_sweetspot, bench_token2wav};
-pub use calibrate::calibrate;
-pub use campaign::{campaign_progress, cancel, CampaignProgress};
-pub use dead::{dead, dead_table, DeadAction, DeadFilter, DeadReport, DeadRow};
+pub use bench::{bench, bench_corpus, bench_llm, bench_policy, bench_sweetspot, bench_token2wav, written_text, BenchRun};
+pub use calibrate::{calibrate, calibrated_text, calibration_point_header, calibration_point_text};
+pub use campaign::{campaign_progress, cancel, cancel_text, watch_campaign, CampaignProgress};
+pub use dead::{dead, dead_until, DeadAction, DeadFilter, DeadReport, DeadRow};
 pub use demo::{demo, DemoSummary};
 pub use enqueue::{enqueue, publish_with_retry, EnqueueSummary};
 pub use migrate::migrate;
 pub use report::{report, write_plot};
 pub use status::{status, Status};
 pub use text::{text_dry_run, text_table, TextReport};
-pub use voice::{voice_add, voice_list, voice_rm, voice_show, voice_table, AddedVoice, VoiceAdd};
+pub use voice::{voice_add, voice_list, voice_rm, voice_rm_text, voice_show, AddedVoice, VoiceAdd};
 pub use work::{parse_devices, work, ParseDevicesError};
 
 use crate::config::Config;
@@ -71,11 +73,25 @@ pub enum CommandError {
     Io { what: &'static str, source: std::io::Error },
     #[error("{0}")]
     Usage(String),
+    /// A command that moves things one at a time failed part-way: `done` says what it had done.
+    #[error("{what} stopped part-way: {done}")]
+    PartWay { what: &'static str, done: String, source: Box<CommandError> },
+    /// A service stayed unreachable for the time `key` allows.
+    #[error("{service} unreachable for {after} with no progress ({key}): giving up")]
+    GaveUp { service: &'static str, key: &'static str, after: String, source: Box<CommandError> },
+    /// `enqueue` stopped on an error after publishing the file's first `published` jobs
+    /// (`--skip published` resumes).
+    #[error("{published} of {total} job(s) of the file published before it stopped")]
+    EnqueueStopped { published: usize, total: usize, source: Box<CommandError> },
 }
 
 /// What to check when `e` is an error waiting will not fix (refused credentials or access).
 pub fn hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
-    // Transparent variants do not show their inner error in the chain: look inside.
+    // Transparent variants do not show their inner error in the chain, nor does a boxed source
+    // (`PartWay`, `GaveUp`, `EnqueueStopped`: the chain holds the box): look inside.
+    if let Some(inner) = e.downcast_ref::<Box<CommandError>>() {
+        return hint(inner.as_ref());
+    }
     match e.downcast_ref::<CommandError>() {
         Some(CommandError::Worker(w)) => return hint(w),
         Some(CommandError::Storage(s)) => return hint(s),
@@ -87,6 +103,44 @@ pub fn hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
         return *hint;
     }
     crate::worker::retry::permanent_hint(e)
+}
+
+/// Resolves on SIGINT or SIGTERM: the `shutdown` the binary gives commands that stop cleanly
+/// (`work`, `enqueue`, `dead`, `demo`; tests inject their own).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            let _ = ctrl_c.await;
+            return;
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested: finishing what is in flight, returning the rest to the queue");
+}
+
+/// What `work` (and the demo) says of each worker when it stops.
+pub fn worker_text(s: &crate::worker::WorkerSummary) -> String {
+    format!(
+        "worker {}: {} batch(es), {} job(s) done, {} failed, {} already done, {} cancelled, {} rejected, {:.1} s of audio\n",
+        crate::job::escape_controls(&s.worker_id),
+        s.batches,
+        s.jobs_done,
+        s.jobs_failed,
+        s.already_done,
+        s.cancelled,
+        s.rejected,
+        s.audio_seconds
+    )
+}
+
+impl crate::report::Render for TextReport {
+    fn text(&self) -> String {
+        text_table(self)
+    }
 }
 
 fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> CommandError {

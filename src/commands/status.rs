@@ -4,14 +4,18 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use super::CommandError;
 use crate::config::Config;
+use crate::job::escape_controls as esc;
+use crate::report::{Render, Table};
 use crate::db::{Db, DbError};
 use crate::queue::{self, QueueError};
 use crate::storage::Storage;
 
 /// One worker as its heartbeats show it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct WorkerStatus {
     pub worker_id: String,
     pub device: String,
@@ -33,7 +37,8 @@ pub struct Status {
     /// redelivers their messages.
     pub orphaned_running: i64,
     pub workers: Vec<WorkerStatus>,
-    /// Rejections by code (the dead-letter queue's reasons).
+    /// Messages rejected or dead-lettered, by code: the `rejections` rows, and jobs that failed
+    /// synthesis (`synthesis_failed`, recorded as `failed` jobs only).
     pub rejections_by_code: Vec<(String, i64)>,
     /// Ok, or why the audio store is unreachable.
     pub storage: Result<(), String>,
@@ -107,9 +112,92 @@ async fn database(cfg: &Config, stale_after: Duration) -> Result<DatabaseStatus,
     .fetch_one(db.pool())
     .await
     .map_err(q("count orphaned jobs"))?;
-    let rejections: Vec<(String, i64)> = sqlx::query_as("SELECT code, count(*) FROM rejections GROUP BY code ORDER BY 2 DESC, 1")
-        .fetch_all(db.pool())
-        .await
-        .map_err(q("count rejections"))?;
+    // A job that failed synthesis is dead-lettered as `synthesis_failed` with a `failed` row and
+    // no `rejections` row (one that reached the delivery limit has both).
+    let rejections: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT code, count(*) FROM (
+           SELECT code FROM rejections
+           UNION ALL
+           SELECT 'synthesis_failed' FROM jobs j WHERE j.status = 'failed'
+             AND NOT EXISTS (SELECT 1 FROM rejections r WHERE r.job_id = j.job_id AND r.code = 'delivery_limit')
+         ) c GROUP BY code ORDER BY 2 DESC, 1",
+    )
+    .fetch_all(db.pool())
+    .await
+    .map_err(q("count rejections"))?;
     Ok((jobs, orphaned, workers, rejections))
+}
+
+impl serde::Serialize for Status {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let pairs = |v: &[(String, i64)]| v.iter().map(|(k, n)| (k.clone(), json!(n))).collect::<serde_json::Map<_, _>>();
+        let (ready, dead, broker_error) = match &self.depths {
+            Ok((r, d)) => (json!(r), json!(d), json!(null)),
+            Err(e) => (json!(null), json!(null), json!(e)),
+        };
+        let (jobs, postgres_error) = match &self.jobs_by_status {
+            Ok(jobs) => (json!(pairs(jobs)), json!(null)),
+            Err(e) => (json!(null), json!(e)),
+        };
+        json!({
+            "queue": self.queue,
+            "dead_letter_queue": self.dead_letter_queue,
+            "ready": ready,
+            "dead_lettered": dead,
+            "broker_error": broker_error,
+            "jobs_by_status": jobs,
+            "postgres_error": postgres_error,
+            "storage_error": self.storage.as_ref().err(),
+            "orphaned_running": self.orphaned_running,
+            "workers": self.workers,
+            "rejections_by_code": pairs(&self.rejections_by_code),
+        })
+        .serialize(s)
+    }
+}
+
+impl Render for Status {
+    fn text(&self) -> String {
+        let mut out = Vec::new();
+        match &self.depths {
+            Ok((ready, dead)) => {
+                out.push(format!("queue {}: {ready} ready", self.queue));
+                out.push(format!("dead-letter queue {}: {dead} message(s)", self.dead_letter_queue));
+            }
+            Err(e) => out.push(format!("RabbitMQ: UNREACHABLE ({})", esc(e))),
+        }
+        match &self.storage {
+            Ok(()) => out.push("storage: ok".into()),
+            Err(e) => out.push(format!("storage: UNREACHABLE ({}): workers hold and retry, nothing is lost", esc(e))),
+        }
+        match &self.jobs_by_status {
+            Ok(jobs) if jobs.is_empty() => out.push("jobs by status: none".into()),
+            Ok(jobs) => {
+                let mut t = Table::new(["status", "jobs"]);
+                for (status, n) in jobs {
+                    t.row([status.clone(), n.to_string()]);
+                }
+                out.push(format!("jobs by status:\n{}", t.to_string().trim_end()));
+            }
+            Err(e) => out.push(format!("Postgres: UNREACHABLE ({})", esc(e))),
+        }
+        if self.orphaned_running > 0 {
+            out.push(format!("{} running job(s) have no live worker: they run again when the broker redelivers them", self.orphaned_running));
+        }
+        if !self.workers.is_empty() {
+            let mut t = Table::new(["worker_id", "device", "state", "seconds_since_heartbeat"]);
+            for w in &self.workers {
+                t.row([w.worker_id.clone(), w.device.clone(), w.state.to_string(), format!("{:.0}", w.seconds_since_heartbeat)]);
+            }
+            out.push(format!("workers:\n{}", t.to_string().trim_end()));
+        }
+        if !self.rejections_by_code.is_empty() {
+            let mut t = Table::new(["code", "messages"]);
+            for (code, n) in &self.rejections_by_code {
+                t.row([code.clone(), n.to_string()]);
+            }
+            out.push(format!("rejected or dead-lettered, by code:\n{}", t.to_string().trim_end()));
+        }
+        out.join("\n") + "\n"
+    }
 }

@@ -23,6 +23,7 @@ pub struct RawAmqp {
     pub prefetch: i64,
     pub reconnect_min: RawDuration,
     pub reconnect_max: RawDuration,
+    pub publish_give_up: RawDuration,
 }
 
 /// `urls` as a TOML array or one comma-separated string (how an environment variable sets it).
@@ -58,6 +59,9 @@ pub struct AmqpConfig {
     pub prefetch: u16,
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// A publisher (`enqueue`) that gets no confirm for this long — the broker down or its port
+    /// closed — gives up with an error that says how many jobs were published.
+    pub publish_give_up: Duration,
 }
 
 impl RawAmqp {
@@ -90,6 +94,7 @@ impl RawAmqp {
             prefetch,
             reconnect_min: self.reconnect_min.positive("amqp.reconnect_min")?,
             reconnect_max: self.reconnect_max.positive("amqp.reconnect_max")?,
+            publish_give_up: self.publish_give_up.positive("amqp.publish_give_up")?,
         })
     }
 }

@@ -2,7 +2,8 @@
 //! cost), the recent rate, and what `enqueue` published — the figures `status --campaign` turns
 //! into an ETA and a projected cost.
 //!
-//! Neighbours: `commands::status` (prints and watches it), `commands::enqueue` (records what it
+//! Neighbours: `commands::campaign` (turns it into progress, prints and watches it; a campaign
+//! `enqueue` recorded nothing of has an unknown size), `commands::enqueue` (records what it
 //! published, [`Db::record_enqueued`]).
 
 use std::time::Duration;

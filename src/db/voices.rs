@@ -1,8 +1,9 @@
 //! The `voices` table: a model's CosyVoice2 voices, shared by every worker of a fleet.
 //!
 //! Written by `voxbatch voice add|rm` and by a worker importing its model directory's own voices
-//! (never overwriting); read by `voice list|show` and by each worker's `voice::VoiceBook`, which
-//! polls `(name, version)` and loads the rows it has not seen.
+//! (never overwriting); read by `voice list|show` (which also show the directory's voices not
+//! imported yet) and by each worker's `voice::VoiceBook`, which polls `(name, version)` and loads
+//! the rows it has not seen.
 //!
 //! Neighbours: `voice::prompt` (the row as data), `commands::voice`.
 
@@ -23,7 +24,7 @@ pub enum VoiceSource {
 }
 
 impl VoiceSource {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             VoiceSource::Recording => "recording",
             VoiceSource::Checkpoint => "checkpoint",
@@ -39,10 +40,34 @@ pub struct VoiceSummary {
     pub prompt_text: Option<String>,
     pub prompt_text_tokens: usize,
     pub prompt_speech_tokens: usize,
+    /// Whether the voice has a zero-shot prompt (transcript tokens and speech tokens): jobs in
+    /// mode `zero_shot` (the default for such a voice) need one; others run cross-lingual.
+    pub zero_shot: bool,
+    /// `recording` (`voice add`) or `checkpoint` (the model directory's own).
     pub source: String,
     pub source_sha256: Option<String>,
     pub source_seconds: Option<f64>,
-    pub created_at: DateTime<Utc>,
+    /// When it was stored; `None`: a model directory's voice not in Postgres yet (a worker of the
+    /// model imports it when it starts).
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+impl VoiceSummary {
+    /// A voice as `voice list` shows it, from its data (`created_at`: see the field).
+    pub fn of(model: &str, voice: &VoicePrompt, source: VoiceSource, created_at: Option<DateTime<Utc>>) -> VoiceSummary {
+        VoiceSummary {
+            model: model.to_string(),
+            name: voice.name.clone(),
+            prompt_text: voice.prompt_text.clone(),
+            prompt_text_tokens: voice.prompt_text_tokens.len(),
+            prompt_speech_tokens: voice.speech_tokens.len(),
+            zero_shot: voice.has_prompt(),
+            source: source.as_str().to_string(),
+            source_sha256: None,
+            source_seconds: None,
+            created_at,
+        }
+    }
 }
 
 /// Where a new voice's row comes from, besides its data.
@@ -107,16 +132,20 @@ impl Db {
         .map_err(q("list voices"))?;
         rows.iter()
             .map(|r| {
+                let (text_tokens, speech_tokens) =
+                    (r.try_get::<i32, _>("text_tokens")?.max(0) as usize, r.try_get::<i32, _>("speech_tokens")?.max(0) as usize);
                 Ok(VoiceSummary {
                     model: r.try_get("model")?,
                     name: r.try_get("name")?,
                     prompt_text: r.try_get("prompt_text")?,
-                    prompt_text_tokens: r.try_get::<i32, _>("text_tokens")?.max(0) as usize,
-                    prompt_speech_tokens: r.try_get::<i32, _>("speech_tokens")?.max(0) as usize,
+                    prompt_text_tokens: text_tokens,
+                    prompt_speech_tokens: speech_tokens,
+                    // As `VoicePrompt::has_prompt`.
+                    zero_shot: text_tokens > 0 && speech_tokens > 0,
                     source: r.try_get("source")?,
                     source_sha256: r.try_get("source_sha256")?,
                     source_seconds: r.try_get("source_seconds")?,
-                    created_at: r.try_get("created_at")?,
+                    created_at: Some(r.try_get("created_at")?),
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

@@ -5,10 +5,17 @@
 //! `worker_utilisation` (migrations/…_cost.sql), which analysts can also query with psql. A batch
 //! can mix campaigns: its inference time, cost and energy are shared among its jobs by audio length.
 //!
+//! Hours and throughput are of the devices that ran the batches: a report of CPU workers says
+//! `cpu_hours`, of GPUs `gpu_hours`, of both `device_hours` ([`Devices`]; the JSON keeps the
+//! field names `gpu_hours` and `audio_s_per_gpu_s` and says which in `devices`).
+//!
+//! [`output`]: how every command renders its results (one table style, CSV, JSON).
+//!
 //! Neighbours: `db` owns the tables; `commands::report` runs it; `plot` draws its chart;
 //! `main.rs` prints what [`render`] returns.
 
-use std::fmt::Write as _;
+pub mod output;
+
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
@@ -16,14 +23,7 @@ use serde::Serialize;
 use sqlx::Row;
 
 use crate::db::{Db, DbError};
-
-/// Output formats of `voxbatch report`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Table,
-    Csv,
-    Json,
-}
+pub use output::{render, Format, Render, Table};
 
 /// A value `report` does not know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -31,18 +31,6 @@ pub enum Format {
 pub struct ParseError {
     pub value: String,
     pub expected: &'static str,
-}
-
-impl FromStr for Format {
-    type Err = ParseError;
-    fn from_str(s: &str) -> Result<Self, ParseError> {
-        match s {
-            "table" => Ok(Format::Table),
-            "csv" => Ok(Format::Csv),
-            "json" => Ok(Format::Json),
-            other => Err(ParseError { value: other.to_string(), expected: "table, csv or json" }),
-        }
-    }
 }
 
 /// What rows are grouped by.
@@ -120,10 +108,41 @@ pub struct IdleSummary {
     pub idle_cost_usd: f64,
 }
 
+/// What ran a report's batches: its hours and throughput are of these devices.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Devices {
+    Gpu,
+    Cpu,
+    /// GPUs and CPUs, or no batch at all.
+    Mixed,
+}
+
+impl Devices {
+    /// The word for their hours and seconds in column names: `gpu`, `cpu`, `device`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Devices::Gpu => "gpu",
+            Devices::Cpu => "cpu",
+            Devices::Mixed => "device",
+        }
+    }
+
+    fn of(cpu: Option<bool>, gpu: Option<bool>) -> Devices {
+        match (cpu.unwrap_or(false), gpu.unwrap_or(false)) {
+            (true, false) => Devices::Cpu,
+            (false, true) => Devices::Gpu,
+            _ => Devices::Mixed,
+        }
+    }
+}
+
 /// A report: rows, total, and the workers' idle time.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
     pub by: String,
+    /// What ran the batches: `gpu_hours` and `audio_s_per_gpu_s` are of these devices.
+    pub devices: Devices,
     pub rows: Vec<ReportRow>,
     pub total: Option<ReportRow>,
     pub workers: IdleSummary,
@@ -174,9 +193,10 @@ pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campai
     .await
     .map_err(|source| DbError::Query { context: "worker utilisation", source })?;
     let (busy, idle): (f64, f64) = (w.get("busy"), w.get("idle"));
-    // The window's batches: first start and last end (the work's wall time, and the chart's range).
-    let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
-        "SELECT min(b.started_at), max(b.finished_at) FROM batches b
+    // The window's batches: first start and last end (the work's wall time, and the chart's
+    // range), and whether CPUs, GPUs or both ran them.
+    let (first, last, cpu, gpu): (Option<DateTime<Utc>>, Option<DateTime<Utc>>, Option<bool>, Option<bool>) = sqlx::query_as(
+        "SELECT min(b.started_at), max(b.finished_at), bool_or(b.device = 'cpu'), bool_or(b.device <> 'cpu') FROM batches b
          WHERE b.finished_at >= coalesce($1, '-infinity'::timestamptz)
            AND ($2::text IS NULL OR EXISTS (SELECT 1 FROM jobs j WHERE j.batch_id = b.batch_id AND j.campaign = $2))",
     )
@@ -194,6 +214,7 @@ pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campai
     Ok(Report {
         scope,
         by: by.as_str().to_string(),
+        devices: Devices::of(cpu, gpu),
         rows: grouped,
         total,
         workers: IdleSummary {
@@ -208,15 +229,16 @@ pub async fn report(db: &Db, by: Dimension, since: Option<DateTime<Utc>>, campai
     })
 }
 
-fn headers(by: &str) -> [String; 12] {
+fn headers(by: &str, devices: Devices) -> [String; 12] {
+    let d = devices.word();
     [
         by.to_string(),
         "jobs".into(),
         "chars".into(),
         "audio_hours".into(),
-        "gpu_hours".into(),
+        format!("{d}_hours"),
         "real_time_factor".into(),
-        "audio_s_per_gpu_s".into(),
+        format!("audio_s_per_{d}_s"),
         "cost_usd".into(),
         "usd_per_audio_hour".into(),
         "usd_per_million_chars".into(),
@@ -243,45 +265,48 @@ fn cells(r: &ReportRow) -> [String; 12] {
     ]
 }
 
-/// Renders a report in `format`.
-pub fn render(report: &Report, format: Format) -> String {
-    let all: Vec<&ReportRow> = report.rows.iter().chain(report.total.iter()).collect();
-    match format {
-        Format::Json => serde_json::to_string_pretty(report).unwrap_or_default(),
-        Format::Csv => {
-            let mut out = headers(&report.by).join(",");
-            out.push('\n');
-            for r in all {
-                let line: Vec<String> = cells(r)
-                    .into_iter()
-                    .map(|c| if c.contains([',', '"', '\n']) { format!("\"{}\"", c.replace('"', "\"\"")) } else { c })
-                    .collect();
-                let _ = writeln!(out, "{}", line.join(","));
-            }
-            out
+impl Report {
+    /// Its rows and total as one [`Table`].
+    pub fn table(&self) -> Table {
+        let mut t = Table::new(headers(&self.by, self.devices));
+        for r in self.rows.iter().chain(self.total.iter()) {
+            t.row(cells(r));
         }
-        Format::Table => {
-            let mut t = comfy_table::Table::new();
-            t.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
-            t.set_header(headers(&report.by));
-            for r in all {
-                t.add_row(cells(r));
-            }
-            let w = &report.workers;
-            format!(
-                "{t}\nworkers: {}, busy {:.3} h, idle {:.3} h, utilisation {}, cost ${:.4} (idle ${:.4})",
-                w.workers,
-                w.busy_hours,
-                w.idle_hours,
-                w.utilisation.map(|u| format!("{:.1}%", u * 100.0)).unwrap_or_else(|| "-".into()),
-                w.cost_usd,
-                w.idle_cost_usd
-            )
-        }
+        t
     }
 }
 
-/// An SVG bar chart of $ per audio hour and audio-seconds per GPU-second by key: titles, axis
+impl Render for Report {
+    fn text(&self) -> String {
+        let w = &self.workers;
+        format!(
+            "{}\n{}workers: {}, busy {:.3} h, idle {:.3} h, utilisation {}, cost ${:.4} (idle ${:.4})\n",
+            crate::job::escape_controls(&self.scope),
+            self.table(),
+            w.workers,
+            w.busy_hours,
+            w.idle_hours,
+            w.utilisation.map(|u| format!("{:.1}%", u * 100.0)).unwrap_or_else(|| "-".into()),
+            w.cost_usd,
+            w.idle_cost_usd
+        )
+    }
+
+    fn csv(&self) -> Option<String> {
+        Some(self.table().csv())
+    }
+}
+
+/// "GPU", "CPU" or "device": what the report's seconds are of, for people.
+fn self_word(report: &Report) -> &'static str {
+    match report.devices {
+        Devices::Gpu => "GPU",
+        Devices::Cpu => "CPU",
+        Devices::Mixed => "device",
+    }
+}
+
+/// An SVG bar chart of $ per audio hour and audio-seconds per device-second by key: titles, axis
 /// names with units, values on the bars, and what the report covers.
 pub fn plot(report: &Report) -> String {
     use crate::plot::BarPanel;
@@ -291,7 +316,7 @@ pub fn plot(report: &Report) -> String {
     crate::plot::bars(
         &[
             BarPanel { title: "Cost per audio hour".into(), unit: "US$ per audio hour".into(), values: cost },
-            BarPanel { title: "Throughput".into(), unit: "audio-seconds per GPU-second".into(), values: speed },
+            BarPanel { title: "Throughput".into(), unit: format!("audio-seconds per {}-second", self_word(report)), values: speed },
         ],
         &labels,
         &report.by,
@@ -324,19 +349,27 @@ mod tests {
     fn csv_quotes_fields_and_json_round_trips() {
         let report = Report {
             by: "campaign".into(),
+            devices: Devices::Gpu,
             rows: vec![row("a,b")],
             total: Some(row("TOTAL")),
             workers: IdleSummary { workers: 1, busy_hours: 1.0, idle_hours: 1.0, utilisation: Some(0.5), cost_usd: 8.0, idle_cost_usd: 4.0 },
             batch_span_seconds: Some(10.0),
             scope: "campaign a,b; batches 2026-12-01 10:00 to 2026-12-01 11:00 UTC".into(),
         };
-        let csv = render(&report, Format::Csv);
+        let render = |f| render(&report, f).unwrap();
+        let csv = render(Format::Csv);
         assert!(csv.starts_with("campaign,jobs,chars,"));
         assert!(csv.contains("\"a,b\",3,120,0.0100,0.0010,0.10000,10.0,0.0040,0.4000,33.33,-,-"), "{csv}");
-        let json: serde_json::Value = serde_json::from_str(&render(&report, Format::Json)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&render(Format::Json)).unwrap();
         assert_eq!(json["total"]["key"], "TOTAL");
-        let table = render(&report, Format::Table);
+        let table = render(Format::Table);
         assert!(table.contains("TOTAL") && table.contains("utilisation 50.0%") && table.contains("idle $4.0000"), "{table}");
+        assert!(table.contains("gpu_hours") && table.contains("audio_s_per_gpu_s"), "{table}");
+        let cpu = Report { devices: Devices::Cpu, ..report.clone() };
+        let cpu_table = cpu.text();
+        assert!(cpu_table.contains("cpu_hours") && cpu_table.contains("audio_s_per_cpu_s") && !cpu_table.contains("gpu_hours"), "{cpu_table}");
+        assert!(plot(&cpu).contains("audio-seconds per CPU-second"));
+        assert_eq!(serde_json::to_value(&cpu).unwrap()["devices"], "cpu");
         let chart = plot(&report);
         assert!(chart.contains("<svg") && chart.contains("US$ per audio hour") && chart.contains("2026-12-01 10:00"), "{chart}");
         assert!("batch-size".parse::<Dimension>().is_ok() && "nope".parse::<Dimension>().is_err());

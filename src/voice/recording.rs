@@ -3,7 +3,9 @@
 //! `Resample` does it (the reference resamples with it; a port, not a different resampler, so the
 //! features see the reference's samples: the speech tokenizer and speaker embedding take 16 kHz,
 //! the prompt mel 24 kHz), and checked as a
-//! prompt: 1 to 30 seconds, not silence. Each refusal says what is wrong with the file.
+//! prompt: 1 to 30 seconds, not silence. Each refusal says what is wrong with the file. (symphonia
+//! also logs its probe failures through `log`, at ERROR; the binary's log filter turns symphonia's
+//! records off, so `voice add` on a file that is not audio prints only this module's refusal.)
 //!
 //! Neighbours: `voice` (the features computed from it).
 

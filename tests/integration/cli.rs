@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use common::TestEnv;
 
-fn voxbatch(env: &[(&str, String)], args: &[&str]) -> Output {
+pub(crate) fn voxbatch(env: &[(&str, String)], args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_voxbatch"));
     cmd.args(args).env("RUST_LOG", "info");
     for (k, v) in env {
@@ -15,12 +15,12 @@ fn voxbatch(env: &[(&str, String)], args: &[&str]) -> Output {
     cmd.output().expect("run voxbatch")
 }
 
-fn text(o: &Output) -> String {
+pub(crate) fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// Environment variables that point the binary at a test's own queues, database and prefix.
-fn test_env_vars(env: &TestEnv) -> Vec<(&'static str, String)> {
+pub(crate) fn test_env_vars(env: &TestEnv) -> Vec<(&'static str, String)> {
     vec![
         ("VOXBATCH_AMQP__EXCHANGE", env.cfg.amqp.exchange.clone()),
         ("VOXBATCH_AMQP__QUEUE", env.cfg.amqp.queue.clone()),
@@ -40,6 +40,53 @@ fn every_command_has_help() {
         assert!(o.status.success(), "{cmd:?}: {}", text(&o));
         assert!(text(&o).contains("Usage: voxbatch"), "{cmd:?}");
     }
+    // Flags and arguments that said nothing (every one is checked by the binary's unit test
+    // `every_flag_and_argument_of_every_command_has_help`).
+    for (cmd, says) in [
+        (vec!["cancel", "--help"], vec!["The campaign to cancel", "Undo a cancel"]),
+        (vec!["voice", "list", "--help"], vec!["model directory whose voices", "Every model's voices"]),
+        (vec!["voice", "show", "--help"], vec!["The voice's name", "the voice belongs to"]),
+        (vec!["voice", "rm", "--help"], vec!["The voice's name", "the voice belongs to"]),
+    ] {
+        let o = voxbatch(&[], &cmd);
+        let out = text(&o);
+        assert!(o.status.success() && says.iter().all(|s| out.contains(s)), "{cmd:?}: {out}");
+    }
+}
+
+#[test]
+fn an_empty_or_malformed_campaign_is_refused_before_anything_runs() {
+    for args in [vec!["status", "--campaign", ""], vec!["status", "--campaign", "a/b", "--watch"], vec!["cancel", "--campaign", ""]] {
+        let o = voxbatch(&[], &args);
+        assert!(!o.status.success() && text(&o).contains("--campaign") && text(&o).contains("must be 1-"), "{args:?}: {}", text(&o));
+    }
+}
+
+#[tokio::test]
+async fn enqueue_with_the_broker_unreachable_gives_up_after_publish_give_up_saying_what_was_published() {
+    let env = TestEnv::new("enqgiveup").await;
+    let mut vars = test_env_vars(&env);
+    // Nothing listens on port 1: every connection is refused at once.
+    vars.push(("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f".into()));
+    vars.push(("VOXBATCH_AMQP__PUBLISH_GIVE_UP", "2s".into()));
+    vars.push(("VOXBATCH_AMQP__RECONNECT_MIN", "100ms".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("two.txt");
+    std::fs::write(&file, "One line.\nAnother line.\n").unwrap();
+    let started = std::time::Instant::now();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"));
+    cmd.args(["enqueue", file.to_str().unwrap(), "--campaign", "give-up"]).env("RUST_LOG", "warn").kill_on_drop(true);
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let o = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output()).await.expect("enqueue gave up within a minute").unwrap();
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "it tried for the time it was given");
+    let error = out.lines().find(|l| l.starts_with("error: ")).unwrap_or_else(|| panic!("an error line: {out}"));
+    assert!(error.contains("RabbitMQ unreachable for 2s") && error.contains("amqp.publish_give_up"), "{out}");
+    assert!(error.contains("0 of 2 job(s) of the file published") && error.contains("--campaign give-up --skip 0"), "{out}");
+    env.cleanup().await;
 }
 
 #[tokio::test]
@@ -163,16 +210,20 @@ async fn refused_credentials_end_the_command_at_once_with_what_to_check() {
 }
 
 #[tokio::test]
-async fn an_interrupted_enqueue_says_how_many_it_published_and_resuming_publishes_the_rest_once() {
+async fn an_interrupted_enqueue_prints_the_exact_command_that_resumes_it_and_that_command_publishes_the_rest_once() {
     let env = TestEnv::new("enqint").await;
     let vars = test_env_vars(&env);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("many.txt");
+    // A name the shell must quote: the printed command has to survive it.
+    let file = dir.path().join("the book's lines.txt");
     let total = 60_000;
     let lines: String = (0..total).map(|i| format!("Line number {i} of a long backlog.\n")).collect();
     std::fs::write(&file, lines).unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"));
-    cmd.args(["enqueue", file.to_str().unwrap()]).env("RUST_LOG", "warn").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    cmd.args(["enqueue", file.to_str().unwrap(), "--campaign", "book-42", "--voice", "narrator"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
     for (k, v) in &vars {
         cmd.env(k, v);
     }
@@ -194,11 +245,23 @@ async fn an_interrupted_enqueue_says_how_many_it_published_and_resuming_publishe
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("says how many: {out}"));
     assert!(published > 0 && published < total, "{out}");
-    assert!(out.contains(&format!("--skip {published}")), "{out}");
     assert_eq!(env.depths().await.0 as usize, published, "exactly what it said it published");
-    let o = voxbatch(&vars, &["enqueue", file.to_str().unwrap(), "--skip", &published.to_string()]);
+    // The printed command: every flag given (the campaign and voice are part of the derived ids).
+    let resume = out.split("Resume with `").nth(1).and_then(|r| r.split('`').next()).unwrap_or_else(|| panic!("a command: {out}"));
+    assert!(resume.contains("--campaign book-42 --voice narrator") && resume.ends_with(&format!("--skip {published}")), "{resume}");
+    assert!(resume.contains("'") && resume.contains("the book"), "the file name quoted for the shell: {resume}");
+    let mut sh = std::process::Command::new("sh");
+    sh.args(["-c", resume]).env("RUST_LOG", "warn");
+    for (k, v) in &vars {
+        sh.env(k, v);
+    }
+    let o = sh.output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(env.depths().await.0 as usize, total, "every line once");
+    // All in the campaign the first run was given, as a correct rerun would have it.
+    let by_campaign: Vec<(String, i64)> =
+        sqlx::query_as("SELECT campaign, sum(jobs)::int8 FROM campaign_enqueues GROUP BY campaign").fetch_all(env.db.pool()).await.unwrap();
+    assert_eq!(by_campaign, vec![("book-42".to_string(), total as i64)]);
     env.cleanup().await;
 }
 

@@ -97,3 +97,31 @@ async fn cost_and_throughput_are_attributed_by_audio_share_and_grouped() {
     assert!(close(v, 1.75));
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn hours_and_throughput_are_named_after_the_devices_that_ran_the_batches() {
+    let env = TestEnv::new("report_devices").await;
+    seed(&env).await;
+    use voxbatch::report::{render, Devices, Format};
+    // Campaign ads since 2026-12-02: only the CPU worker's batch.
+    let since = Utc.with_ymd_and_hms(2026, 12, 2, 0, 0, 0).unwrap();
+    let cpu = report(&env.db, Dimension::Campaign, Some(since), Some("ads")).await.unwrap();
+    assert_eq!(cpu.devices, Devices::Cpu);
+    for format in [Format::Table, Format::Csv] {
+        let out = render(&cpu, format).unwrap();
+        assert!(out.contains("cpu_hours") && out.contains("audio_s_per_cpu_s") && !out.contains("gpu_hours"), "{out}");
+    }
+    let book = report(&env.db, Dimension::Campaign, None, Some("book")).await.unwrap();
+    assert_eq!(book.devices, Devices::Gpu);
+    assert!(render(&book, Format::Table).unwrap().contains("gpu_hours"));
+    let all = report(&env.db, Dimension::Campaign, None, None).await.unwrap();
+    assert_eq!(all.devices, Devices::Mixed);
+    let table = render(&all, Format::Table).unwrap();
+    assert!(table.contains("device_hours") && table.contains("audio_s_per_device_s"), "{table}");
+    // Headers whole, one line per row: the header, book, ads, TOTAL.
+    let header = table.lines().nth(1).unwrap();
+    assert!(header.contains("usd_per_million_chars") && header.contains("energy_kwh"), "{table}");
+    let json: serde_json::Value = serde_json::from_str(&render(&all, Format::Json).unwrap()).unwrap();
+    assert_eq!(json["devices"], "mixed");
+    env.cleanup().await;
+}

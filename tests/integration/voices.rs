@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{dead_letters, eventually, model_variant, repo_path, TestEnv};
 use voxbatch::commands::{self, CommandError, VoiceAdd};
+use voxbatch::report::{render, Format};
 use voxbatch::job::{Job, Mode};
 use voxbatch::storage::Storage;
 use voxbatch::worker::{self, WorkerOptions};
@@ -69,8 +70,10 @@ async fn voices_are_added_listed_shown_replaced_and_removed_and_bad_input_stores
     assert!(row.0.iter().all(|t| (0..64).contains(t)));
 
     let listed = commands::voice_list(&env.cfg, Some(&tiny)).await.unwrap();
-    assert_eq!(listed.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["narrator"]);
-    assert!(commands::voice_table(&listed).contains("narrator"));
+    // The one added, and the model directory's own (not imported: no worker has started).
+    assert_eq!(listed.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(), ["narrator", "voice0", "voice1"]);
+    assert!(listed[0].zero_shot && listed[0].created_at.is_some());
+    assert!(voxbatch::report::render(listed.as_slice(), voxbatch::report::Format::Table).unwrap().contains("narrator"));
     let shown = commands::voice_show(&env.cfg, &tiny, "narrator").await.unwrap();
     assert_eq!(shown.prompt_text.as_deref(), Some("今天天气很好，我们去公园散步。"));
     assert_eq!(shown.source_sha256.as_deref(), Some(added.sha256.as_str()));
@@ -120,7 +123,8 @@ async fn voices_are_added_listed_shown_replaced_and_removed_and_bad_input_stores
     assert_eq!(env.count("SELECT count(*) FROM voices").await, 1, "nothing stored by the refusals");
 
     commands::voice_rm(&env.cfg, &tiny, "narrator").await.unwrap();
-    assert!(commands::voice_list(&env.cfg, Some(&tiny)).await.unwrap().is_empty());
+    let left = commands::voice_list(&env.cfg, Some(&tiny)).await.unwrap();
+    assert!(left.iter().all(|v| v.name != "narrator" && v.created_at.is_none()), "{left:?}");
     let e = usage(commands::voice_rm(&env.cfg, &tiny, "narrator").await.unwrap_err());
     assert!(e.contains("no voice narrator"), "{e}");
     env.cleanup().await;
@@ -180,5 +184,44 @@ async fn a_voice_added_while_a_worker_runs_is_synthesized_by_it_and_forgotten_on
     let _ = stop.send(());
     let summary = tokio::time::timeout(Duration::from_secs(60), worker).await.unwrap().unwrap().unwrap();
     assert_eq!((summary.jobs_done, summary.rejected), (2, 1), "{summary:?}");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_models_own_voices_are_listed_and_shown_before_any_worker_started_each_saying_whether_it_has_a_zero_shot_prompt() {
+    let env = TestEnv::new("voicedir").await;
+    let tiny = repo_path("models/cosyvoice2-tiny");
+    // Nothing in Postgres: no worker of the model has ever started.
+    assert_eq!(env.count("SELECT count(*) FROM voices").await, 0);
+    let listed = commands::voice_list(&env.cfg, Some(&tiny)).await.unwrap();
+    let seen: Vec<(&str, bool, bool)> = listed.iter().map(|v| (v.name.as_str(), v.zero_shot, v.created_at.is_none())).collect();
+    // voices.safetensors: voice0 has only a speaker embedding, voice1 a prompt (text and speech tokens).
+    assert_eq!(seen, [("voice0", false, true), ("voice1", true, true)]);
+    let shown = commands::voice_show(&env.cfg, &tiny, "voice1").await.unwrap();
+    assert_eq!((shown.prompt_speech_tokens, shown.source.as_str()), (6, "checkpoint"));
+    let table = render(listed.as_slice(), Format::Table).unwrap();
+    let header = table.lines().next().unwrap();
+    assert!(header.split_whitespace().eq(["model", "voice", "zero_shot", "prompt_s", "source", "added", "transcript"]), "{table}");
+    assert!(table.contains("not imported yet") && table.contains("mode zero_shot is refused"), "{table}");
+    // The same through the binary, and as JSON; every model's listing includes the configured model's own.
+    let mut vars = crate::cli::test_env_vars(&env);
+    vars.push(("VOXBATCH_MODEL__DIR", tiny.display().to_string()));
+    let o = crate::cli::voxbatch(&vars, &["voice", "list", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", crate::cli::text(&o)));
+    assert_eq!((json[0]["name"].as_str(), json[0]["zero_shot"].as_bool(), json[1]["zero_shot"].as_bool()), (Some("voice0"), Some(false), Some(true)));
+    let o = crate::cli::voxbatch(&vars, &["voice", "list", "--all"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("voice1"), "{}", crate::cli::text(&o));
+    let o = crate::cli::voxbatch(&vars, &["voice", "show", "voice0"]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success() && out.lines().any(|l| l.starts_with("zero_shot") && l.ends_with("no")), "{}", crate::cli::text(&o));
+
+    // A file that is not audio: voice add's own message, no log line of the decoder before it.
+    let tmp = tempfile::tempdir().unwrap();
+    let notes = tmp.path().join("notes.wav");
+    std::fs::write(&notes, "these are not samples").unwrap();
+    let o = crate::cli::voxbatch(&vars, &["voice", "add", "n", "--audio", notes.to_str().unwrap(), "--text", "Hello."]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success() && err.contains("not an audio file"), "{err}");
+    assert!(!err.contains("symphonia") && !err.contains("ERROR"), "a raw decoder log line: {err}");
     env.cleanup().await;
 }
