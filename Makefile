@@ -19,7 +19,7 @@ build: bootstrap
 MODEL ?= cosyvoice2-tiny
 demo: bootstrap
 ifeq ($(MODEL),cosyvoice2-tiny)
-	$(ENV) VOXBATCH_LLM__FORCE_LENGTHS=true target/debug/voxbatch demo --model models/cosyvoice2-tiny --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-cosyvoice2-tiny
+	$(ENV) RUST_LOG=$${RUST_LOG:-info,flacenc=warn} VOXBATCH_LLM__FORCE_LENGTHS=true target/debug/voxbatch demo --model models/cosyvoice2-tiny --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-cosyvoice2-tiny
 else
 	$(ENV) target/debug/voxbatch demo --model models/$(MODEL) --campaign demo-$(MODEL)
 endif

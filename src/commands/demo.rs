@@ -1,4 +1,6 @@
-//! `voxbatch demo`: migrate, enqueue the sample corpus, drain it with a worker, report.
+//! `voxbatch demo`: migrate, enqueue the sample corpus, drain it with a worker, then what a user
+//! wants to see in the morning: what was done, where the audio is, the report by campaign (and by
+//! stage for text models), and the bill in one line.
 
 use std::future::Future;
 use std::path::Path;
@@ -16,6 +18,8 @@ pub struct DemoSummary {
     pub enqueued: usize,
     pub worker: WorkerSummary,
     pub report: Report,
+    /// Text models: the report by stage (LLM, token2wav).
+    pub stages: Option<Report>,
     /// URLs of the audio (all of them; print a few).
     pub audio_urls: Vec<String>,
     /// Where the campaign's audio lives.
@@ -29,10 +33,30 @@ impl std::fmt::Display for DemoSummary {
         use crate::report::Render;
         writeln!(f, "enqueued {} job(s) (jobs of an earlier demo run are acked as already done)", self.enqueued)?;
         writeln!(f, "worker drained the queue: {} batch(es), {} job(s), {:.1} s of audio", self.worker.batches, self.worker.jobs_done, self.worker.audio_seconds)?;
+        writeln!(f, "\nby campaign:")?;
         write!(f, "{}", self.report.text())?;
-        writeln!(f, "audio: {} file(s) under {}", self.audio_urls.len(), self.audio_prefix)?;
-        for url in self.audio_urls.iter().take(3) {
+        if let Some(stages) = &self.stages {
+            writeln!(f, "\nby stage (each stage's device time and cost over the jobs it served):")?;
+            write!(f, "{}", stages.text())?;
+        }
+        if let Some(t) = self.report.total.as_ref().or(self.report.rows.first()) {
+            match (t.cost_usd, t.usd_per_million_chars) {
+                (Some(cost), Some(per_million)) => writeln!(
+                    f,
+                    "\ncost: ${cost:.6} for {} job(s), {} characters, {:.1} s of audio — ${per_million:.2} per million characters at this device's price ([cost] prices)",
+                    t.jobs,
+                    t.chars,
+                    t.audio_hours * 3600.0
+                )?,
+                _ => writeln!(f, "\ncost: not priced (set [cost] prices for this device)")?,
+            }
+        }
+        writeln!(f, "\naudio: {} file(s) under {}", self.audio_urls.len(), self.audio_prefix)?;
+        for url in self.audio_urls.iter().take(8) {
             writeln!(f, "  {url}")?;
+        }
+        if self.audio_urls.len() > 8 {
+            writeln!(f, "  … (`voxbatch audit --campaign` checks each against its row; Postgres `jobs.s3_key` names each job's)")?;
         }
         // The bundled models have random weights (no weights can be downloaded): say so.
         if self.model_dir.ends_with("cosyvoice2-tiny") {
@@ -52,9 +76,13 @@ pub async fn demo(cfg: &Config, corpus: &Path, campaign: &str, shutdown: impl Fu
     let opts = WorkerOptions { drain: true, worker_id: None };
     let mut workers = work(cfg, &[cfg.model.device], 1, opts, shutdown).await?;
     let worker = workers.pop().unwrap_or_default();
+    let stages = match report(cfg, Dimension::Stage, None, Some(campaign)).await? {
+        r if r.rows.is_empty() => None,
+        r => Some(r),
+    };
     let report = report(cfg, Dimension::Campaign, None, Some(campaign)).await?;
     let storage = Storage::open(&cfg.storage).await?;
     let prefix = storage.campaign_prefix(campaign);
     let audio_urls = storage.list(&prefix).await?.iter().map(|k| storage.url(k)).collect();
-    Ok(DemoSummary { enqueued, worker, report, audio_urls, audio_prefix: storage.url(&prefix), model_dir: cfg.model.dir.clone() })
+    Ok(DemoSummary { enqueued, worker, report, stages, audio_urls, audio_prefix: storage.url(&prefix), model_dir: cfg.model.dir.clone() })
 }
