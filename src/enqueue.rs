@@ -8,12 +8,18 @@
 //! campaign, the file's SHA-256 and the line number), so enqueuing the same file twice publishes
 //! the same ids and workers settle the second copy without synthesizing it again.
 //!
-//! An interrupted run is resumed by [`resume_command`]: the same command with `--skip N`.
+//! A line of only whitespace is not a job: ASCII blank lines are skipped silently; a line that
+//! looks blank but is not empty (U+3000, a no-break or zero-width space) is left out and reported
+//! per line ([`JobFile::left_out`]), and the other lines go ahead — it never refuses the file.
+//! [`read_lines`] reads a whole file or stream in one pass for `voxbatch text` (standard input is
+//! read as it comes, never copied to a file). An interrupted run is resumed by [`resume_command`]:
+//! the same command with `--skip N`.
 //!
-//! Neighbours: `job` validates each line; `commands::enqueue` publishes through `queue::Publisher`.
+//! Neighbours: `job` validates each line; `commands::enqueue` publishes through `queue::Publisher`;
+//! `commands::text` previews the jobs.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -21,7 +27,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::config::Limits;
-use crate::job::{parse_job, Job, Rejection, DEFAULT_CAMPAIGN};
+use crate::job::{is_blank, parse_job, Job, Rejection, DEFAULT_CAMPAIGN};
 
 /// Errors reading a job file.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +39,7 @@ pub enum EnqueueError {
     UnknownFormat { path: String },
     #[error("{path}: {count} invalid line(s), nothing was enqueued:\n{details}")]
     InvalidLines { path: String, count: usize, details: String },
-    #[error("{path}: no jobs (the file has no non-empty lines)")]
+    #[error("{path}: no jobs (no line has anything to say)")]
     Empty { path: String },
     #[error("{path} changed while it was being enqueued; run the command again")]
     Changed { path: String },
@@ -57,51 +63,88 @@ pub fn derived_job_id(campaign: &str, file_sha256: &str, line: usize) -> Uuid {
     Uuid::new_v5(&JOB_ID_NAMESPACE, format!("{campaign}\n{file_sha256}\n{line}").as_bytes())
 }
 
+/// How a job file's lines are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFormat {
+    /// A job's text a line (`.txt`).
+    Text,
+    /// A job object a line (`.jsonl`, `.ndjson`).
+    Json,
+    /// Objects if the first line with something on it starts with `{`, else text (standard input).
+    Detect,
+}
+
+impl LineFormat {
+    /// The format of `path` by its extension.
+    pub fn of_path(path: &Path) -> Result<LineFormat, EnqueueError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("txt") => Ok(LineFormat::Text),
+            Some("jsonl") | Some("ndjson") => Ok(LineFormat::Json),
+            _ => Err(EnqueueError::UnknownFormat { path: path.display().to_string() }),
+        }
+    }
+}
+
+/// One line of a job file with something on it.
+enum Line {
+    /// The job's body, defaults applied (not yet validated).
+    Body(Vec<u8>),
+    /// Only whitespace that is not ASCII (U+3000, …): why it is not a job.
+    Blank(String),
+}
+
 /// A validated job file.
 #[derive(Debug, Clone)]
 pub struct JobFile {
     pub path: PathBuf,
-    jsonl: bool,
+    format: LineFormat,
     defaults: LineDefaults,
     limits: Limits,
     /// Jobs in the file.
     pub jobs: usize,
     /// Hex SHA-256 of the file's bytes.
     pub sha256: String,
+    /// Lines left out, with why (line number, reason): lines of only whitespace that are not
+    /// empty (U+3000, …). Not jobs, and not a reason to refuse the file.
+    pub left_out: Vec<(usize, String)>,
 }
 
 impl JobFile {
     /// Reads the whole file once, validating every line and hashing it. Blocking.
     pub fn scan(path: &Path, defaults: &LineDefaults, limits: &Limits) -> Result<JobFile, EnqueueError> {
         let shown = path.display().to_string();
-        let jsonl = match path.extension().and_then(|e| e.to_str()) {
-            Some("txt") => false,
-            Some("jsonl") | Some("ndjson") => true,
-            _ => return Err(EnqueueError::UnknownFormat { path: shown }),
+        let format = LineFormat::of_path(path)?;
+        let mut file = JobFile {
+            path: path.to_path_buf(),
+            format,
+            defaults: defaults.clone(),
+            limits: limits.clone(),
+            jobs: 0,
+            sha256: String::new(),
+            left_out: Vec::new(),
         };
-        let mut file = JobFile { path: path.to_path_buf(), jsonl, defaults: defaults.clone(), limits: limits.clone(), jobs: 0, sha256: String::new() };
         let mut errors: Vec<(usize, Rejection)> = Vec::new();
+        let mut left_out = Vec::new();
         let mut count = 0;
-        let sha256 = file.each_line(|n, body| {
-            match parse_job(&body, &file.limits, false) {
-                Ok(_) => count += 1,
-                Err(e) => errors.push((n, e)),
+        let sha256 = file.each_line(|n, line| {
+            match line {
+                Line::Blank(why) => left_out.push((n, why)),
+                Line::Body(body) => match parse_job(&body, &file.limits, false) {
+                    Ok(_) => count += 1,
+                    Err(e) => errors.push((n, e)),
+                },
             }
             true
         })?;
         if !errors.is_empty() {
-            let count = errors.len();
-            let mut details: Vec<String> = errors.iter().take(20).map(|(n, e)| format!("  line {n}: {e}")).collect();
-            if count > 20 {
-                details.push(format!("  … and {} more", count - 20));
-            }
-            return Err(EnqueueError::InvalidLines { path: shown, count, details: details.join("\n") });
+            return Err(invalid_lines(shown, &errors));
         }
         if count == 0 {
             return Err(EnqueueError::Empty { path: shown });
         }
         file.jobs = count;
         file.sha256 = sha256;
+        file.left_out = left_out;
         Ok(file)
     }
 
@@ -109,10 +152,11 @@ impl JobFile {
     /// `each` stops early). Blocking. Fails if the file changed since [`JobFile::scan`].
     pub fn read(&self, mut each: impl FnMut(Job) -> bool) -> Result<(), EnqueueError> {
         let mut stopped = false;
-        let sha = self.each_line(|n, body| {
+        let sha = self.each_line(|n, line| {
             if stopped {
                 return false;
             }
+            let Line::Body(body) = line else { return true };
             let body = with_derived_id(body, &self.sha256, n);
             if let Ok(job) = parse_job(&body, &self.limits, false) {
                 stopped = !each(job);
@@ -125,33 +169,112 @@ impl JobFile {
         Ok(())
     }
 
-    /// Calls `f(line number, body with defaults)` for each non-empty line until it returns false;
-    /// returns the hex SHA-256 of what was read.
-    fn each_line(&self, mut f: impl FnMut(usize, Vec<u8>) -> bool) -> Result<String, EnqueueError> {
+    /// [`each_line`] over the file.
+    fn each_line(&self, f: impl FnMut(usize, Line) -> bool) -> Result<String, EnqueueError> {
         let read_err = |source| EnqueueError::Read { path: self.path.display().to_string(), source };
-        let mut reader = BufReader::new(File::open(&self.path).map_err(read_err)?);
-        let mut hasher = Sha256::new();
-        let mut line = Vec::new();
-        let mut n = 0;
-        loop {
-            line.clear();
-            if reader.read_until(b'\n', &mut line).map_err(read_err)? == 0 {
-                break;
-            }
-            hasher.update(&line);
-            n += 1;
-            let content = line.strip_suffix(b"\n").unwrap_or(&line);
-            let content = content.strip_suffix(b"\r").unwrap_or(content);
-            if content.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let body = if self.jsonl { with_defaults_jsonl(content, &self.defaults) } else { with_defaults_txt(content, &self.defaults) };
-            if !f(n, body) {
-                break;
-            }
-        }
-        Ok(hex::encode(hasher.finalize()))
+        let reader = BufReader::new(File::open(&self.path).map_err(read_err)?);
+        each_line(reader, self.format, &self.defaults, f).map_err(read_err)
     }
+}
+
+/// Calls `f(line number, line)` for each line of `reader` with something on it until `f` returns
+/// false (ASCII blank lines are skipped); returns the hex SHA-256 of what was read.
+fn each_line(mut reader: impl BufRead, mut format: LineFormat, defaults: &LineDefaults, mut f: impl FnMut(usize, Line) -> bool) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut line = Vec::new();
+    let mut n = 0;
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        hasher.update(&line);
+        n += 1;
+        let content = line.strip_suffix(b"\n").unwrap_or(&line);
+        let content = content.strip_suffix(b"\r").unwrap_or(content);
+        if content.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let line = match std::str::from_utf8(content) {
+            Ok(text) if is_blank(text) => Line::Blank(only_whitespace(text)),
+            _ => {
+                if format == LineFormat::Detect {
+                    let opening = content.strip_prefix("\u{feff}".as_bytes()).unwrap_or(content).trim_ascii_start();
+                    format = if opening.starts_with(b"{") { LineFormat::Json } else { LineFormat::Text };
+                }
+                Line::Body(if format == LineFormat::Json { with_defaults_jsonl(content, defaults) } else { with_defaults_txt(content, defaults) })
+            }
+        };
+        if !f(n, line) {
+            break;
+        }
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Why a line of only (non-ASCII) whitespace is not a job, naming what is on it.
+fn only_whitespace(text: &str) -> String {
+    let mut seen: Vec<char> = Vec::new();
+    for c in text.chars().filter(|c| !c.is_ascii_whitespace()) {
+        if !seen.contains(&c) {
+            seen.push(c);
+        }
+    }
+    let names: Vec<String> = seen.iter().take(4).map(|&c| format!("U+{:04X}", c as u32)).collect();
+    format!("the line is only whitespace ({}): nothing to say", names.join(" "))
+}
+
+/// The error for invalid lines: each one's number and reason (the first 20).
+fn invalid_lines(path: String, errors: &[(usize, Rejection)]) -> EnqueueError {
+    let count = errors.len();
+    let mut details: Vec<String> = errors.iter().take(20).map(|(n, e)| format!("  line {n}: {e}")).collect();
+    if count > 20 {
+        details.push(format!("  … and {} more", count - 20));
+    }
+    EnqueueError::InvalidLines { path, count, details: details.join("\n") }
+}
+
+/// A line of a job file as [`read_lines`] gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadLine {
+    /// A job (line number, job), with the id `enqueue` gives it.
+    Job { line: usize, job: Job },
+    /// A line that is not a job, and why (only whitespace).
+    LeftOut { line: usize, why: String },
+}
+
+/// Every line of `reader` (named `name` in errors) in one pass, validated as [`JobFile::scan`]
+/// validates a file: the jobs with the ids `enqueue` would give them (ids derive from the bytes,
+/// so they are known once all are read) and the lines left out, in order. Invalid lines refuse
+/// the whole input ([`EnqueueError::InvalidLines`]), as `enqueue` would refuse it. Blocking; reads
+/// standard input as it comes, without a copy on disk.
+pub fn read_lines(reader: impl Read, name: &str, format: LineFormat, defaults: &LineDefaults, limits: &Limits) -> Result<Vec<ReadLine>, EnqueueError> {
+    let mut bodies: Vec<(usize, Result<Vec<u8>, String>)> = Vec::new();
+    let mut errors: Vec<(usize, Rejection)> = Vec::new();
+    let sha256 = each_line(BufReader::new(reader), format, defaults, |n, line| {
+        match line {
+            Line::Blank(why) => bodies.push((n, Err(why))),
+            Line::Body(body) => match parse_job(&body, limits, false) {
+                Ok(_) => bodies.push((n, Ok(body))),
+                Err(e) => errors.push((n, e)),
+            },
+        }
+        true
+    })
+    .map_err(|source| EnqueueError::Read { path: name.to_string(), source })?;
+    if !errors.is_empty() {
+        return Err(invalid_lines(name.to_string(), &errors));
+    }
+    if bodies.is_empty() {
+        return Err(EnqueueError::Empty { path: name.to_string() });
+    }
+    Ok(bodies
+        .into_iter()
+        .filter_map(|(n, body)| match body {
+            Err(why) => Some(ReadLine::LeftOut { line: n, why }),
+            Ok(body) => parse_job(&with_derived_id(body, &sha256, n), limits, false).ok().map(|job| ReadLine::Job { line: n, job }),
+        })
+        .collect())
 }
 
 /// Reads and validates every job of `path` into memory (small files, tests).
@@ -293,6 +416,33 @@ mod tests {
         assert_ne!(edited[0].job_id, jobs[0].job_id, "another file content, other ids");
         let other = LineDefaults { campaign: Some("other".into()), ..d };
         assert_ne!(read_jobs(&p, &other, &Limits::default()).unwrap()[0].job_id, edited[0].job_id, "ids depend on the campaign");
+    }
+
+    #[test]
+    fn a_line_of_only_unicode_whitespace_is_left_out_with_why_and_the_rest_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = LineDefaults::default();
+        for (name, content) in [("a.txt", "First.\n\u{3000}\nSecond.\n"), ("a.jsonl", "{\"text\":\"First.\"}\n\u{3000}\u{a0}\n{\"text\":\"Second.\"}\n")] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, content).unwrap();
+            let file = JobFile::scan(&p, &d, &Limits::default()).unwrap();
+            assert_eq!(file.jobs, 2, "{name}");
+            assert_eq!(file.left_out.len(), 1, "{name}");
+            assert_eq!(file.left_out[0].0, 2);
+            assert!(file.left_out[0].1.contains("U+3000") && file.left_out[0].1.contains("only whitespace"), "{:?}", file.left_out);
+            let jobs = read_jobs(&p, &d, &Limits::default()).unwrap();
+            assert_eq!(jobs.iter().map(|j| j.text.as_str()).collect::<Vec<_>>(), ["First.", "Second."]);
+            // The same lines read in one pass (as `voxbatch text` reads standard input): the same
+            // jobs with the same ids, and the line left out in its place.
+            let lines = read_lines(std::fs::File::open(&p).unwrap(), name, LineFormat::Detect, &d, &Limits::default()).unwrap();
+            assert_eq!(lines.len(), 3);
+            assert_eq!(lines[0], ReadLine::Job { line: 1, job: jobs[0].clone() });
+            assert!(matches!(&lines[1], ReadLine::LeftOut { line: 2, why } if why.contains("U+3000")), "{:?}", lines[1]);
+            assert_eq!(lines[2], ReadLine::Job { line: 3, job: jobs[1].clone() });
+        }
+        let p = dir.path().join("blank.txt");
+        std::fs::write(&p, "\u{3000}\n\u{200b}\n").unwrap();
+        assert!(matches!(JobFile::scan(&p, &d, &Limits::default()), Err(EnqueueError::Empty { .. })), "nothing to say at all: no jobs");
     }
 
     #[test]

@@ -7,7 +7,8 @@ and the clean-ups of cosyvoice/utils/frontend_utils.py (PyPI token2wav-cosyvoice
 Needs wetext 0.1.8 with its runtime (kaldifst) and inflect, apart from the project venv:
   .venv/bin/pip install --target .run/tn-site wetext==0.1.8 inflect
   PYTHONPATH=.run/tn-site .venv/bin/python tools/normalize_reference.py tests/data/normalize_inputs.txt > OUT.tsv
-Prints `input<TAB>reference` per case.
+Prints `input<TAB>reference` per case; where the reference itself fails (wetext 0.1.8 asserts on
+"It cost $18446744073709551616."), the reference column says so: `(reference fails: AssertionError)`.
 """
 import re
 import sys
@@ -38,7 +39,14 @@ def reference(text):
     return spell_out_number(en.normalize(text), parser)
 
 
+def reference_or_failure(text):
+    try:
+        return reference(text)
+    except Exception as e:  # noqa: BLE001 - the table records how the reference fails
+        return f"(reference fails: {type(e).__name__})"
+
+
 for line in open(sys.argv[1], encoding="utf-8"):
     line = line.rstrip("\n")
     if line and not line.startswith("#"):
-        print(f"{line}\t{reference(line)}")
+        print(f"{line}\t{reference_or_failure(line)}")

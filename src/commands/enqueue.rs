@@ -97,6 +97,9 @@ pub async fn enqueue(
     let started = Instant::now();
     let (p, d, l) = (path.to_path_buf(), defaults.clone(), cfg.limits.clone());
     let file = tokio::task::spawn_blocking(move || JobFile::scan(&p, &d, &l)).await.map_err(|e| CommandError::Usage(format!("reader stopped: {e}")))??;
+    for (line, why) in &file.left_out {
+        tracing::warn!(file = %path.display(), line, "line {line} not enqueued: {why}; the other lines are");
+    }
     let total = file.jobs;
     let source = file.sha256.clone();
     // What this run published per campaign, recorded for `status --campaign` (its ETA needs the

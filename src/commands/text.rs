@@ -1,7 +1,10 @@
 //! `voxbatch text FILE|-`: the dry run of the text frontend, before any GPU time is bought. Reads
 //! jobs as `enqueue` reads them (`.txt`: a job a line; `.jsonl`: a job object a line; `-`: standard
-//! input, JSON lines when its first line is an object) and prints, per job, the normalised text,
-//! its segments with their token counts, the estimated audio length and cost, and the totals.
+//! input, read as it comes, JSON lines when its first line is an object) and prints, per job, the
+//! normalised text, its segments with their token counts, the estimated audio length and cost,
+//! and the totals. A job the worker would refuse (nothing to say once normalised) and a line that
+//! is not a job (only whitespace, e.g. U+3000: `enqueue` leaves it out) are reported in their
+//! place, with why; only invalid lines, which `enqueue` refuses the input for, stop the dry run.
 //! The frontend is the worker's own (`frontend::Frontend`), so what it prints is what the LLM gets.
 //!
 //! Estimates, stated in the output: audio length from the normalised text's characters at
@@ -11,14 +14,13 @@
 //!
 //! Neighbours: `frontend` (the work), `enqueue` (the file format), `cost::Prices`.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 
 use super::CommandError;
 use crate::config::Config;
-use crate::enqueue::{read_jobs, LineDefaults};
+use crate::enqueue::{read_lines, EnqueueError, LineDefaults, LineFormat, ReadLine};
 use crate::frontend::segment::{Lang, SegmentLimits};
 use crate::frontend::{Frontend, SpeakingRates};
 use crate::model::Device;
@@ -31,7 +33,10 @@ pub struct SegmentPreview {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct JobPreview {
-    pub job_id: String,
+    /// The line of the input it comes from (1-based).
+    pub line: usize,
+    /// The id `enqueue` gives the job; none for a line that is not a job.
+    pub job_id: Option<String>,
     pub campaign: String,
     pub chars: usize,
     pub normalized: String,
@@ -42,14 +47,18 @@ pub struct JobPreview {
     pub speed: Option<f64>,
     pub audio_seconds: f64,
     pub cost_usd: f64,
-    /// Why the worker would refuse the job (its text says nothing once normalised, …).
+    /// Why the worker would refuse the job (its text says nothing once normalised, …), or why
+    /// the line is not a job (only whitespace: `enqueue` leaves it out).
     pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TextTotals {
     pub jobs: usize,
+    /// Jobs the worker would refuse.
     pub refused: usize,
+    /// Lines that are not jobs (only whitespace), which `enqueue` leaves out.
+    pub left_out: usize,
     pub chars: usize,
     pub segments: usize,
     pub tokens: usize,
@@ -78,28 +87,47 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
     let threads = f.threads();
     let frontend =
         Frontend::load_for_threads(model_dir, SegmentLimits::from_config(cfg), threads).map_err(|e| CommandError::Usage(e.to_string()))?;
-    let stdin_copy;
-    let path = if input == Path::new("-") {
-        stdin_copy = StdinCopy::read()?;
-        stdin_copy.0.as_path()
+    let lines = if input == Path::new("-") {
+        read_lines(std::io::stdin().lock(), "standard input", LineFormat::Detect, defaults, &cfg.limits)
     } else {
-        input
-    };
-    let jobs = read_jobs(path, defaults, &cfg.limits)?;
+        let shown = input.display().to_string();
+        let format = LineFormat::of_path(input)?;
+        let file = std::fs::File::open(input).map_err(|source| EnqueueError::Read { path: shown.clone(), source })?;
+        read_lines(file, &shown, format, defaults, &cfg.limits)
+    }
+    .map_err(|e| match e {
+        // enqueue's wording says nothing was enqueued; a dry run enqueues nothing anyway.
+        EnqueueError::InvalidLines { path, count, details } => {
+            CommandError::Usage(format!("{path}: {count} invalid line(s); `voxbatch enqueue` refuses the input until they are fixed:\n{details}"))
+        }
+        e => e.into(),
+    })?;
+    let jobs: Vec<&crate::job::Job> = lines.iter().filter_map(|l| if let ReadLine::Job { job, .. } = l { Some(job) } else { None }).collect();
     let hourly_usd = cfg.cost.prices.hourly(Device::Cuda(0), Some(gpu));
     let usd_per_audio_second = hourly_usd / 3600.0 / f.estimate_audio_seconds_per_gpu_second;
     let mut totals = TextTotals::default();
     // Audio-seconds at speed 1: what the GPU does (a job's `speed` changes its audio's length,
     // hardly the work — the LLM and the flow run on the same tokens).
     let mut work_seconds = 0.0;
-    let mut previews = Vec::with_capacity(jobs.len());
-    let prepared = frontend.prepare_all(&jobs.iter().map(|j| j.text.as_str()).collect::<Vec<_>>(), threads);
-    for (job, prepared) in jobs.into_iter().zip(prepared) {
+    let mut previews = Vec::with_capacity(lines.len());
+    let mut prepared = frontend.prepare_all(&jobs.iter().map(|j| j.text.as_str()).collect::<Vec<_>>(), threads).into_iter();
+    for line in &lines {
+        let (line, job) = match line {
+            ReadLine::LeftOut { line, why } => {
+                totals.left_out += 1;
+                let campaign = defaults.campaign.clone().unwrap_or_else(|| crate::job::DEFAULT_CAMPAIGN.to_string());
+                previews.push(JobPreview::left_out(*line, campaign, why));
+                continue;
+            }
+            ReadLine::Job { line, job } => (*line, job),
+        };
+        let Some(prepared) = prepared.next() else { break };
         let chars = job.text.chars().count();
         totals.jobs += 1;
         totals.chars += chars;
         let mut p = JobPreview {
-            job_id: job.job_id.to_string(),
+            line,
+            job_id: Some(job.job_id.to_string()),
             campaign: job.campaign.clone(),
             chars,
             normalized: String::new(),
@@ -147,24 +175,22 @@ pub fn text_dry_run(cfg: &Config, model_dir: &Path, input: &Path, defaults: &Lin
     })
 }
 
-/// Standard input saved to a temporary job file (`.jsonl` when its first line is an object),
-/// removed when dropped.
-struct StdinCopy(PathBuf);
-
-impl StdinCopy {
-    fn read() -> Result<StdinCopy, CommandError> {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map_err(|source| CommandError::Io { what: "read standard input", source })?;
-        let jsonl = text.lines().find(|l| !l.trim().is_empty()).is_some_and(|l| l.trim_start().starts_with('{'));
-        let path = std::env::temp_dir().join(format!("voxbatch-text-{}.{}", uuid::Uuid::new_v4(), if jsonl { "jsonl" } else { "txt" }));
-        std::fs::write(&path, text).map_err(|source| CommandError::Io { what: "write a temporary job file", source })?;
-        Ok(StdinCopy(path))
-    }
-}
-
-impl Drop for StdinCopy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+impl JobPreview {
+    /// A line that is not a job (`why`), in its place among the jobs.
+    fn left_out(line: usize, campaign: String, why: &str) -> JobPreview {
+        JobPreview {
+            line,
+            job_id: None,
+            campaign,
+            chars: 0,
+            normalized: String::new(),
+            lang: None,
+            segments: Vec::new(),
+            speed: None,
+            audio_seconds: 0.0,
+            cost_usd: 0.0,
+            error: Some(format!("{why}; `voxbatch enqueue` leaves it out")),
+        }
     }
 }
 
@@ -172,9 +198,12 @@ impl Drop for StdinCopy {
 pub fn text_table(r: &TextReport) -> String {
     let mut s = String::new();
     for j in &r.jobs {
-        s += &format!("job {} ({}, {} chars)\n", j.job_id, j.campaign, j.chars);
+        match &j.job_id {
+            Some(id) => s += &format!("job {id} (line {}, {}, {} chars)\n", j.line, j.campaign, j.chars),
+            None => s += &format!("line {}\n", j.line),
+        }
         if let Some(e) = &j.error {
-            s += &format!("  refused: {e}\n\n");
+            s += &format!("  {}: {e}\n\n", if j.job_id.is_some() { "refused" } else { "left out" });
             continue;
         }
         s += &format!("  normalised: {}\n", j.normalized);
@@ -185,8 +214,9 @@ pub fn text_table(r: &TextReport) -> String {
         s += &format!("  ≈ {:.1} s of audio{speed}, ≈ ${:.6}\n\n", j.audio_seconds, j.cost_usd);
     }
     let t = &r.totals;
+    let left_out = if t.left_out > 0 { format!(", {} line(s) left out", t.left_out) } else { String::new() };
     s += &format!(
-        "{} jobs ({} refused), {} characters, {} segments, {} text tokens\n≈ {:.1} audio-hours, ≈ {:.2} GPU-hours, ≈ ${:.2} (${:.2} per million characters)\nestimates — {}\n",
+        "{} jobs ({} refused){left_out}, {} characters, {} segments, {} text tokens\n≈ {:.1} audio-hours, ≈ {:.2} GPU-hours, ≈ ${:.2} (${:.2} per million characters)\nestimates — {}\n",
         t.jobs,
         t.refused,
         t.chars,

@@ -3,7 +3,8 @@
 //!
 //! Stages, a file each: `normalize` (WeTextProcessing's grammars and the reference's clean-ups,
 //! prices read right; its grammars in `pool`s of copies for parallel callers), `segment` (the reference's `split_paragraph`, plus a hard cap), `tokenizer`
-//! (the Qwen2 tokenizer the converter writes), `english` (numbers in words). Pieces that hold
+//! (the Qwen2 tokenizer the converter writes), `english` (numbers in words), `readings` (what the
+//! grammars misread: St., phone numbers, versions, long digit strings). Pieces that hold
 //! only punctuation and symbols are dropped, as the reference drops them.
 //!
 //! Neighbours: `commands::text` (the dry run) and `model::cosyvoice2::tts::TextInput::prepare`
@@ -13,6 +14,7 @@
 pub mod english;
 pub mod normalize;
 pub mod pool;
+pub mod readings;
 pub mod segment;
 pub mod tokenizer;
 

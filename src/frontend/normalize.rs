@@ -3,28 +3,34 @@
 //! (the `wetext` package's compiled `zh/tn` and `en/tn` tagger and verbaliser, run by `wetext-rs`;
 //! the converter copies the files into the model directory, nothing is downloaded at run time),
 //! then the reference's clean-ups — for Chinese: no line breaks, no blanks between Chinese
-//! characters, `²`/`³` read, `.` → `。`, ` - ` → `，`, brackets removed, a trailing comma made a
-//! full stop; for English: digits the grammar left spelled out as `inflect` spells them.
+//! characters (but a blank between an English word or number and Chinese stays, where the
+//! reference drops it: "我们 on 五月一日 at 三点", not "我们on五月一日at三点"), `²`/`³` read, `.` → `。`,
+//! ` - ` → `，`, brackets removed, a trailing comma made a full stop; for English: digits the
+//! grammar left spelled out as `inflect` spells them.
 //!
 //! Where the grammars read prices wrongly (`¥1,299.00` → "一元,两百九十九点零零", `$1,299.50` →
 //! "thousand two hundred and ninety nine point five dollars", `$0.99` → "zero point nine nine
 //! dollars") a pass before them rewrites money and digit-group commas: amounts become "N dollars
-//! and M cents" / "N美元", thousands separators go, `.00` goes. `tests/data/normalize_cases.tsv`
-//! lists every case where the result differs from the reference, and why.
+//! and M cents" / "N美元", thousands separators go, `.00` goes; `readings` writes out what both
+//! the grammars and the reference read wrongly (St., phone numbers, versions, long digit strings).
+//! A number is never read as "zero" for being too long: past what a person reads as a quantity it
+//! is read digit by digit. `tests/data/normalize_cases.tsv` lists every case where the result
+//! differs from the reference, and why.
 //!
 //! Each language's grammar is kept in as many copies as the caller asks (`pool`): one normalises
 //! one text at a time, and the worker's frontend threads would otherwise queue on it.
 //!
 //! Neighbours: `frontend` calls [`Normalizer::normalize`] before `segment`; `english` spells
-//! numbers; `pool` holds the copies.
+//! numbers; `readings` rewrites what the grammars misread; `pool` holds the copies.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::english::number_words;
+use super::english::{cardinal_or_digits, digit_words, number_words};
 use super::pool::Pool;
+use super::readings;
 use super::segment::Lang;
 
 /// Where the converted model keeps the grammars (`zh/tn/*.fst`, `en/tn/*.fst`).
@@ -79,15 +85,26 @@ impl Normalizer {
         if text.is_empty() {
             return Ok((String::new(), Lang::En));
         }
+        // Full-width digits are read as digits (the reference reads them; the grammars and the
+        // passes here, which match ASCII digits only, would leave them unread).
+        let half_width;
+        let text = if text.contains(|c| ('０'..='９').contains(&c)) {
+            half_width = text.chars().map(|c| if ('０'..='９').contains(&c) { char::from(b'0' + (c as u32 - '０' as u32) as u8) } else { c }).collect::<String>();
+            half_width.as_str()
+        } else {
+            text
+        };
         if contains_chinese(text) {
             let text = digit_groups(&money_zh(text), false);
+            let text = readings::long_digits_zh(&readings::phone_numbers(&readings::versions(&text, false), false));
             let text = run(&self.zh, &text, false)?;
             let text = replace_blank(&text.replace('\n', ""));
             let text = text.replace('²', "平方").replace('³', "立方").replace('.', "。").replace(" - ", "，");
             let text = remove_bracket(&text);
             Ok((trailing_comma().replace(&text, "。").into_owned(), Lang::Zh))
         } else {
-            let text = english_numbers(&decades(&web_addresses(&digit_groups(&money_en(text), true))));
+            let text = readings::versions(&readings::phone_numbers(&readings::saint_or_street(text), true), true);
+            let text = english_numbers(&decades(&web_addresses(&digit_groups(&money_en(&text), true))));
             let text = run(&self.en, &text, true)?;
             Ok((spell_out_numbers(&text), Lang::En))
         }
@@ -96,31 +113,83 @@ impl Normalizer {
 
 /// The grammar over `text` a sentence at a time: composing a whole chapter at once costs ~7× more
 /// (0.54 ms a character against 0.08 for a 4,000-character Chinese text), and no construct the
-/// grammars read spans a sentence end. Whitespace between sentences is kept as written.
+/// grammars read spans a sentence end. Whitespace between sentences is kept as written. A long
+/// sentence goes to the grammar in [`pieces`], and an English piece of plain words skips it (the
+/// grammar leaves such words as they are): a 19,000-digit number read digit by digit is one
+/// 90,000-character sentence, a minute and a half of grammar in one piece.
 fn run(pool: &Pool<wetext_rs::Normalizer>, text: &str, english: bool) -> Result<String, NormalizeError> {
     let mut n = pool.get().map_err(|_| NormalizeError::Grammar("a previous normalisation panicked".into()))?;
     let mut out = String::with_capacity(text.len() * 2);
     let mut grammar = |s: &str| n.normalize(s).map_err(|e| NormalizeError::Grammar(e.to_string()));
     for (space, sentence) in sentences(text) {
         out.push_str(space);
-        if sentence.is_empty() {
-            continue;
-        }
-        if !english || sentence.chars().any(|c| c.is_ascii_digit()) {
-            out.push_str(&grammar(sentence)?);
-        } else {
-            // wetext-rs leaves English without digits alone, where the reference still reads its
-            // abbreviations and symbols ("Dr." → "doctor", "=" → "equals"): a digit it reads as
-            // "one" at the end makes it run, and is taken off again.
-            let read = grammar(&format!("{sentence} 1"))?;
-            out.push_str(read.strip_suffix(" one").unwrap_or(&read));
+        for (space, piece) in pieces(sentence) {
+            out.push_str(space);
+            if piece.is_empty() {
+                continue;
+            }
+            if english && plain_words(piece) {
+                out.push_str(piece);
+            } else if !english || piece.chars().any(|c| c.is_ascii_digit()) {
+                out.push_str(&grammar(piece)?);
+            } else {
+                // wetext-rs leaves English without digits alone, where the reference still reads
+                // its abbreviations and symbols ("Dr." → "doctor", "=" → "equals"): a digit makes it
+                // run, and is taken off again. The digit comes after a symbol (" | 1", read
+                // "vertical bar one") that nothing before it can join: a bare " 1" made "in Jan."
+                // a date ("in the first of january"). Should the grammar still join them, the
+                // piece stays as written.
+                let read = grammar(&format!("{piece}{SENTINEL}"))?;
+                out.push_str(read.strip_suffix(SENTINEL_READ).unwrap_or(piece));
+            }
         }
     }
     Ok(out)
 }
 
-/// Words whose `.` does not end a sentence.
-const ABBREVIATIONS: [&str; 18] = ["dr", "mr", "mrs", "ms", "st", "jr", "sr", "no", "vs", "etc", "prof", "inc", "ltd", "co", "mt", "e.g", "i.e", "u.s"];
+/// Bytes of a sentence after which [`pieces`] cuts it.
+const PIECE_BYTES: usize = 400;
+
+/// `sentence` cut for the grammar, as (leading whitespace, piece) pairs: after at least
+/// [`PIECE_BYTES`], at the next space between two plain words (letters only), where no construct
+/// the grammar reads (numbers, dates, units, abbreviations, symbols) can be cut. Most sentences
+/// are one piece.
+fn pieces(sentence: &str) -> Vec<(&str, &str)> {
+    let letters = |w: Option<&str>| w.is_some_and(|w| !w.is_empty() && w.chars().all(char::is_alphabetic));
+    let mut out = Vec::new();
+    let (mut start, mut space) = (0, 0);
+    for (i, c) in sentence.char_indices() {
+        if !c.is_whitespace() || i < start + PIECE_BYTES || i <= space {
+            continue;
+        }
+        let before = sentence[start..i].split_whitespace().next_back();
+        let after = sentence[i..].split_whitespace().next();
+        if letters(before) && letters(after) && !sentence[start..i].ends_with(char::is_whitespace) {
+            out.push((&sentence[space..start], &sentence[start..i]));
+            let rest = &sentence[i..];
+            space = i;
+            start = i + (rest.len() - rest.trim_start().len());
+        }
+    }
+    out.push((&sentence[space..start], &sentence[start..]));
+    out
+}
+
+/// Only letters, blanks and commas: nothing the English grammar reads.
+fn plain_words(piece: &str) -> bool {
+    piece.chars().all(|c| c.is_alphabetic() || c.is_whitespace() || c == ',')
+}
+
+/// Appended to an English sentence without digits so that the grammar runs over it, and what the
+/// grammar makes of it.
+const SENTINEL: &str = " | 1";
+const SENTINEL_READ: &str = " vertical bar one";
+
+/// Words whose `.` does not end a sentence (a month's, so that "Jan. 5th" is read as one date).
+const ABBREVIATIONS: [&str; 30] = [
+    "dr", "mr", "mrs", "ms", "st", "jr", "sr", "no", "vs", "etc", "prof", "inc", "ltd", "co", "mt", "e.g", "i.e", "u.s", "jan", "feb", "mar", "apr", "jun",
+    "jul", "aug", "sep", "sept", "oct", "nov", "dec",
+];
 
 /// `text` cut after each sentence end — `。！？；!?` and line breaks, and `.` or `;` before
 /// whitespace (not inside `3.5` or `v2.3`, not after an abbreviation such as `Dr.`) — as (leading
@@ -164,13 +233,13 @@ fn trailing_comma() -> &'static Regex {
 /// without commas as a year ("twelve thirty four").
 fn digit_groups(text: &str, english: bool) -> String {
     static R: OnceLock<Regex> = OnceLock::new();
-    regex(&R, r"(?-u:\b)\d{1,3}(?:,\d{3})+(?:\.\d+)?(?-u:\b)").replace_all(text, |c: &regex::Captures<'_>| {
+    regex(&R, r"(?-u:\b)[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?(?-u:\b)").replace_all(text, |c: &regex::Captures<'_>| {
         let plain = c[0].replace(',', "");
         if !english {
             return plain;
         }
         let (whole, decimals) = plain.split_once('.').map_or((plain.as_str(), ""), |(w, d)| (w, d));
-        let whole = number_words(whole.parse().unwrap_or(0));
+        let whole = cardinal_or_digits(whole);
         if decimals.is_empty() {
             whole
         } else {
@@ -195,7 +264,7 @@ fn trimmed_decimals(d: Option<regex::Match<'_>>) -> String {
 /// read the number.
 fn money_zh(text: &str) -> String {
     static R: OnceLock<Regex> = OnceLock::new();
-    let text = regex(&R, r"([¥￥$€£])\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(万|亿)?(?:元|块)?").replace_all(text, |c: &regex::Captures<'_>| {
+    let text = regex(&R, r"([¥￥$€£])\s?([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.([0-9]+))?(万|亿)?(?:元|块)?").replace_all(text, |c: &regex::Captures<'_>| {
         let unit = match &c[1] {
             "¥" | "￥" => "元",
             "$" => "美元",
@@ -214,18 +283,20 @@ fn money_zh(text: &str) -> String {
 /// amount (`$2.5 million`) keeps the decimal: "two point five million dollars".
 fn money_en(text: &str) -> String {
     static R: OnceLock<Regex> = OnceLock::new();
-    regex(&R, r"([$€£¥])\s?(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?(?:\s?(thousand|million|billion|trillion)\b)?").replace_all(text, |c: &regex::Captures<'_>| {
+    regex(&R, r"([$€£¥])\s?([0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.([0-9]+))?(?:\s?(thousand|million|billion|trillion)\b)?").replace_all(text, |c: &regex::Captures<'_>| {
         let (one, many, cent, cents) = match &c[1] {
             "$" => ("dollar", "dollars", "cent", "cents"),
             "€" => ("euro", "euros", "cent", "cents"),
             "£" => ("pound", "pounds", "penny", "pence"),
             _ => ("yen", "yen", "sen", "sen"),
         };
-        let whole: u64 = amount(&c[2]).parse().unwrap_or(0);
+        let digits = amount(&c[2]);
+        // Past u64 the amount is read digit by digit (and is plural), never as zero.
+        let whole = digits.parse::<u64>().ok();
         if let Some(scale) = c.get(4) {
             let decimals = trimmed_decimals(c.get(3));
             let point = if decimals.is_empty() { String::new() } else { format!(" point {}", digits_words(&decimals)) };
-            return format!("{}{point} {} {many}", number_words(whole), scale.as_str());
+            return format!("{}{point} {} {many}", cardinal_or_digits(&digits), scale.as_str());
         }
         let fraction = c.get(3).map_or(0, |m| {
             let mut s: String = m.as_str().chars().take(2).collect();
@@ -234,10 +305,10 @@ fn money_en(text: &str) -> String {
             }
             s.parse::<u64>().unwrap_or(0)
         });
-        let whole_words = format!("{} {}", number_words(whole), if whole == 1 { one } else { many });
+        let whole_words = format!("{} {}", cardinal_or_digits(&digits), if whole == Some(1) { one } else { many });
         match (whole, fraction) {
             (_, 0) => whole_words,
-            (0, f) => format!("{} {}", number_words(f), if f == 1 { cent } else { cents }),
+            (Some(0), f) => format!("{} {}", number_words(f), if f == 1 { cent } else { cents }),
             (_, f) => format!("{whole_words} and {} {}", number_words(f), if f == 1 { cent } else { cents }),
         }
     })
@@ -248,16 +319,24 @@ fn money_en(text: &str) -> String {
 /// (`100` → "one oh oh", `98.6` → "nine eight point six", `5-10` → "five minus ten"), spelled here
 /// as the reference reads them, with a unit or percent sign right after them ([`UNITS`]) read too:
 /// standalone numbers only (not in times, dates, versions, codes, phone numbers, sums, ordinals or
-/// decades, not after a month's name, no leading zero), and two numbers of up to three digits
+/// decades, not after a month's name, no leading zero), and two numbers of up to four digits
 /// joined by a hyphen as a range. Four-digit numbers from 1000 to 2099 without a unit stay for the
-/// grammar (it reads them as years, as the reference does).
+/// grammar (it reads them as years, as the reference does). A whole part longer than
+/// [`readings::EN_MAX_CARDINAL_DIGITS`] is read digit by digit ("Order 18446744073709551616" was
+/// "Order zero"). A negative number is "minus", a temperature too ("minus five degrees Celsius";
+/// the reference: "negative").
 fn english_numbers(text: &str) -> String {
     static RANGE: OnceLock<Regex> = OnceLock::new();
     static NUMBER: OnceLock<Regex> = OnceLock::new();
-    let ranged = regex(&RANGE, r"(^|[\s(])(\d{1,3})-(\d{1,3})([\s,.;:!?)]|$)").replace_all(text, |c: &regex::Captures<'_>| {
-        format!("{}{} to {}{}", &c[1], &c[2], &c[3], &c[4])
+    let ranged = regex(&RANGE, r"(^|[\s(])([0-9]{1,4})-([0-9]{1,4})([\s,.;:!?)]|$)").replace_all(text, |c: &regex::Captures<'_>| {
+        // Two years stay years ("1990 to 2000"); a four-digit end of another range is a number,
+        // not a year ("100-1000": "one hundred to one thousand", not "… to ten hundred").
+        let year = |s: &str| s.len() == 4 && (1000..=2099).contains(&s.parse::<u32>().unwrap_or(0));
+        let years = year(&c[2]) && year(&c[3]);
+        let end = |s: &str| if s.len() == 4 && !years && !s.starts_with('0') { number_words(s.parse().unwrap_or(0)) } else { s.to_string() };
+        format!("{}{} to {}{}", &c[1], end(&c[2]), end(&c[3]), &c[4])
     });
-    let number = regex(&NUMBER, r"\d+(?:\.\d+)?");
+    let number = regex(&NUMBER, r"[0-9]+(?:\.[0-9]+)?");
     let mut out = String::with_capacity(ranged.len());
     let mut last = 0;
     for m in number.find_iter(&ranged) {
@@ -289,13 +368,14 @@ fn english_numbers(text: &str) -> String {
             continue;
         }
         if sign {
-            // As the reference: a temperature is "negative", anything else "minus".
             out.pop();
-            let temperature = unit.is_some_and(|(_, one, _)| one.starts_with("degree"));
-            out.push_str(if temperature { "negative " } else { "minus " });
+            out.push_str("minus ");
         }
         let (whole, decimals) = digits.split_once('.').unwrap_or((digits, ""));
-        out.push_str(&number_words(whole.parse().unwrap_or(0)));
+        match whole.parse::<u64>() {
+            Ok(n) if whole.len() <= readings::EN_MAX_CARDINAL_DIGITS => out.push_str(&number_words(n)),
+            _ => out.push_str(&digit_words(whole, "oh")),
+        }
         if !decimals.is_empty() {
             out.push_str(" point ");
             out.push_str(&digits_words(decimals));
@@ -387,29 +467,37 @@ fn web_addresses(text: &str) -> String {
         .into_owned()
 }
 
-/// Digits read one by one ("5" → "five", "25" → "two five").
+/// Digits read one by one ("5" → "five", "25" → "two five"), as decimals are.
 fn digits_words(digits: &str) -> String {
-    digits.chars().filter_map(|c| c.to_digit(10)).map(|d| number_words(u64::from(d))).collect::<Vec<_>>().join(" ")
+    digit_words(digits, "zero")
 }
 
 /// The reference's `spell_out_number`: every run of ASCII digits left after the grammar, in words.
 fn spell_out_numbers(text: &str) -> String {
     static R: OnceLock<Regex> = OnceLock::new();
-    regex(&R, r"\d+").replace_all(text, |c: &regex::Captures<'_>| match c[0].parse::<u64>() {
+    regex(&R, r"[0-9]+").replace_all(text, |c: &regex::Captures<'_>| match c[0].parse::<u64>() {
         Ok(n) => super::english::inflect_words(n),
         Err(_) => digits_words(&c[0]),
     })
     .into_owned()
 }
 
-/// The reference's `replace_blank`: a space stays only between two non-space ASCII characters.
+/// The reference's `replace_blank` — a space stays between two non-space ASCII characters —
+/// and, unlike it, between an ASCII letter or digit and a letter of another script, so that an
+/// English word beside Chinese stays a word ("我们 on 五月 at 三pm", not "我们on五月at三pm"). A space
+/// between two Chinese characters, or next to punctuation, goes as in the reference.
 fn replace_blank(text: &str) -> String {
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
     for (i, &c) in chars.iter().enumerate() {
         if c == ' ' {
-            let ascii = |j: Option<usize>| j.and_then(|j| chars.get(j)).is_some_and(|&n| n.is_ascii() && n != ' ');
-            if ascii(i.checked_add(1)) && ascii(i.checked_sub(1)) {
+            let at = |j: Option<usize>| j.and_then(|j| chars.get(j)).copied().filter(|&n| n != ' ');
+            let (before, after) = (at(i.checked_sub(1)), at(i.checked_add(1)));
+            let ascii = |n: Option<char>| n.is_some_and(|n| n.is_ascii());
+            let word = |n: Option<char>| n.is_some_and(|n| n.is_ascii_alphanumeric());
+            let other_letter = |n: Option<char>| n.is_some_and(|n| !n.is_ascii() && n.is_alphanumeric());
+            let english_beside_chinese = (word(before) && other_letter(after)) || (other_letter(before) && word(after));
+            if (ascii(before) && ascii(after)) || english_beside_chinese {
                 out.push(c);
             }
         } else {
@@ -448,8 +536,21 @@ mod tests {
     }
 
     #[test]
-    fn blanks_brackets_and_trailing_commas_as_the_reference() {
-        assert_eq!(replace_blank("你 好 a b 世界 c"), "你好a b世界c");
+    fn a_long_sentence_is_cut_between_plain_words_keeping_every_character() {
+        let digits = "one eight four four six seven four four oh seven three seven ".repeat(40);
+        let sentence = format!("Order {digits}shipped on Jan. 5th, Dr. Who said.");
+        let parts = pieces(&sentence);
+        assert!(parts.len() > 5, "{} pieces", parts.len());
+        assert_eq!(parts.iter().map(|(w, p)| format!("{w}{p}")).collect::<String>(), sentence);
+        assert!(parts[..parts.len() - 1].iter().all(|(_, p)| plain_words(p)), "only the last piece has what the grammar reads");
+        assert!(parts.last().is_some_and(|(_, p)| p.ends_with("shipped on Jan. 5th, Dr. Who said.")));
+        assert_eq!(pieces("Short one."), vec![("", "Short one.")]);
+    }
+
+    #[test]
+    fn blanks_brackets_and_trailing_commas_as_the_reference_but_english_beside_chinese_keeps_its_blanks() {
+        assert_eq!(replace_blank("你 好 a b 世界 c"), "你好 a b 世界 c");
+        assert_eq!(replace_blank("我们 on 二零二四年五月一日 at 三pm 见面。 Hi ， 好"), "我们 on 二零二四年五月一日 at 三pm 见面。Hi，好");
         assert_eq!(remove_bracket("（注）【重要】——完"), "注重要 完");
         assert_eq!(trailing_comma().replace("好的，，", "。"), "好的。");
     }

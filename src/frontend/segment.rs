@@ -105,14 +105,31 @@ pub fn split(text: &str, lang: Lang, limits: &SegmentLimits, tokens: &dyn Fn(&st
 }
 
 /// `s` cut into pieces of at most `hard_max` tokens: at the last comma that fits, else the last
-/// space, else between characters (see the module doc).
+/// space, else between characters (see the module doc). Each cut looks only at a window of the
+/// text ahead that holds more than `hard_max` tokens, so a long sentence (a 19,000-digit number
+/// read digit by digit is 90,000 characters) is cut in time proportional to its length.
 fn cap(s: &str, hard_max: usize, tokens: &dyn Fn(&str) -> usize) -> Vec<String> {
+    let hard_max = hard_max.max(1);
     let mut out = Vec::new();
     let mut rest: &str = s;
-    while tokens(rest) > hard_max.max(1) {
-        let bounds: Vec<usize> = rest.char_indices().map(|(i, c)| i + c.len_utf8()).collect();
+    // Characters a window starts with: more than `hard_max` tokens' worth for most text.
+    let first_window = hard_max.saturating_mul(8);
+    loop {
+        let mut chars = first_window;
+        let window = loop {
+            let end = rest.char_indices().nth(chars).map_or(rest.len(), |(i, _)| i);
+            if tokens(&rest[..end]) > hard_max {
+                break Some(end);
+            }
+            if end == rest.len() {
+                break None;
+            }
+            chars = chars.saturating_mul(2);
+        };
+        let Some(window) = window else { break };
+        let bounds: Vec<usize> = rest[..window].char_indices().map(|(i, c)| i + c.len_utf8()).collect();
         // The longest prefix (in characters) within the cap.
-        let fits = bounds.partition_point(|&end| tokens(&rest[..end]) <= hard_max.max(1));
+        let fits = bounds.partition_point(|&end| tokens(&rest[..end]) <= hard_max);
         let limit = bounds[fits.max(1) - 1];
         let head = &rest[..limit];
         let cut = head

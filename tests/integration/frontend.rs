@@ -4,12 +4,15 @@
 //! - normalisation: `tests/data/normalize_cases.tsv` — input, the reference's output
 //!   (`tools/normalize_reference.py`), ours, and why where they differ. Ours must stay what the
 //!   table says; every difference from the reference must say why.
-//! - segments and the dry run's contract (`Frontend::prepare`).
+//! - segments and the dry run's contract (`Frontend::prepare`), and how the dry run and `enqueue`
+//!   read a line with nothing to say (issue 39: a line of U+3000 is reported in its place, never a
+//!   reason to refuse the whole input).
 //!
 //! `VOXBATCH_TEST_WRITE_TABLE=1` rewrites the table's "ours" column from this build (then review the diff).
 
 use std::path::PathBuf;
 
+use crate::common::TestEnv;
 use voxbatch::frontend::normalize::Normalizer;
 use voxbatch::frontend::segment::{Lang, SegmentLimits};
 use voxbatch::frontend::tokenizer::TextTokenizer;
@@ -183,4 +186,116 @@ fn the_text_dry_run_prints_segments_estimates_and_refusals_as_json() {
     assert!((audio - (17.0 / 4.0 + 23.0 / 14.0 + 23.0 / 28.0)).abs() < 1e-9, "{audio}");
     let cost = (17.0 / 4.0 + 2.0 * 23.0 / 14.0) / 290.0 * 4.0 / 3600.0;
     assert!((t["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-12);
+}
+
+/// Digit words of `text` (English "oh"/"zero"…"nine", Chinese 零/幺/一…九), in order.
+fn digit_words(text: &str) -> Vec<u32> {
+    const EN: [&str; 10] = ["oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"];
+    const ZH: [char; 10] = ['零', '幺', '二', '三', '四', '五', '六', '七', '八', '九'];
+    let en = text.split(|c: char| !c.is_alphabetic()).filter_map(|w| EN.iter().position(|d| *d == w).map(|d| d as u32));
+    let zh = text.chars().filter_map(|c| ZH.iter().position(|d| *d == c).map(|d| d as u32));
+    en.chain(zh).collect()
+}
+
+#[test]
+fn a_number_of_nineteen_thousand_digits_is_read_digit_by_digit_in_segments_within_the_cap_never_as_zero() {
+    // Issue 39 item 11: "Order 18446744073709551616 shipped." read "Order zero shipped.", and a
+    // 19,000-digit job ended done with a second of audio. Every digit is read, in order, in both
+    // languages, and nothing of it is lost between the segments.
+    let limits = SegmentLimits { max: 80, min: 60, merge: 20, hard_max: 80 };
+    let f = Frontend::load(&model(), limits).unwrap();
+    let digits: String = (0..19_000u32).map(|i| char::from_digit((i * 7 + 3) % 10, 10).unwrap()).collect();
+    let want: Vec<u32> = digits.chars().map(|c| c.to_digit(10).unwrap()).collect();
+    for (text, lang) in [(format!("Order {digits} shipped."), Lang::En), (format!("订单{digits}已发货。"), Lang::Zh)] {
+        let p = f.prepare(&text).unwrap();
+        assert_eq!(p.lang, lang);
+        assert_eq!(digit_words(&p.normalized), want, "{lang:?}: every digit read, in order");
+        let segments: String = p.segments.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join(" ");
+        assert_eq!(digit_words(&segments), want, "{lang:?}: nothing lost between segments");
+        assert!(p.segments.len() > 100 && p.segments.iter().all(|s| !s.tokens.is_empty() && s.tokens.len() <= 80), "{lang:?}");
+    }
+    let n = Normalizer::new(&model().join("fsts")).unwrap();
+    let (order, _) = n.normalize("Order 18446744073709551616 shipped.").unwrap();
+    assert!(!order.contains("zero") && order.starts_with("Order one eight four four"), "{order}");
+}
+
+fn dry_run_of_stdin(input: &str, format: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
+        .args(["text", "-", "--model", model().to_str().unwrap(), "--format", format])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_whitespace_only_line_is_reported_in_its_place_and_the_dry_run_of_stdin_goes_on() {
+    // Issue 39 item 5: one line of U+3000 aborted the whole dry run with enqueue's wording
+    // ("nothing was enqueued") and the path of a temporary copy of standard input.
+    let input = "Hello there.\n\u{3000}\n。。。\n你好。\n";
+    let out = dry_run_of_stdin(input, "json");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let jobs = r["jobs"].as_array().unwrap();
+    assert_eq!(jobs.iter().map(|j| j["line"].as_u64().unwrap()).collect::<Vec<_>>(), [1, 2, 3, 4], "every line in its place");
+    assert!(jobs[1]["job_id"].is_null(), "a whitespace-only line is not a job");
+    let why = jobs[1]["error"].as_str().unwrap();
+    assert!(why.contains("only whitespace") && why.contains("U+3000") && why.contains("enqueue` leaves it out"), "{why}");
+    assert!(jobs[2]["error"].as_str().unwrap().contains("nothing to say"), "a punctuation-only job is refused as before");
+    assert!(jobs[0]["error"].is_null() && jobs[3]["error"].is_null());
+    let t = &r["totals"];
+    assert_eq!((t["jobs"].as_u64(), t["refused"].as_u64(), t["left_out"].as_u64()), (Some(3), Some(1), Some(1)));
+
+    // Read as a stream, the ids are those `enqueue` derives from a file of the same bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("same.txt");
+    std::fs::write(&file, input).unwrap();
+    let from_file = voxbatch::enqueue::read_jobs(&file, &Default::default(), &Default::default()).unwrap();
+    let ids: Vec<&str> = jobs.iter().filter_map(|j| j["job_id"].as_str()).collect();
+    assert_eq!(ids, from_file.iter().map(|j| j.job_id.to_string()).collect::<Vec<_>>().iter().map(String::as_str).collect::<Vec<_>>());
+
+    let table = dry_run_of_stdin(input, "table");
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success() && text.contains("line 2\n  left out: the line is only whitespace (U+3000)"), "{text}");
+    assert!(text.contains("3 jobs (1 refused), 1 line(s) left out"), "{text}");
+
+    // Invalid lines still stop it, in its own words: no temporary file, nothing "enqueued".
+    let bad = dry_run_of_stdin("{\"text\":\"ok\"}\n{\"text\":42}\n", "json");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("standard input: 1 invalid line(s)") && err.contains("line 2"), "{err}");
+    assert!(!err.contains("nothing was enqueued") && !err.contains("voxbatch-text-"), "{err}");
+}
+
+#[tokio::test]
+async fn enqueue_leaves_out_a_whitespace_only_line_says_which_and_publishes_the_rest() {
+    // Issue 39 item 5, enqueue's side: the same line refused the whole file ("1 invalid line(s),
+    // nothing was enqueued"), where a punctuation-only line is published and refused per job.
+    let env = TestEnv::new("fe_blank_line").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("book.txt");
+    std::fs::write(&file, "First line.\n\u{3000}\u{3000}\n。。。\nLast line.\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_voxbatch"))
+        .args(["enqueue", file.to_str().unwrap(), "--campaign", "blank-line"])
+        .env("RUST_LOG", "info")
+        .env("VOXBATCH_AMQP__EXCHANGE", &env.cfg.amqp.exchange)
+        .env("VOXBATCH_AMQP__QUEUE", &env.cfg.amqp.queue)
+        .env("VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE", &env.cfg.amqp.dead_letter_exchange)
+        .env("VOXBATCH_AMQP__DEAD_LETTER_QUEUE", &env.cfg.amqp.dead_letter_queue)
+        .env("DATABASE_URL", env.cfg.database.url.expose())
+        .env("VOXBATCH_STORAGE__KEY_PREFIX", env.key_prefix())
+        .env("VOXBATCH_METRICS__LISTEN", "off")
+        .output()
+        .unwrap();
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains("enqueued 3 job(s)"), "{all}");
+    assert!(all.contains("line 2 not enqueued: the line is only whitespace (U+3000)"), "{all}");
+    assert!(!all.contains("nothing was enqueued"), "{all}");
+    assert_eq!(env.depths().await, (3, 0), "the other lines, the punctuation-only one included, are published");
+    env.cleanup().await;
 }
