@@ -217,7 +217,7 @@ impl Manifest {
                 if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
                     return Err(err("CosyVoice2 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
                 }
-                let mut files = vec![super::cosyvoice2::WEIGHTS_FILE, super::cosyvoice2::VOICES_FILE];
+                let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
                 if m.kind == ModelKind::Cosyvoice2 {
                     if dims.llm.is_none() {
                         return Err(err("kind cosyvoice2 needs a [cosyvoice2.llm] section (convert a directory with llm.pt)".into()));
@@ -241,7 +241,7 @@ impl Manifest {
     pub fn weights_bytes(&self) -> u64 {
         let file = match self.kind {
             ModelKind::TorchScript => "model.pt",
-            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => super::cosyvoice2::WEIGHTS_FILE,
+            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => super::token2wav::WEIGHTS_FILE,
         };
         std::fs::metadata(self.dir.join(file)).map(|m| m.len()).unwrap_or(0)
     }

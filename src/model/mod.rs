@@ -15,14 +15,21 @@
 
 pub mod compiled;
 pub mod cosyvoice2;
-mod input;
-mod manifest;
-pub mod voice_prompt;
-pub mod memory;
 pub mod cuda_graph;
+pub mod flow_graphs;
+pub mod flow_matching;
+mod input;
+pub mod layers;
+mod manifest;
+pub mod memory;
+pub mod pre_lookahead;
 pub mod profiler;
 pub(crate) use crate::torch_shim as shim;
+pub mod token2wav;
 mod torchscript;
+pub mod vocoder;
+pub mod voice_prompt;
+pub mod weights;
 
 use std::time::{Duration, Instant};
 
@@ -224,7 +231,7 @@ pub struct LoadOptions {
     pub text: Option<cosyvoice2::tts::TextPlan>,
     /// CosyVoice2 kinds: small batches' compiled flow steps as CUDA graphs (`[model] flow_graphs`;
     /// default none).
-    pub flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
+    pub flow_graphs: flow_graphs::FlowGraphSettings,
     /// On CUDA, cuDNN's per-shape algorithm search (`[model] cudnn_benchmark`; process-wide).
     pub cudnn_benchmark: bool,
 }
@@ -237,7 +244,7 @@ pub fn load(
     device: Device,
     precision: Precision,
     text: Option<cosyvoice2::tts::TextPlan>,
-    flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
+    flow_graphs: flow_graphs::FlowGraphSettings,
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),

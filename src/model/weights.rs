@@ -3,6 +3,8 @@
 //! The model's constructors ask for each tensor by name and shape; every miss and every shape
 //! mismatch is recorded, and [`Weights::finish`] reports them all at once together with the
 //! tensors the file has but nothing asked for, so a wrong or partial conversion is one clear error.
+//! Both model families read their weights through it, and a converted directory's voices
+//! ([`checkpoint_voices`], the same `voices.safetensors` layout for both).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -10,7 +12,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use super::super::ModelError;
+use super::ModelError;
 
 pub struct Weights {
     path: String,
@@ -124,7 +126,7 @@ impl Weights {
 /// The voices a converted model directory carries (`voices.safetensors`, from the checkpoint's
 /// `spk2info.pt`), in `model.toml`'s order. Blocking (reads the file).
 pub fn checkpoint_voices(dir: &std::path::Path, manifest: &crate::model::Manifest) -> Result<Vec<crate::model::VoicePrompt>, crate::model::ModelError> {
-    use super::VOICES_FILE;
+    use crate::model::token2wav::VOICES_FILE;
     use crate::model::voice_prompt::{EMBEDDING_DIM, FRAMES_PER_TOKEN, MEL_BINS};
     let err = |reason: String| crate::model::ModelError::Manifest { dir: dir.display().to_string(), reason };
     let w = Weights::load(&dir.join(VOICES_FILE), tch::Device::Cpu)?;
