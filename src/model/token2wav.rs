@@ -138,6 +138,24 @@ impl Voices {
     }
 }
 
+/// One item of a flow batch (both families' flows take the same): its speech tokens, its voice's
+/// prompt and x-vector.
+pub struct FlowItem<'a> {
+    pub tokens: &'a [i64],
+    pub prompt_tokens: &'a [i64],
+    /// `[2 · prompt_tokens, 80]` mel of the prompt (empty without a prompt).
+    pub prompt_feat: &'a Tensor,
+    /// `[192]` speaker x-vector.
+    pub embedding: &'a Tensor,
+}
+
+impl<'a> FlowItem<'a> {
+    /// `tokens` spoken by `voice`.
+    pub fn new(tokens: &'a [i64], voice: &'a Voice) -> FlowItem<'a> {
+        FlowItem { tokens, prompt_tokens: &voice.prompt_tokens, prompt_feat: &voice.prompt_feat, embedding: &voice.embedding }
+    }
+}
+
 /// `mel` (`[80, frames]`) spoken at `speed`, as upstream's `token2wav` does it (non-streaming):
 /// linearly interpolated (`F.interpolate(mode="linear")`, corners not aligned) to
 /// `⌊frames / speed⌋` frames, in float. Speed 1 (or `None`) leaves it as it is.

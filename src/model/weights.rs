@@ -27,14 +27,16 @@ impl Weights {
         Weights::load_as(path, device, Kind::Float)
     }
 
-    /// Reads every tensor of `path` onto `device`, floating point as `kind`.
+    /// Reads every tensor of `path` onto `device`, floating point as `kind` — but float64, which
+    /// stays float64: a layer that runs in float64 keeps the weights its converter computed there
+    /// (CosyVoice3's F0 predictor, folded as upstream evaluates it: `tools/convert_cosyvoice.py`).
     pub fn load_as(path: &Path, device: Device, kind: Kind) -> Result<Weights, ModelError> {
         let shown = path.display().to_string();
         let list = Tensor::read_safetensors(path).map_err(|source| ModelError::Load { path: shown.clone(), source })?;
         let tensors = list
             .into_iter()
             .map(|(name, t)| {
-                let t = if t.is_floating_point() { t.f_to_kind(kind)? } else { t };
+                let t = if t.is_floating_point() && t.kind() != Kind::Double { t.f_to_kind(kind)? } else { t };
                 Ok((name, t.f_to_device(device)?))
             })
             .collect::<Result<_, tch::TchError>>()

@@ -18,6 +18,7 @@ mod cosyvoice2_parity;
 mod cosyvoice2_text_worker;
 mod cosyvoice2_tts;
 mod cosyvoice2_worker;
+mod cosyvoice3_parity;
 mod dead_letters;
 mod events;
 mod faults;

@@ -24,15 +24,7 @@ use crate::model::compiled::{CompiledStage, KernelCounts};
 
 pub use crate::model::flow_matching::{padded_frames, FRAME_MULTIPLE};
 
-/// One item of a flow batch.
-pub struct FlowItem<'a> {
-    pub tokens: &'a [i64],
-    pub prompt_tokens: &'a [i64],
-    /// `[2 · prompt_tokens, 80]` mel of the prompt (empty without a prompt).
-    pub prompt_feat: &'a Tensor,
-    /// `[192]` speaker x-vector.
-    pub embedding: &'a Tensor,
-}
+pub use crate::model::token2wav::FlowItem;
 
 pub struct FlowDims {
     pub vocab_size: i64,
