@@ -366,7 +366,7 @@ async fn bench(cfg: &mut Config, args: BenchArgs) -> Result<()> {
                 repeats: repeats.max(1),
                 cudnn_benchmark,
                 profile,
-                flow_graphs: voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings { graphs: flow_graphs, max_frames: flow_graph_max_frames.max(1) },
+                flow_graphs: voxbatch::model::flow_graphs::FlowGraphSettings { graphs: flow_graphs, max_frames: flow_graph_max_frames.max(1) },
                 seed: 7,
             };
             let (report, paths) = commands::bench_token2wav(opts, &out, |p| {
