@@ -13,8 +13,9 @@
 //! - [`batch`]: batch assembly policy (pure state machine), memory model, split-on-failure rule.
 //! - [`sizing`]: which policy a worker runs: memory budget, calibration profiles on disk.
 //! - [`calibrate`]: measures peak memory and fits the profile.
-//! - [`model`]: model directories, manifests, tokenizer, inference thread; the TorchScript models
-//!   and CosyVoice2's token2wav ([`model::cosyvoice2`]).
+//! - [`model`]: model directories, manifests, tokenizer, inference thread; the TorchScript models,
+//!   a folder per CosyVoice family ([`model::cosyvoice2`], [`model::cosyvoice3`]) over the pieces
+//!   they share (`model::flow_matching`, `model::vocoder`, `model::token2wav`, `model::layers`).
 //! - [`frontend`]: CosyVoice2's text frontend: normalisation, segments, tokenizer.
 //! - [`voice`]: voices from recordings (features, ONNX models) and a worker's voice book.
 //! - [`device`]: what a worker runs on (cpu, cuda:N) and at which precision (a leaf).

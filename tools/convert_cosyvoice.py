@@ -468,6 +468,26 @@ def cosyvoice3_noise(c, seconds):
     return rand_noise, sine_waves
 
 
+def f0_predictor_weights_f64(hift):
+    """The F0 predictor's weight-normed convolutions folded as upstream evaluates them: the vocoder's
+    `inference` moves the predictor to float64 (`self.f0_predictor.to(torch.float64)`), so its
+    parametrization computes `torch._weight_norm(v, g, 0)` in float64 on every call. The same call
+    here, kept float64 in the safetensors file (voxbatch's weights loader leaves float64 tensors as
+    they are), gives the Rust port the reference's weights bit for bit; folded in fp32 they differ by
+    ~1e-7, which the source's phase integration turns into ~1e-5 of the waveform. Returns
+    {`f0_predictor.condnet.{i}.weight`: float64 tensor} (empty for a predictor without weight norm)."""
+    out = {}
+    for k, v in hift.items():
+        m = re.match(r"(f0_predictor\..*)\.parametrizations\.weight\.original1$", k) or re.match(r"(f0_predictor\..*)\.weight_v$", k)
+        if m:
+            base = m.group(1)
+            g = hift.get(base + ".parametrizations.weight.original0", hift.get(base + ".weight_g"))
+            if g is None:
+                sys.exit(f"weight norm of {base} is incomplete: no g")
+            out[base + ".weight"] = torch._weight_norm(v.double(), g.double(), 0)
+    return out
+
+
 def convert_cosyvoice3(args):
     from safetensors.torch import save_file
 
@@ -481,6 +501,7 @@ def convert_cosyvoice3(args):
     flow = torch.load(os.path.join(src, "flow.pt"), map_location="cpu", weights_only=True)
     hift = torch.load(os.path.join(src, "hift.pt"), map_location="cpu", weights_only=True)
     hift = {k.replace("generator.", "", 1) if k.startswith("generator.") else k: v for k, v in hift.items()}
+    f0_weights = f0_predictor_weights_f64(hift)
     flow, hift = fold_weight_norm(flow), fold_weight_norm(hift)
     tensors = {f"flow.{k}": v for k, v in flow.items()}
     tensors.update({f"hift.{k}": v for k, v in hift.items()})
@@ -488,6 +509,7 @@ def convert_cosyvoice3(args):
     if problems:
         sys.exit(f"{src}: the weights do not match cosyvoice3.yaml ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
     tensors = {k: v.float().contiguous() for k, v in tensors.items()}
+    tensors.update({f"hift.{k}": v.contiguous() for k, v in f0_weights.items()})
     rand_noise, sine_waves = cosyvoice3_noise(c, args.noise_seconds)
     tensors["flow.rand_noise"] = rand_noise.contiguous()
     tensors["hift.m_source.l_sin_gen.sine_waves"] = sine_waves.contiguous()

@@ -204,6 +204,14 @@ impl Profile {
             created_at: String::new(),
         }
     }
+
+    /// The built-in with `bytes` per item per (output frame)² added: what a model's attention
+    /// over all of an item's frames holds at once (`Manifest::attention_bytes_per_frame_squared`;
+    /// CosyVoice3's DiT), which no linear term bounds for long items.
+    pub fn with_quadratic(mut self, bytes: f64) -> Profile {
+        self.fit.model.b += bytes;
+        self
+    }
 }
 
 /// AIMD settings of the safety factor.
@@ -321,6 +329,17 @@ mod tests {
         assert!(f.model.m0 >= 0.0 && f.model.a >= 0.0 && f.model.b >= 0.0, "{f:?}");
         assert!(f.worst_rel_error > 0.0 && f.worst_rel_error < 0.1, "{f:?}");
         assert!(fit(&pts[..1]).is_none());
+    }
+
+    #[test]
+    fn a_quadratic_builtin_charges_long_items_more_than_the_linear_one() {
+        // CosyVoice3 full (16 heads: 392 bytes per frame²) on 30-s items (1,500 frames): the
+        // attention adds 0.88 GB an item to the linear term's 1.47 GB.
+        let linear = Profile::builtin("m", "gpu", "bf16", 2, 480, 1 << 30);
+        let with = linear.clone().with_quadratic(2.0 * (3.0 * 16.0 + 1.0) * 4.0);
+        let (short, long) = (with.fit.model.predict(1, 100) - linear.fit.model.predict(1, 100), with.fit.model.predict(1, 1500) - linear.fit.model.predict(1, 1500));
+        assert!((long - 392.0 * 1500.0 * 1500.0).abs() < 1.0 && (short - 392.0 * 1e4).abs() < 1.0);
+        assert_eq!(with.fit.model.predict(4, 1500) - with.fit.model.m0, 4.0 * (with.fit.model.predict(1, 1500) - with.fit.model.m0), "per item");
     }
 
     #[test]

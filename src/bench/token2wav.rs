@@ -1,9 +1,12 @@
-//! `voxbatch bench token2wav`: CosyVoice2 token2wav (the tch port) measured the way issue 7 asks —
+//! `voxbatch bench token2wav`: a token2wav model (CosyVoice2's or CosyVoice3's tch port, through
+//! `model::load_token2wav`) measured the way issue 7 asks —
 //! fixed-length utterances, audio-seconds per GPU-second at each batch size and precision, peak
 //! memory, where the time goes (encoder, the flow's Euler steps, the HiFT vocoder), and what each
 //! setting costs in quality (SNR and log-spectral distance of its waveforms against true fp32's:
 //! flow and vocoder in fp32, TF32 off). A setting is the flow's precision and the vocoder's
-//! (`--vocoders`, default the model's `vocoder_precision`), side by side.
+//! (`--vocoders`, default the model's: CosyVoice2's `vocoder_precision`, CosyVoice3's the flow's
+//! unless its `vocoder_precision` says), side by side. "encoder" is the stage before the flow's
+//! steps (CosyVoice3: the token embedding and pre-lookahead layer).
 //!
 //! Runs on the calling thread (it owns the model); prints a Markdown table, writes
 //! `token2wav.json` + `report.md`. The reference Python code's figure comes from
@@ -16,10 +19,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::bench::quality::{log_spectral_distance, snr_db};
-use crate::model::cosyvoice2::hift::{SourceDraws, SAMPLES_PER_FRAME};
-use crate::model::cosyvoice2::flow_graphs::{FlowGraphSettings, FlowGraphStats};
-use crate::model::cosyvoice2::Token2Wav;
+use crate::model::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use crate::model::memory::MemoryProbe;
+use crate::model::token2wav::{StageTiming, Token2WavModel};
 use crate::model::{Device, Manifest, ModelError, Precision, SynthItem};
 
 pub struct Token2WavBenchOptions {
@@ -130,32 +132,24 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
     let mut points = Vec::new();
     let mut quality = Vec::new();
     let quality_items = &items[..QUALITY_ITEMS.min(items.len())];
-    tch::manual_seed(opts.seed as i64);
-    let draws = SourceDraws::random(quality_items.len() as i64, tokens as i64 * 2 * SAMPLES_PER_FRAME, tch::Device::Cpu)
-        .map_err(ModelError::Inference)?;
     // The quality reference first: true fp32 (flow fp32, vocoder fp32 with TF32 off).
-    let vocoders = if opts.vocoders.is_empty() {
-        vec![manifest.cosyvoice2.map_or(Precision::Tf32, |d| d.vocoder())]
-    } else {
-        opts.vocoders.clone()
-    };
+    let vocoders = |flow: Precision| if opts.vocoders.is_empty() { vec![manifest.vocoder_precision(flow)] } else { opts.vocoders.clone() };
     let mut settings = vec![(Precision::Fp32, Precision::Fp32)];
     for &p in &opts.precisions {
-        for &v in &vocoders {
+        for v in vocoders(p) {
             if !settings.contains(&(p, v)) {
                 settings.push((p, v));
             }
         }
     }
-    let measured = |setting: &(Precision, Precision)| opts.precisions.contains(&setting.0) && vocoders.contains(&setting.1);
+    let measured = |setting: &(Precision, Precision)| opts.precisions.contains(&setting.0) && vocoders(setting.0).contains(&setting.1);
     let mut reference: Option<Vec<Vec<f32>>> = None;
     let mut profile: Option<KernelProfile> = None;
     let mut graphs = FlowGraphStats::default();
     for setting @ &(precision, vocoder) in &settings {
-        let mut model = Token2Wav::load(&opts.model_dir, manifest.clone(), opts.device, precision)?;
+        let mut model = crate::model::load_token2wav(&opts.model_dir, manifest.clone(), opts.device, precision, opts.flow_graphs)?;
         model.set_vocoder_precision(vocoder);
-        model.flow.set_graphs(opts.flow_graphs, opts.device);
-        let wavs: Vec<Vec<f32>> = model.run(quality_items, Some(&draws))?.into_iter().map(|(_, w)| w).collect();
+        let wavs: Vec<Vec<f32>> = model.run_seeded(quality_items, Some(opts.seed))?.into_iter().map(|(_, w)| w).collect();
         match &reference {
             None => reference = Some(wavs),
             Some(r) => {
@@ -181,16 +175,16 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
                 break;
             }
             let batch_items = &items[..batch];
-            let mut runs: Vec<(Duration, crate::model::cosyvoice2::StageTiming)> = Vec::new();
+            let mut runs: Vec<(Duration, StageTiming)> = Vec::new();
             let mut error = None;
             probe.reset();
             // One warm-up (cuDNN autotuning, allocator growth), then the timed repeats.
             for rep in 0..=opts.repeats {
                 let started = Instant::now();
-                match model.run(batch_items, None) {
+                match model.run_seeded(batch_items, None) {
                     Ok(_) => {
                         if rep > 0 {
-                            runs.push((started.elapsed(), model.last_timing.unwrap_or_default()));
+                            runs.push((started.elapsed(), model.last_timing().unwrap_or_default()));
                         }
                     }
                     Err(e) => {
@@ -235,10 +229,10 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         if opts.profile && profile.is_none() {
             let ran = |b: usize| points.iter().any(|p| p.batch == b && p.error.is_none() && p.precision == precision.to_string() && p.vocoder == vocoder.to_string());
             if let Some(&batch) = opts.batches.iter().filter(|&&b| ran(b)).max() {
-                profile = Some(profile_run(&mut model, &items[..batch], opts.device, precision, vocoder));
+                profile = Some(profile_run(model.as_mut(), &items[..batch], opts.device, precision, vocoder));
             }
         }
-        graphs.add(&model.flow.graph_stats());
+        graphs.add(&model.flow_graph_stats());
     }
     Ok(Token2WavReport {
         model: manifest.name.clone(),
@@ -259,11 +253,11 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
 }
 
 /// One run of `items` under the profiler.
-fn profile_run(model: &mut Token2Wav, items: &[SynthItem], device: Device, precision: Precision, vocoder: Precision) -> KernelProfile {
+fn profile_run(model: &mut dyn Token2WavModel, items: &[SynthItem], device: Device, precision: Precision, vocoder: Precision) -> KernelProfile {
     use crate::model::profiler;
     let table = std::env::temp_dir().join(format!("voxbatch-kernels-{}.tsv", std::process::id()));
     let started = Instant::now();
-    let outcome = profiler::profile(device, &table, || model.run(items, None));
+    let outcome = profiler::profile(device, &table, || model.run_seeded(items, None));
     let wall_seconds = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(&table);
     let mut p = KernelProfile {

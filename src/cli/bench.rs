@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use voxbatch::bench::{llm::LlmBenchOptions, sweetspot::SweetSpotOptions, token2wav::Token2WavBenchOptions};
 use voxbatch::commands::BenchRun;
 use voxbatch::config::Config;
-use voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings;
+use voxbatch::model::flow_graphs::FlowGraphSettings;
 
 use super::ModelArgs;
 
@@ -71,9 +71,11 @@ pub enum BenchCommand {
         #[arg(long)]
         policy_only: bool,
     },
-    /// CosyVoice2 token2wav: audio-s/s per batch size and precision, peak memory, time per stage.
+    /// Token2wav (CosyVoice2 or CosyVoice3): audio-s/s per batch size and precision, peak memory,
+    /// time per stage.
     Token2wav {
-        /// A cosyvoice2-token2wav model directory (tools/convert_cosyvoice.py).
+        /// A cosyvoice2-token2wav, cosyvoice2 or cosyvoice3-token2wav model directory
+        /// (tools/convert_cosyvoice.py).
         #[arg(long, value_name = "DIR")]
         model: PathBuf,
         /// cpu or cuda:N.

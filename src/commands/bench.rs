@@ -18,7 +18,7 @@ pub async fn bench_sweetspot(
     Ok((report, paths))
 }
 
-/// The CosyVoice2 token2wav bench (on a blocking thread: it drives libtorch directly).
+/// The token2wav bench, CosyVoice2 or CosyVoice3 (on a blocking thread: it drives libtorch directly).
 pub async fn bench_token2wav(
     opts: token2wav::Token2WavBenchOptions,
     out_root: &Path,

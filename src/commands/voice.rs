@@ -79,6 +79,14 @@ pub async fn voice_add(cfg: &Config, add: &VoiceAdd) -> Result<AddedVoice, Comma
     // Files, grammars and ONNX models: blocking, off the async runtime.
     let (manifest, models, normalized, text_tokens, recording, sha256) = tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
         let manifest = voice_model(&add2.model_dir)?;
+        if !manifest.kind.makes_voices_from_recordings() {
+            return Err(CommandError::Usage(format!(
+                "model {} is of kind {}: voices from recordings are made for CosyVoice2 models only so far (a CosyVoice3 \
+                 prompt needs speech_tokenizer_v3 and a mel without fmax); its directory's voices serve its jobs",
+                manifest.name,
+                manifest.kind.as_str()
+            )));
+        }
         let models = PromptModels::load(&add2.model_dir, library.as_deref()).map_err(PromptError::from)?;
         // The LLM's prompt: the transcript as the text frontend gives it (models with an LLM).
         let (normalized, text_tokens) = if manifest.kind == ModelKind::Cosyvoice2 {

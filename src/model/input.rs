@@ -22,7 +22,7 @@ pub enum ModelInput {
 /// the job carries speech tokens), its tokenized text otherwise.
 pub fn model_input(job: &Job, manifest: &Manifest) -> Result<ModelInput, RejectionKind> {
     if job.speed.is_some_and(|s| s != 1.0) && !manifest.kind.has_prompt_voices() {
-        let reason = format!("a {} model speaks at one speed; only CosyVoice2 models take `speed`", manifest.kind.as_str());
+        let reason = format!("a {} model speaks at one speed; only CosyVoice models take `speed`", manifest.kind.as_str());
         return Err(RejectionKind::InvalidField { field: "speed", reason });
     }
     if manifest.kind == ModelKind::Cosyvoice2 && job.speech_tokens.is_none() {

@@ -23,6 +23,11 @@ pub enum ModelKind {
     /// (`fsts/`). Jobs carry text (or, as for `cosyvoice2-token2wav`, speech tokens).
     #[serde(rename = "cosyvoice2")]
     Cosyvoice2,
+    /// CosyVoice3's token2wav (DiT flow matching + causal HiFT) in tch: `token2wav.safetensors`
+    /// and `voices.safetensors`, written by `tools/convert_cosyvoice.py` from an official
+    /// CosyVoice3 directory. Jobs carry speech tokens.
+    #[serde(rename = "cosyvoice3-token2wav")]
+    Cosyvoice3Token2Wav,
 }
 
 impl ModelKind {
@@ -32,12 +37,21 @@ impl ModelKind {
             ModelKind::TorchScript => "torchscript",
             ModelKind::Cosyvoice2Token2Wav => "cosyvoice2-token2wav",
             ModelKind::Cosyvoice2 => "cosyvoice2",
+            ModelKind::Cosyvoice3Token2Wav => "cosyvoice3-token2wav",
         }
     }
 
-    /// Whether the kind's voices are CosyVoice2 voices (Postgres's `voices`, `voice add`), as
-    /// opposed to speaker indices fixed by the directory.
+    /// Whether the kind's voices are CosyVoice voices (an x-vector and a flow prompt, kept in
+    /// Postgres's `voices` per model, the directory's own imported there), as opposed to speaker
+    /// indices fixed by the directory. Such models also take a job's `speed`.
     pub fn has_prompt_voices(self) -> bool {
+        matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav)
+    }
+
+    /// Whether `voice add` makes this kind's voices from recordings (CosyVoice2's frontend: its
+    /// speech tokenizer and prompt mel). CosyVoice3's prompts need its own (speech_tokenizer_v3,
+    /// a mel without fmax), which is not there yet: its voices are its directory's.
+    pub fn makes_voices_from_recordings(self) -> bool {
         matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2)
     }
 }
@@ -100,6 +114,59 @@ impl Cosyvoice2Dims {
     }
 }
 
+/// `[cosyvoice3]`: the dimensions of a `cosyvoice3-token2wav` model, as `tools/convert_cosyvoice.py`
+/// reads them from `cosyvoice3.yaml` (checked against the weights).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cosyvoice3Dims {
+    pub vocab_size: i64,
+    /// Tokens the pre-lookahead layer looks ahead (3).
+    pub pre_lookahead_len: i64,
+    pub pre_lookahead_channels: i64,
+    pub dit_dim: i64,
+    pub dit_depth: usize,
+    pub dit_heads: i64,
+    pub dit_head_dim: i64,
+    pub dit_ff_mult: i64,
+    pub hift_channels: i64,
+    pub f0_channels: i64,
+    /// Mel frames the vocoder's `conv_pre` looks ahead (4).
+    pub conv_pre_look_right: i64,
+    /// Euler steps of the flow matching (10).
+    pub flow_steps: usize,
+    /// Classifier-free guidance rate (0.7).
+    pub cfg_rate: f64,
+    /// Rows of the source's fixed noise (`hift.m_source.l_sin_gen.sine_waves`): the longest item
+    /// the vocoder takes is `noise_samples / 480` frames.
+    pub noise_samples: i64,
+    /// The vocoder's precision; absent, the flow's, as upstream runs CosyVoice3's vocoder inside
+    /// the flow's autocast (its F0 predictor in float64 whatever this says).
+    #[serde(default)]
+    pub vocoder_precision: Option<super::Precision>,
+}
+
+impl Cosyvoice3Dims {
+    /// The vocoder's precision when the flow runs at `flow` (`vocoder_precision`, else `flow`).
+    pub fn vocoder(&self, flow: super::Precision) -> super::Precision {
+        self.vocoder_precision.unwrap_or(flow)
+    }
+
+    /// What the dimensions must satisfy for the port to run them; `Err` says which does not.
+    fn check(&self) -> Result<(), String> {
+        let checks = [
+            (self.dit_dim > 0 && self.dit_dim % 16 == 0, "dit_dim must be a positive multiple of 16 (the position embedding's 16 groups)"),
+            (self.dit_head_dim > 0 && self.dit_head_dim % 2 == 0, "dit_head_dim must be even (rotary pairs)"),
+            (self.dit_heads > 0 && self.dit_depth > 0 && self.dit_ff_mult > 0, "dit_heads, dit_depth and dit_ff_mult must be > 0"),
+            (self.hift_channels >= 8 && self.hift_channels % 8 == 0, "hift_channels must be a multiple of 8 (three halvings)"),
+            (self.flow_steps > 0 && self.noise_samples >= 480, "flow_steps must be > 0 and noise_samples at least one frame (480)"),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, why)) => Err(format!("[cosyvoice3]: {why}")),
+            None => Ok(()),
+        }
+    }
+}
+
 /// `[cosyvoice2.llm]`: the speech-token LM's Qwen2 dimensions, sampling and length ratios
 /// (tools/convert_cosyvoice.py writes them from `CosyVoice-BlankEN/config.json`).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -151,6 +218,8 @@ pub struct Manifest {
     pub signature: Signature,
     #[serde(default)]
     pub cosyvoice2: Option<Cosyvoice2Dims>,
+    #[serde(default)]
+    pub cosyvoice3: Option<Cosyvoice3Dims>,
     /// Tokens each voice's prompt adds to a job (CosyVoice2 zero-shot voices), in `voices` order;
     /// empty when no voice has a prompt. The batch policy sizes a job by its tokens plus these.
     #[serde(default)]
@@ -217,7 +286,7 @@ impl Manifest {
                 if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
                     return Err(err("CosyVoice2 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
                 }
-                let mut files = vec![super::cosyvoice2::WEIGHTS_FILE, super::cosyvoice2::VOICES_FILE];
+                let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
                 if m.kind == ModelKind::Cosyvoice2 {
                     if dims.llm.is_none() {
                         return Err(err("kind cosyvoice2 needs a [cosyvoice2.llm] section (convert a directory with llm.pt)".into()));
@@ -233,6 +302,28 @@ impl Manifest {
                     }
                 }
             }
+            ModelKind::Cosyvoice3Token2Wav => {
+                if m.signature.inputs != TOKEN2WAV_INPUTS || m.signature.outputs != TOKEN2WAV_OUTPUTS {
+                    return Err(err(format!(
+                        "kind cosyvoice3-token2wav needs signature inputs {TOKEN2WAV_INPUTS:?} and outputs {TOKEN2WAV_OUTPUTS:?}"
+                    )));
+                }
+                let Some(dims) = m.cosyvoice3 else {
+                    return Err(err("kind cosyvoice3-token2wav needs a [cosyvoice3] section (tools/convert_cosyvoice.py writes it)".into()));
+                };
+                dims.check().map_err(&err)?;
+                if !matches!(m.tokenizer, TokenizerSpec::SpeechTokens { .. }) || dims.vocab_size != m.vocab_size() {
+                    return Err(err("kind cosyvoice3-token2wav needs tokenizer kind speech_tokens with the flow's vocab_size".into()));
+                }
+                if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
+                    return Err(err("CosyVoice3 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
+                }
+                for f in [super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE] {
+                    if !dir.join(f).is_file() {
+                        return Err(err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")));
+                    }
+                }
+            }
         }
         Ok(m)
     }
@@ -241,9 +332,28 @@ impl Manifest {
     pub fn weights_bytes(&self) -> u64 {
         let file = match self.kind {
             ModelKind::TorchScript => "model.pt",
-            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => super::cosyvoice2::WEIGHTS_FILE,
+            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav => super::token2wav::WEIGHTS_FILE,
         };
         std::fs::metadata(self.dir.join(file)).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// The vocoder's precision when the flow runs at `flow`: CosyVoice2's `vocoder_precision`
+    /// (whatever the flow's), CosyVoice3's (the flow's by default), else `flow`.
+    pub fn vocoder_precision(&self, flow: super::Precision) -> super::Precision {
+        match (&self.cosyvoice2, &self.cosyvoice3) {
+            (Some(d), _) => d.vocoder(),
+            (None, Some(d)) => d.vocoder(flow),
+            (None, None) => flow,
+        }
+    }
+
+    /// Bytes the model's eager attention may hold per item per (mel frame)², beyond what the
+    /// built-in memory model's linear term charges (`batch::memory::Profile::with_quadratic`):
+    /// CosyVoice3's DiT attends over all of an item's frames in every block, on the doubled (CFG)
+    /// batch — scores, their masked and softmaxed copies in fp32 per head, and the mask's bias:
+    /// `2 · (3 · heads + 1) · 4`. Zero for the others (CosyVoice2's sizing is unchanged).
+    pub fn attention_bytes_per_frame_squared(&self) -> f64 {
+        self.cosyvoice3.map_or(0.0, |d| 2.0 * (3.0 * d.dit_heads as f64 + 1.0) * 4.0)
     }
 
     /// Size of the token vocabulary (ids are 1..vocab_size; 0 pads).

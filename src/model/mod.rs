@@ -4,7 +4,9 @@
 //! A model directory holds `model.toml` (the [`Manifest`]) and the weights its `kind` names:
 //! `model.pt` (TorchScript, kind `torchscript`, the reference CNN) or safetensors (kinds
 //! `cosyvoice2-token2wav` and `cosyvoice2`, [`cosyvoice2`]; the latter adds the LLM and takes text
-//! jobs). [`ModelHandle::start`] loads it on its own OS thread (libtorch calls block), returning
+//! jobs; kind `cosyvoice3-token2wav`, [`cosyvoice3`]). A model family's folder holds what is its
+//! own; what the families share sits beside them: [`layers`], [`weights`], [`pre_lookahead`],
+//! [`flow_matching`], [`vocoder`], [`token2wav`], [`flow_graphs`]. [`load`] is the one loader. [`ModelHandle::start`] loads it on its own OS thread (libtorch calls block), returning
 //! before the load is over ([`ModelHandle::spawn`] waits for it), and serves batches sent from
 //! async code; every model implements [`Synthesizer`]. A batch's items may fail
 //! one by one ([`ItemAudio`]), and a model with stages says where its time went ([`StageTime`])
@@ -15,14 +17,22 @@
 
 pub mod compiled;
 pub mod cosyvoice2;
-mod input;
-mod manifest;
-pub mod voice_prompt;
-pub mod memory;
+pub mod cosyvoice3;
 pub mod cuda_graph;
+pub mod flow_graphs;
+pub mod flow_matching;
+mod input;
+pub mod layers;
+mod manifest;
+pub mod memory;
+pub mod pre_lookahead;
 pub mod profiler;
 pub(crate) use crate::torch_shim as shim;
+pub mod token2wav;
 mod torchscript;
+pub mod vocoder;
+pub mod voice_prompt;
+pub mod weights;
 
 use std::time::{Duration, Instant};
 
@@ -32,7 +42,7 @@ pub use crate::device::{Device, ParseError, Precision};
 pub use input::{model_input, ModelInput};
 pub use voice_prompt::VoicePrompt;
 pub use cosyvoice2::tts::TextInput;
-pub use manifest::{Cosyvoice2Dims, LlmDims, Manifest, ModelKind, TokenizerSpec};
+pub use manifest::{Cosyvoice2Dims, Cosyvoice3Dims, LlmDims, Manifest, ModelKind, TokenizerSpec};
 pub use torchscript::TorchScriptModel;
 
 /// Errors of the model stage.
@@ -224,7 +234,7 @@ pub struct LoadOptions {
     pub text: Option<cosyvoice2::tts::TextPlan>,
     /// CosyVoice2 kinds: small batches' compiled flow steps as CUDA graphs (`[model] flow_graphs`;
     /// default none).
-    pub flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
+    pub flow_graphs: flow_graphs::FlowGraphSettings,
     /// On CUDA, cuDNN's per-shape algorithm search (`[model] cudnn_benchmark`; process-wide).
     pub cudnn_benchmark: bool,
 }
@@ -237,14 +247,13 @@ pub fn load(
     device: Device,
     precision: Precision,
     text: Option<cosyvoice2::tts::TextPlan>,
-    flow_graphs: cosyvoice2::flow_graphs::FlowGraphSettings,
+    flow_graphs: flow_graphs::FlowGraphSettings,
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
-        ModelKind::Cosyvoice2Token2Wav => {
-            let mut model = cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?;
-            model.flow.set_graphs(flow_graphs, device);
-            Ok(Box::new(model))
+        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav => {
+            let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
+            Ok(model)
         }
         ModelKind::Cosyvoice2 => {
             let plan = text_plan_or_default(dir, text)?;
@@ -252,6 +261,41 @@ pub fn load(
             model.token2wav.flow.set_graphs(flow_graphs, device);
             Ok(Box::new(model))
         }
+    }
+}
+
+/// A model's token2wav half (kinds `cosyvoice2-token2wav` and `cosyvoice3-token2wav` as [`load`]
+/// loads them; kind `cosyvoice2`'s without its LLM) as the bench drives it
+/// ([`token2wav::Token2WavModel`]).
+pub fn load_token2wav(
+    dir: &std::path::Path,
+    manifest: Manifest,
+    device: Device,
+    precision: Precision,
+    flow_graphs: flow_graphs::FlowGraphSettings,
+) -> Result<Box<dyn token2wav::Token2WavModel>, ModelError> {
+    let mut model: Box<dyn token2wav::Token2WavModel> = match manifest.kind {
+        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?),
+        ModelKind::Cosyvoice3Token2Wav => Box::new(cosyvoice3::Token2Wav::load(dir, manifest, device, precision)?),
+        kind => {
+            return Err(ModelError::Manifest {
+                dir: dir.display().to_string(),
+                reason: format!("kind {} has no token2wav (kinds cosyvoice2-token2wav, cosyvoice2, cosyvoice3-token2wav)", kind.as_str()),
+            })
+        }
+    };
+    model.set_flow_graphs(flow_graphs, device);
+    Ok(model)
+}
+
+/// Whether the model `manifest` describes can use `prompt` (`Err` says why), decided from the
+/// manifest alone so that a worker's voice book can answer before the model has loaded: the
+/// family's check ([`cosyvoice2::check_voice`], [`cosyvoice3::check_voice`]).
+pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), String> {
+    match manifest.kind {
+        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => cosyvoice2::check_voice(manifest, prompt),
+        ModelKind::Cosyvoice3Token2Wav => cosyvoice3::check_voice(manifest, prompt),
+        kind => Err(format!("a {} model's voices are fixed by its directory", kind.as_str())),
     }
 }
 
@@ -271,7 +315,7 @@ fn text_plan_or_default(dir: &std::path::Path, text: Option<cosyvoice2::tts::Tex
 struct BatchRequest(Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>);
 
 /// A voice for the inference thread's table: index and prompt, already checked against the
-/// manifest ([`cosyvoice2::check_voice`]).
+/// manifest ([`check_voice`]).
 struct VoiceRequest(usize, Box<VoicePrompt>);
 
 /// Where the inference thread's load stands.
@@ -436,11 +480,11 @@ impl ModelHandle {
     }
 
     /// Puts voice `index` in the inference thread's table ([`Synthesizer::set_voice`]) after
-    /// checking it against the manifest ([`cosyvoice2::check_voice`]: `BadInput` says why the
+    /// checking it against the manifest ([`check_voice`]: `BadInput` says why the
     /// model cannot use it). Does not wait for the thread, nor for the load: batches sent after
     /// this returns see the voice.
     pub fn set_voice(&self, index: usize, prompt: VoicePrompt) -> Result<(), ModelError> {
-        cosyvoice2::check_voice(&self.manifest, &prompt).map_err(ModelError::BadInput)?;
+        check_voice(&self.manifest, &prompt).map_err(ModelError::BadInput)?;
         self.voices.send(VoiceRequest(index, Box::new(prompt))).map_err(|_| self.gone())
     }
 }

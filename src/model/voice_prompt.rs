@@ -1,7 +1,7 @@
 //! A voice as data ([`VoicePrompt`]): what a worker caches, Postgres stores and the model thread
 //! turns into tensors — the speaker embedding and, for zero-shot voices, the prompt (speech
 //! tokens, mel, transcript tokens); a converted CosyVoice2 checkpoint's come from
-//! `cosyvoice2::weights::checkpoint_voices`. The model's side of a voice: `voice` makes prompts from recordings
+//! `model::weights::checkpoint_voices`. The model's side of a voice: `voice` makes prompts from recordings
 //! (`VoicePrompt::from_recording`) and keeps a worker's book of them; `db::voices` stores them.
 
 

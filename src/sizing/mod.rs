@@ -216,6 +216,7 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
                 manifest.dir.display()
             );
             Profile::builtin(&manifest.name, &gpu_name, &precision, manifest.frames_per_token, manifest.samples_per_frame, manifest.weights_bytes())
+                .with_quadratic(manifest.attention_bytes_per_frame_squared())
         }
     };
     // What a CosyVoice2 model's flow step graphs may hold on a GPU with an estimator package (what

@@ -410,7 +410,7 @@ impl Intake {
 fn admit(job: Job, input: ModelInput, voice: BookEntry, delivery: Delivery, text: Option<&TextPrep>, settler: &Arc<Settler>) -> Option<Received> {
     match input {
         ModelInput::Tokens(tokens) => {
-            let length = crate::model::cosyvoice2::stretched_len(tokens.len(), job.speed) + voice.prompt_tokens;
+            let length = crate::model::token2wav::stretched_len(tokens.len(), job.speed) + voice.prompt_tokens;
             Some(Received { job, tokens, voice: voice.index, text: None, length, claim: 0, delivery })
         }
         ModelInput::Text => {

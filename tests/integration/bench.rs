@@ -124,3 +124,34 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
     assert!(profile.by_category.iter().any(|(c, s)| c == "matmul" && *s > 0.0), "{:?}", profile.by_category);
     assert!(!profile.top.is_empty() && table(&report).contains("Where one run's time went"));
 }
+
+#[test]
+fn the_token2wav_bench_runs_a_cosyvoice3_model_its_vocoder_at_the_flows_precision() {
+    use voxbatch::bench::token2wav::{run, table, Token2WavBenchOptions};
+    let opts = Token2WavBenchOptions {
+        model_dir: common::repo_path("models/cosyvoice3-tiny"),
+        device: Device::Cpu,
+        precisions: vec![Precision::Fp32, Precision::Bf16],
+        vocoders: Vec::new(),
+        batches: vec![1, 2],
+        utterance_seconds: 0.4,
+        repeats: 1,
+        cudnn_benchmark: false,
+        profile: false,
+        flow_graphs: Default::default(),
+        seed: 7,
+    };
+    let report = run(&opts, |_| {}).unwrap();
+    assert_eq!(report.model, "cosyvoice3-tiny");
+    // CosyVoice3's vocoder runs inside the flow's autocast upstream: bf16 flow, bf16 vocoder.
+    let settings: Vec<(&str, &str, usize)> = report.points.iter().map(|p| (p.precision.as_str(), p.vocoder.as_str(), p.batch)).collect();
+    assert_eq!(settings, [("fp32", "fp32", 1), ("fp32", "fp32", 2), ("bf16", "bf16", 1), ("bf16", "bf16", 2)]);
+    for p in &report.points {
+        assert!(p.error.is_none() && p.audio_seconds_per_second > 0.0, "{p:?}");
+        assert!(p.encoder_seconds > 0.0 && p.flow_seconds > 0.0 && p.vocoder_seconds > 0.0, "every stage timed: {p:?}");
+    }
+    // Quality against true fp32: bf16 measurably different, fp32's own setting not listed.
+    assert_eq!(report.quality.len(), 1);
+    assert!(report.quality[0].snr_db_mean.is_finite(), "bf16 differs from fp32: {:?}", report.quality[0]);
+    assert!(table(&report).contains("| bf16 | bf16 | 2 |"));
+}

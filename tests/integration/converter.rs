@@ -2,7 +2,8 @@
 //! one `scripts/bootstrap.sh` builds with the reference code, `models/cosyvoice2-tiny-parity/official`):
 //! the branches official checkpoints take (`generator.`-prefixed HiFT, `weight_g`/`weight_v` weight
 //! norm), the voice formats of `spk2info.pt` (CosyVoice2's own, third-party key names, none at all)
-//! and a voice it must refuse.
+//! and a voice it must refuse; and an official CosyVoice3 directory (the committed tiny one,
+//! `tests/data/cosyvoice3/official`) to kind `cosyvoice3-token2wav`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,8 +25,13 @@ fn official() -> PathBuf {
 /// A copy of the official directory (flow.pt linked, it is only read) in which `edit` (Python, with
 /// `torch` imported and `d` the directory) has been run.
 fn variant(edit: &str) -> tempfile::TempDir {
+    variant_of(&official(), edit)
+}
+
+/// [`variant`] of the official directory `src`.
+fn variant_of(src: &Path, edit: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(official()).unwrap() {
+    for entry in std::fs::read_dir(src).unwrap() {
         let entry = entry.unwrap();
         let to = dir.path().join(entry.file_name());
         if entry.file_name() == "flow.pt" || entry.file_type().unwrap().is_dir() {
@@ -44,11 +50,17 @@ fn variant(edit: &str) -> tempfile::TempDir {
 
 /// Runs the converter: (success, stderr).
 fn convert(src: &Path, out: &Path) -> (bool, String) {
+    convert_with(src, out, &[])
+}
+
+/// [`convert`] with more arguments.
+fn convert_with(src: &Path, out: &Path, args: &[&str]) -> (bool, String) {
     // The tokenizer's conversion needs transformers 4.x: bootstrap's LLM site, as bootstrap converts.
     let o = Command::new(root().join(".venv/bin/python"))
         .env("PYTHONPATH", root().join(".run/llm-site"))
         .arg(root().join("tools/convert_cosyvoice.py"))
         .args([src.as_os_str(), out.as_os_str()])
+        .args(args)
         .output()
         .unwrap();
     (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
@@ -125,4 +137,41 @@ fn no_voices_registers_none_and_an_unreadable_voice_is_refused_by_name() {
     let (ok, e) = convert(variant("torch.save({'x': {'speech_token': torch.zeros(1, 4)}}, d + '/spk2info.pt')").path(), &out.path().join("bad"));
     assert!(!ok);
     assert!(e.contains("voice 'x' has no x-vector") && e.contains("speech_token"), "{e}");
+}
+
+#[test]
+fn a_cosyvoice3_directory_converts_to_its_token2wav_kind_and_misshapen_weights_are_named() {
+    let src = root().join("tests/data/cosyvoice3/official");
+    let out = tempfile::tempdir().unwrap();
+    let (ok, e) = convert_with(&src, out.path(), &["--name", "cv3-test", "--noise-seconds", "2"]);
+    assert!(ok, "{e}");
+    let m = Manifest::load(out.path()).unwrap();
+    assert_eq!((m.kind, m.name.as_str()), (voxbatch::model::ModelKind::Cosyvoice3Token2Wav, "cv3-test"));
+    let dims = m.cosyvoice3.expect("a [cosyvoice3] section");
+    assert_eq!((dims.dit_dim, dims.dit_depth, dims.dit_heads, dims.dit_head_dim, dims.noise_samples), (48, 2, 2, 24, 2 * 24000));
+    assert_eq!(dims.vocoder_precision, None, "the vocoder follows the flow's precision, as upstream runs it");
+    assert_eq!((m.voices.as_slice(), m.voice_prompt_tokens.as_slice()), (&["voice0".to_string(), "voice1".to_string()][..], &[0, 4][..]));
+    // The same weights as bootstrap's conversion (30 s of noise): the sine noise a prefix of it.
+    let (ours, bootstrap) = (tensors(&out.path().join("token2wav.safetensors")), tensors(&root().join("models/cosyvoice3-tiny/token2wav.safetensors")));
+    assert_eq!(ours.keys().collect::<Vec<_>>(), bootstrap.keys().collect::<Vec<_>>());
+    for (name, t) in &ours {
+        let theirs = &bootstrap[name];
+        let theirs = if name == "hift.m_source.l_sin_gen.sine_waves" { theirs.narrow(1, 0, t.size()[1]) } else { theirs.shallow_clone() };
+        assert!(t.equal(&theirs), "{name} differs");
+    }
+    let model = voxbatch::model::cosyvoice3::Token2Wav::load(out.path(), m, Device::Cpu, Precision::Fp32).unwrap();
+    assert_eq!(model.hift.max_frames(), 100, "2 s of source noise");
+
+    // A hift.pt with a tensor of the wrong shape and one missing (flow.pt is linked: never edited):
+    // both named in one error.
+    let bad = variant_of(
+        &src,
+        "h = torch.load(d + '/hift.pt', weights_only=True)\n\
+         h['conv_post.bias'] = torch.zeros(3)\n\
+         del h['m_source.l_linear.bias']\n\
+         torch.save(h, d + '/hift.pt')",
+    );
+    let (ok, e) = convert_with(bad.path(), &out.path().join("bad"), &["--noise-seconds", "1"]);
+    assert!(!ok);
+    assert!(e.contains("hift.conv_post.bias: shape [3]") && e.contains("hift.m_source.l_linear.bias: missing"), "{e}");
 }

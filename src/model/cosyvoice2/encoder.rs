@@ -10,8 +10,9 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{Conv1d, LayerNorm, Linear, R};
-use super::weights::Weights;
+use crate::model::layers::{Conv1d, LayerNorm, Linear, R};
+use crate::model::pre_lookahead::PreLookahead;
+use crate::model::weights::Weights;
 
 const D: i64 = 512;
 const LOOKAHEAD: i64 = 3;
@@ -175,8 +176,7 @@ impl Embed {
 
 pub struct Encoder {
     embed: Embed,
-    lookahead1: Conv1d,
-    lookahead2: Conv1d,
+    lookahead: PreLookahead,
     layers: Vec<EncoderLayer>,
     up_conv: Conv1d,
     up_embed: Embed,
@@ -190,8 +190,7 @@ impl Encoder {
     pub fn new(w: &Weights, p: &str, heads: i64, units: i64, blocks: usize, up_blocks: usize) -> Encoder {
         Encoder {
             embed: Embed::new(w, &format!("{p}.embed")),
-            lookahead1: Conv1d::new(w, &format!("{p}.pre_lookahead_layer.conv1"), D, D, LOOKAHEAD + 1, 1, 1, (0, LOOKAHEAD)),
-            lookahead2: Conv1d::causal(w, &format!("{p}.pre_lookahead_layer.conv2"), D, D, 3),
+            lookahead: PreLookahead::new(w, &format!("{p}.pre_lookahead_layer"), D, D, LOOKAHEAD),
             layers: (0..blocks).map(|i| EncoderLayer::new(w, &format!("{p}.encoders.{i}"), heads, units)).collect(),
             up_conv: Conv1d::new(w, &format!("{p}.up_layer.conv"), D, D, 5, 1, 1, (4, 0)),
             up_embed: Embed::new(w, &format!("{p}.up_embed")),
@@ -207,8 +206,7 @@ impl Encoder {
     /// fp32, as autocast keeps them. The encoder must then run under that autocast only.
     pub fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
         self.embed.linear.cast_for_autocast(kind)?;
-        self.lookahead1.cast_for_autocast(kind)?;
-        self.lookahead2.cast_for_autocast(kind)?;
+        self.lookahead.cast_for_autocast(kind)?;
         self.up_conv.cast_for_autocast(kind)?;
         self.up_embed.linear.cast_for_autocast(kind)?;
         for layer in self.layers.iter_mut().chain(self.up_layers.iter_mut()) {
@@ -222,10 +220,7 @@ impl Encoder {
         let (x, pos) = self.embed.forward(xs, &self.positions)?;
         let x = x.f_mul(&mask.f_unsqueeze(-1)?)?;
         // Pre-lookahead: each token sees the next three.
-        let c = x.f_transpose(1, 2)?;
-        let c = self.lookahead1.forward(&c)?.f_leaky_relu()?;
-        let c = self.lookahead2.forward(&c)?.f_transpose(1, 2)?;
-        let mut x = c.f_add(&x)?;
+        let mut x = self.lookahead.forward(&x)?;
         let b = mask.size2()?.0;
         let key_pad = mask.f_eq(0.0)?.f_view([b, 1, 1, -1])?;
         for layer in &self.layers {

@@ -11,8 +11,8 @@
 
 use tch::{Kind, Tensor};
 
-use super::layers::{Conv1d, LayerNorm, Linear, R};
-use super::weights::Weights;
+use crate::model::layers::{Conv1d, LayerNorm, Linear, R};
+use crate::model::weights::Weights;
 
 /// How the transformer blocks of each level attend (`[cosyvoice2] flow_attention` in model.toml).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -303,11 +303,7 @@ impl Estimator {
 
     /// Matcha's `SinusoidalPosEmb(320)` of `t` (scale 1000): `[B]` → `[B, 320]`.
     fn time_embedding(t: &Tensor) -> R<Tensor> {
-        let half = IN / 2;
-        let step = 10000f64.ln() / (half - 1) as f64;
-        let freqs = Tensor::f_arange(half, (Kind::Float, t.device()))?.f_mul_scalar(-step)?.f_exp()?;
-        let emb = t.f_unsqueeze(1)?.f_mul_scalar(1000.0)?.f_mul(&freqs.f_unsqueeze(0)?)?;
-        Tensor::f_cat(&[emb.f_sin()?, emb.f_cos()?], -1)
+        crate::model::layers::time_sinusoids(t, IN)
     }
 
     /// How calls with this `mask` attend (the same for every Euler step of a batch: the flow makes

@@ -15,33 +15,16 @@ use std::cell::RefCell;
 use tch::{Kind, Tensor};
 
 use super::encoder::Encoder;
+use crate::model::flow_matching::{solve_euler, Doubled, EulerCfg};
 use super::estimator::{Estimator, EstimatorDims, Frames};
-use super::flow_graphs::{FlowGraphSettings, FlowGraphStats, FlowGraphs};
-use super::layers::{length_mask, Linear, R};
-use super::weights::Weights;
+use crate::model::flow_graphs::{FlowGraphSettings, FlowGraphStats, FlowGraphs};
+use crate::model::layers::{length_mask, Linear, R};
+use crate::model::weights::Weights;
 use crate::model::compiled::{CompiledStage, KernelCounts};
 
-/// The estimator runs on mel lengths that are multiples of this (and at least two of them):
-/// SDPA's memory-efficient kernel copies a bias whose rows are not 8-element aligned (once per
-/// attention call: 56 a step), and estimator packages are exported for these lengths
-/// (tools/compile_token2wav.py `FRAME_MULTIPLE`).
-pub const FRAME_MULTIPLE: i64 = 8;
+pub use crate::model::flow_matching::{padded_frames, FRAME_MULTIPLE};
 
-/// `frames` rounded up to the estimator's multiple, unless that passes `max` (the fixed noise's length).
-pub fn padded_frames(frames: i64, max: i64) -> i64 {
-    let padded = (frames.max(2 * FRAME_MULTIPLE) + FRAME_MULTIPLE - 1) / FRAME_MULTIPLE * FRAME_MULTIPLE;
-    if padded <= max { padded } else { frames }
-}
-
-/// One item of a flow batch.
-pub struct FlowItem<'a> {
-    pub tokens: &'a [i64],
-    pub prompt_tokens: &'a [i64],
-    /// `[2 · prompt_tokens, 80]` mel of the prompt (empty without a prompt).
-    pub prompt_feat: &'a Tensor,
-    /// `[192]` speaker x-vector.
-    pub embedding: &'a Tensor,
-}
+pub use crate::model::token2wav::FlowItem;
 
 pub struct FlowDims {
     pub vocab_size: i64,
@@ -77,8 +60,7 @@ pub struct Flow {
     /// Small batches' compiled steps as CUDA graphs (off until [`Flow::set_graphs`]).
     graphs: RefCell<FlowGraphs>,
     noise: Tensor,
-    steps: usize,
-    cfg_rate: f64,
+    sampler: EulerCfg,
 }
 
 impl Flow {
@@ -94,8 +76,7 @@ impl Flow {
             steps_run: KernelCounts::default(),
             graphs: RefCell::new(FlowGraphs::off()),
             noise: w.get("flow.rand_noise", &[1, 80, 15000]),
-            steps: d.steps,
-            cfg_rate: d.cfg_rate,
+            sampler: EulerCfg { steps: d.steps, cfg_rate: d.cfg_rate },
         }
     }
 
@@ -256,60 +237,29 @@ impl Flow {
         .f_to_kind(Kind::Float)
     }
 
-    /// `ConditionalCFM.solve_euler` with classifier-free guidance as one doubled batch.
+    /// `ConditionalCFM.solve_euler` with classifier-free guidance as one doubled batch
+    /// (`flow_matching::solve_euler`), each step through the compiled package (a small batch's as
+    /// a replayed graph) or the eager port.
     fn solve_euler(&self, z: Tensor, mask: &Tensor, mu: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
-        let device = mu.device();
-        let t_span = Tensor::f_linspace(0.0, 1.0, self.steps as i64 + 1, (Kind::Float, device))?;
-        let t_span = t_span.f_mul_scalar(0.5)?.f_mul_scalar(std::f64::consts::PI)?.f_cos()?.f_mul_scalar(-1.0)?.f_add_scalar(1.0)?;
-        let mut t = t_span.f_narrow(0, 0, 1)?;
-        let mut dt = t_span.f_narrow(0, 1, 1)?.f_sub(&t_span.f_narrow(0, 0, 1)?)?;
         let (b, _, frames) = mu.size3()?;
-        let mask_in = Tensor::f_cat(&[mask, mask], 0)?;
-        let mu_in = Tensor::f_cat(&[mu.shallow_clone(), mu.f_zeros_like()?], 0)?;
-        let spks_in = Tensor::f_cat(&[spks.shallow_clone(), spks.f_zeros_like()?], 0)?;
-        let cond_in = Tensor::f_cat(&[cond.shallow_clone(), cond.f_zeros_like()?], 0)?;
-        let mut x = z.f_to_kind(Kind::Float)?;
-        // Every step runs on the same shapes: the compiled package (a small batch's as a replayed
-        // graph) or the eager port (whose attention layout, packed or padded, is made once).
-        let runs = self.runs(2 * b, frames, &mask_in, &mu_in)?;
+        let doubled = Doubled::new(mask, mu, spks, cond, None)?;
+        // Every step runs on the same shapes: the compiled package or the eager port (whose
+        // attention layout, packed or padded, is made once).
+        let runs = self.runs(2 * b, frames, &doubled.mask, &doubled.mu)?;
         let mut graphs = self.graphs.borrow_mut();
-        for step in 1..=self.steps {
-            let x_in = Tensor::f_cat(&[&x, &x], 0)?;
-            let t_in = t.f_expand([2 * b], false)?;
+        solve_euler(&self.sampler, z, &doubled, |step, x_in, t_in| {
+            let inputs = [x_in, &doubled.mask, &doubled.mu, t_in, &doubled.spks, &doubled.cond];
             let graphed = match &runs {
-                Runs::Compiled(c) => graphs.step(&c.package, [&x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in], step == 1)?,
+                Runs::Compiled(c) => graphs.step(&c.package, inputs, step == 1)?,
                 Runs::Eager(_) => None,
             };
-            let d = match graphed {
+            match graphed {
                 Some(d) => {
                     self.steps_run.count(true);
-                    d
+                    Ok(d)
                 }
-                None => self.estimate_with(&runs, &x_in, &mask_in, &mu_in, &t_in, &spks_in, &cond_in)?,
-            };
-            let (d, cfg) = (d.f_narrow(0, 0, b)?, d.f_narrow(0, b, b)?);
-            let d = d.f_mul_scalar(1.0 + self.cfg_rate)?.f_sub(&cfg.f_mul_scalar(self.cfg_rate)?)?;
-            // A new tensor, not in place: x starts as an expanded (broadcast) view of the fixed noise.
-            x = x.f_add(&dt.f_mul(&d)?)?;
-            t = t.f_add(&dt)?;
-            if step < self.steps {
-                dt = t_span.f_narrow(0, step as i64 + 1, 1)?.f_sub(&t)?;
+                None => self.estimate_with(&runs, x_in, &doubled.mask, &doubled.mu, t_in, &doubled.spks, &doubled.cond),
             }
-        }
-        Ok(x)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mel_lengths_are_padded_to_the_estimators_multiple_within_the_noise() {
-        assert_eq!(padded_frames(500, 15000), 504);
-        assert_eq!(padded_frames(504, 15000), 504);
-        assert_eq!(padded_frames(2, 15000), 2 * FRAME_MULTIPLE, "at least two multiples");
-        assert_eq!(padded_frames(14_999, 15000), 15000);
-        assert_eq!(padded_frames(14_995, 14_998), 14_995, "never past the fixed noise");
+        })
     }
 }

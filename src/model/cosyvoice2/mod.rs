@@ -16,6 +16,12 @@
 //! (`compiled/<key>/encoder.pt2` and `estimator.pt2` at the flow's precision,
 //! `compiled/<key>/hift.pt2` at the vocoder's; `tools/compile_token2wav.py`), else eager.
 //!
+//! What it shares with CosyVoice3 lives below both families: `model::flow_matching` (the Euler
+//! loop with guidance), `model::vocoder` (HiFT: this family's centred layout), `model::token2wav`
+//! (voices, speed, the vocoder's batch, timing), `model::pre_lookahead`, `model::layers`,
+//! `model::weights`, `model::flow_graphs`; this folder holds what differs (the conformer encoder,
+//! the U-Net estimator, the LLM, the text model).
+//!
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
 //! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
 
@@ -23,89 +29,28 @@ pub mod buckets;
 pub mod encoder;
 pub mod estimator;
 pub mod flow;
-pub mod flow_graphs;
 pub mod hift;
-pub mod layers;
 pub mod llm;
 pub mod tts;
-mod weights;
+pub use crate::model::{flow_graphs, layers};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
-pub use self::weights::{checkpoint_voices, Weights};
 use super::compiled::CompiledStage;
+use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
+use super::token2wav::{pack_mels, Token2WavModel, Voices};
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
 use crate::model::VoicePrompt;
-
-pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
-pub const VOICES_FILE: &str = "voices.safetensors";
-
-/// A voice on the device: x-vector and optional prompt (from a [`VoicePrompt`]).
-pub struct Voice {
-    pub name: String,
-    pub embedding: Tensor,
-    pub prompt_tokens: Vec<i64>,
-    /// `[2 · prompt_tokens, 80]`.
-    pub prompt_feat: Tensor,
-    /// The LLM's prompt: the prompt's speech tokens and its text's token ids (zero-shot voices;
-    /// empty otherwise).
-    pub llm_prompt_tokens: Vec<i64>,
-    pub prompt_text: Vec<i64>,
-}
-
-impl Voice {
-    /// `prompt`'s tensors on `device`, after checking its shapes and that its flow prompt tokens
-    /// are inside `0..vocab`; `Err` says what is wrong.
-    pub fn new(prompt: &VoicePrompt, device: tch::Device, vocab: i64) -> Result<Voice, String> {
-        check_flow_prompt(prompt, vocab)?;
-        let flow = prompt.flow_tokens();
-        let tensor = |v: &[f32], shape: &[i64]| Tensor::from_slice(v).reshape(shape).to_device(device);
-        Ok(Voice {
-            name: prompt.name.clone(),
-            embedding: tensor(&prompt.embedding, &[prompt.embedding.len() as i64]),
-            prompt_tokens: flow.to_vec(),
-            prompt_feat: tensor(&prompt.prompt_mel, &[(2 * flow.len()) as i64, 80]),
-            llm_prompt_tokens: prompt.speech_tokens.clone(),
-            prompt_text: prompt.prompt_text_tokens.clone(),
-        })
-    }
-}
-
-/// `mel` (`[80, frames]`) spoken at `speed`, as upstream's `token2wav` does it (non-streaming):
-/// linearly interpolated (`F.interpolate(mode="linear")`, corners not aligned) to
-/// `⌊frames / speed⌋` frames, in float. Speed 1 (or `None`) leaves it as it is.
-pub fn at_speed(mel: Tensor, speed: Option<f64>) -> Result<Tensor, tch::TchError> {
-    let Some(speed) = speed.filter(|s| *s != 1.0) else { return Ok(mel) };
-    let frames = mel.size().get(1).copied().unwrap_or(0);
-    let to = ((frames as f64 / speed).floor() as i64).max(1);
-    mel.f_to_kind(Kind::Float)?.f_unsqueeze(0)?.f_upsample_linear1d([to], false, None)?.f_squeeze_dim(0)
-}
-
-/// `tokens` speech tokens as batch sizing counts them at `speed`: stretched by a speed under 1,
-/// since the vocoder then runs on `2 · tokens / speed` frames (the flow on the tokens' own).
-pub fn stretched_len(tokens: usize, speed: Option<f64>) -> usize {
-    match speed {
-        Some(s) if s < 1.0 && s > 0.0 => (tokens as f64 / s).ceil() as usize,
-        _ => tokens,
-    }
-}
-
-/// `prompt`'s shapes and values, and its flow prompt tokens inside `0..vocab`.
-fn check_flow_prompt(prompt: &VoicePrompt, vocab: i64) -> Result<(), String> {
-    prompt.check()?;
-    match prompt.flow_tokens().iter().find(|t| !(0..vocab).contains(*t)) {
-        Some(bad) => Err(format!("voice {}: prompt token {bad} outside 0..{vocab}", prompt.name)),
-        None => Ok(()),
-    }
-}
+pub use crate::model::token2wav::{at_speed, stretched_len, HostWaves, MelAndWave, StageTiming, Voice, VOICES_FILE, WEIGHTS_FILE};
+pub use crate::model::weights::{checkpoint_voices, Weights};
 
 /// Whether the model `manifest` describes can use `prompt` (`Err` says why): what its thread's
 /// `set_voice` checks, decided from the manifest alone, so a worker's voice book can answer
@@ -114,7 +59,7 @@ pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), Stri
     let Some(dims) = manifest.cosyvoice2.as_ref().filter(|_| manifest.kind.has_prompt_voices()) else {
         return Err(format!("a {} model's voices are fixed by its directory", manifest.kind.as_str()));
     };
-    check_flow_prompt(prompt, dims.vocab_size)?;
+    super::token2wav::check_flow_prompt(prompt, dims.vocab_size)?;
     match (manifest.kind, &dims.llm) {
         (super::ModelKind::Cosyvoice2, Some(llm)) => tts::fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, llm),
         _ => Ok(()),
@@ -149,37 +94,10 @@ fn compiled_stage(dir: &Path, stage: &str, device: Device, precision: Precision,
     }
 }
 
-/// One item's output: its mel `[80, frames]` and its waveform.
-pub type MelAndWave = (Tensor, Vec<f32>);
-
-/// A batch's waveforms on the host — `[B, samples]` f32, page-locked when they came from a GPU —
-/// and each item's length in samples. [`HostWaves::into_rows`] cuts one `Vec` per item: host work
-/// the caller may hand to another thread (the text model does, so that the GPU does not wait on it:
-/// ≈ 0.1 s per bucket of 128 on the H200, 2026-12-04).
-pub struct HostWaves {
-    wav: Tensor,
-    samples: Vec<i64>,
-}
-
-impl HostWaves {
-    /// Each item's samples, in batch order.
-    pub fn into_rows(self) -> Result<Vec<Vec<f32>>, ModelError> {
-        let bad = |row: usize, e: tch::TchError| ModelError::BadOutput(format!("waveform of item {row}: {e}"));
-        self.samples
-            .iter()
-            .enumerate()
-            .map(|(row, &n)| {
-                let samples = self.wav.f_get(row as i64).and_then(|w| w.f_narrow(0, 0, n)).and_then(|w| w.f_contiguous()).map_err(|e| bad(row, e))?;
-                Vec::<f32>::try_from(samples).map_err(|e| bad(row, e))
-            })
-            .collect()
-    }
-}
-
 pub struct Token2Wav {
     pub flow: Flow,
     pub hift: Hift,
-    voices: Vec<Voice>,
+    voices: Voices,
     manifest: Manifest,
     device: Device,
     precision: Precision,
@@ -189,19 +107,6 @@ pub struct Token2Wav {
     pub last_timing: Option<StageTiming>,
     /// Work since the last [`Synthesizer::take_stages`].
     work: StageTime,
-}
-
-/// Where the time of one batch went.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StageTiming {
-    pub encoder: Duration,
-    pub flow_steps: Duration,
-    /// The vocoder, and the waveform's copy to host memory.
-    pub vocoder: Duration,
-    /// Host only, after the device work: each item's samples cut from the batch's waveform by
-    /// [`Token2Wav::run`] on its caller's thread (the GPU waits meanwhile when the caller has no
-    /// other work queued); zero from [`Token2Wav::run_to_host`], whose caller cuts them.
-    pub audio_out: Duration,
 }
 
 impl Token2Wav {
@@ -236,7 +141,7 @@ impl Token2Wav {
         if let Some(kind) = AutocastGuard::kind(precision) {
             flow.cast_encoder_for_autocast(kind).map_err(|e| err(format!("cannot cast the flow encoder to {precision}: {e}")))?;
         }
-        let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels);
+        let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels).map_err(|e| err(format!("cannot build the vocoder: {e}")))?;
         w.finish()?;
         // Packages are checked against the weights file's digest: read once, and only when there are packages.
         let digest = dir.join("compiled").is_dir().then(|| crate::model::compiled::weights_digest(&dir.join(WEIGHTS_FILE)));
@@ -244,18 +149,7 @@ impl Token2Wav {
         flow.set_compiled(compiled_stage(dir, "estimator", device, precision, digest.as_ref()));
         hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), digest.as_ref()));
 
-        let mut voices = Vec::new();
-        for (i, prompt) in weights::checkpoint_voices(dir, &manifest)?.iter().enumerate() {
-            let declared = manifest.prompt_tokens(i as i64);
-            if declared != prompt.flow_tokens().len() {
-                return Err(err(format!(
-                    "voice {}: model.toml's voice_prompt_tokens says {declared}, voices.safetensors has a prompt of {} tokens",
-                    prompt.name,
-                    prompt.flow_tokens().len()
-                )));
-            }
-            voices.push(Voice::new(prompt, dev, dims.vocab_size).map_err(err)?);
-        }
+        let voices = Voices::load(dir, &manifest, dev, dims.vocab_size)?;
         Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision: dims.vocoder(), last_timing: None, work: idle_work() })
     }
 
@@ -287,22 +181,13 @@ impl Token2Wav {
     }
 
     pub fn voices(&self) -> &[Voice] {
-        &self.voices
+        self.voices.as_slice()
     }
 
     /// Puts `prompt` at voice index `index` (replacing, or one past the end): how a worker's voice
     /// book hands the model thread a voice it learned from Postgres.
     pub fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {
-        if index > self.voices.len() {
-            return Err(ModelError::BadInput(format!("voice index {index}: the next free index is {}", self.voices.len())));
-        }
-        let voice = Voice::new(prompt, self.device.to_tch(), self.flow.vocab_size()).map_err(ModelError::BadInput)?;
-        if index == self.voices.len() {
-            self.voices.push(voice);
-        } else {
-            self.voices[index] = voice;
-        }
-        Ok(())
+        self.voices.set(index, prompt)
     }
 
     /// Runs a batch with explicit vocoder draws (parity tests) or fresh ones (`None`).
@@ -341,24 +226,8 @@ impl Token2Wav {
 
     /// Input checks, so that nothing a job carries can make libtorch fail.
     fn check(&self, items: &[SynthItem]) -> Result<(), ModelError> {
-        let vocab = self.flow.vocab_size();
-        for item in items {
-            let voice = self.voice(item.voice)?;
-            let most = self.flow.max_frames() / 2 - voice.prompt_tokens.len() as i64;
-            if item.tokens.is_empty() || item.tokens.len() as i64 > most {
-                return Err(ModelError::BadInput(format!(
-                    "{} speech tokens: with this voice a job takes 1 to {most}",
-                    item.tokens.len()
-                )));
-            }
-            if let Some(bad) = item.tokens.iter().find(|t| !(0..vocab).contains(*t)) {
-                return Err(ModelError::BadInput(format!("speech token {bad} outside 0..{vocab}")));
-            }
-            if let Some(speed) = item.speed.filter(|s| !(crate::job::MIN_SPEED..=crate::job::MAX_SPEED).contains(s)) {
-                return Err(ModelError::BadInput(format!("speed {speed} outside {}-{}", crate::job::MIN_SPEED, crate::job::MAX_SPEED)));
-            }
-        }
-        Ok(())
+        let frames = self.flow.max_frames();
+        self.voices.check(items, |voice, _| frames / 2 - voice.prompt_tokens.len() as i64)
     }
 
     fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
@@ -371,7 +240,7 @@ impl Token2Wav {
         let flow_items: Vec<FlowItem> = items
             .iter()
             .map(|i| {
-                let v = &self.voices[i.voice as usize];
+                let v = &self.voices.as_slice()[i.voice as usize];
                 FlowItem { tokens: &i.tokens, prompt_tokens: &v.prompt_tokens, prompt_feat: &v.prompt_feat, embedding: &v.embedding }
             })
             .collect();
@@ -387,15 +256,10 @@ impl Token2Wav {
         })?;
         // Each item at its speed, as upstream stretches the mel between the flow and the vocoder.
         let mels = mels.into_iter().zip(items).map(|(m, item)| at_speed(m, item.speed)).collect::<Result<Vec<_>, _>>().map_err(failed)?;
-        let frames: Vec<i64> = mels.iter().map(|m| m.size().get(1).copied().unwrap_or(0)).collect();
-        let t_max = frames.iter().copied().max().unwrap_or(1);
-        let wav = self.in_vocoder_precision(|hift| {
-            let vocode = || -> layers::R<Tensor> {
-                let mel = Tensor::f_zeros([items.len() as i64, 80, t_max], (Kind::Float, dev))?;
-                for (row, m) in mels.iter().enumerate() {
-                    let mut dst = mel.f_get(row as i64)?.f_narrow(1, 0, frames[row])?;
-                    dst.f_copy_(m)?;
-                }
+        let (wav, frames) = self.in_vocoder_precision(|hift| {
+            let vocode = || -> layers::R<(Tensor, Vec<i64>)> {
+                let (mel, frames) = pack_mels(&mels, dev)?;
+                let t_max = mel.size3()?.2;
                 let fresh;
                 let draws = match draws {
                     Some(d) => d,
@@ -404,14 +268,12 @@ impl Token2Wav {
                         &fresh
                     }
                 };
-                Ok(hift.forward(&mel, &frames, draws)?.wav)
+                Ok((hift.forward(&mel, &frames, draws)?.wav, frames))
             };
             vocode().map_err(failed)
         })?;
-        let wav = wav.f_to_kind(Kind::Float).map_err(failed)?;
-        let wav = crate::model::shim::to_host(&wav).map_err(|e| failed(e.into()))?;
+        let waves = HostWaves::from_device(&wav, &frames).map_err(failed)?;
         let t3 = t0.elapsed();
-        let waves = HostWaves { wav, samples: frames.iter().map(|f| f * SAMPLES_PER_FRAME).collect() };
         Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO }))
     }
 
@@ -428,13 +290,6 @@ impl Token2Wav {
         let _tf32 = Tf32Scope::enter(self.device, self.vocoder_precision == Precision::Tf32, self.precision == Precision::Tf32)?;
         let _autocast = AutocastGuard::enter(self.device, self.vocoder_precision)?;
         f(&self.hift)
-    }
-
-    fn voice(&self, index: i64) -> Result<&Voice, ModelError> {
-        usize::try_from(index)
-            .ok()
-            .and_then(|i| self.voices.get(i))
-            .ok_or_else(|| ModelError::BadInput(format!("voice index {index} outside 0..{}", self.voices.len())))
     }
 }
 
@@ -468,6 +323,40 @@ impl Synthesizer for Token2Wav {
     }
 }
 
+impl Token2WavModel for Token2Wav {
+    fn run_seeded(&mut self, items: &[SynthItem], seed: Option<u64>) -> Result<Vec<MelAndWave>, ModelError> {
+        let Some(seed) = seed else { return self.run(items, None) };
+        let tokens = items.iter().map(|i| super::token2wav::stretched_len(i.tokens.len(), i.speed)).max().unwrap_or(1) as i64;
+        tch::manual_seed(seed as i64);
+        let draws = SourceDraws::random(items.len() as i64, tokens * 2 * SAMPLES_PER_FRAME, tch::Device::Cpu).map_err(ModelError::Inference)?;
+        self.run(items, Some(&draws))
+    }
+
+    fn last_timing(&self) -> Option<StageTiming> {
+        self.last_timing
+    }
+
+    fn vocoder_precision(&self) -> Precision {
+        self.vocoder_precision
+    }
+
+    fn set_vocoder_precision(&mut self, precision: Precision) {
+        Token2Wav::set_vocoder_precision(self, precision);
+    }
+
+    fn release_cached(&self) {
+        Token2Wav::release_cached(self);
+    }
+
+    fn set_flow_graphs(&mut self, settings: FlowGraphSettings, device: Device) {
+        self.flow.set_graphs(settings, device);
+    }
+
+    fn flow_graph_stats(&self) -> FlowGraphStats {
+        self.flow.graph_stats()
+    }
+}
+
 fn idle_work() -> StageTime {
     StageTime::idle(Stage::Token2Wav)
 }
@@ -475,31 +364,7 @@ fn idle_work() -> StageTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mel_at_speed_is_torchs_linear_interpolation_to_frames_over_speed() {
-        // F.interpolate(mel[None], size=int(7 / speed), mode="linear")[0][3] in torch 2.11 (the
-        // reference's `token2wav`), for mel[c][t] = sin(0.1·c + 0.7·t).
-        let values: Vec<f32> = (0..80).flat_map(|c| (0..7).map(move |t| (c as f32 * 0.1 + t as f32 * 0.7).sin())).collect();
-        let mel = Tensor::from_slice(&values).reshape([80, 7]);
-        let reference: [(f64, &[f32]); 5] = [
-            (0.5, &[0.29552, 0.432008, 0.704983, 0.879019, 0.954116, 0.912614, 0.754514, 0.516993, 0.200051, -0.121779, -0.448498, -0.703276, -0.886112, -0.97753]),
-            (0.8, &[0.29552, 0.739105, 0.944729, 0.813801, 0.39814, -0.162619, -0.680421, -0.97753]),
-            (1.1, &[0.341016, 0.879019, 0.859914, 0.305698, -0.448498, -0.947057]),
-            (1.5, &[0.500252, 0.95214, 0.120816, -0.840403]),
-            (2.0, &[0.659487, 0.675463, -0.733748]),
-        ];
-        for (speed, want) in reference {
-            let got = at_speed(mel.shallow_clone(), Some(speed)).unwrap();
-            assert_eq!(got.size(), [80, want.len() as i64], "speed {speed}: ⌊7 / speed⌋ frames");
-            let row = Vec::<f32>::try_from(got.get(3)).unwrap();
-            for (g, w) in row.iter().zip(want) {
-                assert!((g - w).abs() < 1e-5, "speed {speed}: {row:?} vs {want:?}");
-            }
-        }
-        assert_eq!(Vec::<f32>::try_from(at_speed(mel.shallow_clone(), Some(1.0)).unwrap().reshape([-1])).unwrap(), values, "speed 1: as it is");
-        assert_eq!(at_speed(mel, None).unwrap().size(), [80, 7]);
-    }
+    use tch::Kind;
 
     #[test]
     fn an_encoder_cast_once_for_autocast_gives_what_casting_on_every_call_gives() {
@@ -526,14 +391,5 @@ mod tests {
         assert_eq!(diff, 0.0, "the same roundings, once at load instead of every call");
         // And the bf16 model's encoder parameters are bf16 indeed: outside autocast it cannot run.
         assert!(cast_once.flow.encode(&items).is_err(), "a bf16 model's encoder keeps its parameters in bf16");
-    }
-
-    #[test]
-    fn a_slow_speed_stretches_the_length_batches_are_sized_by() {
-        assert_eq!(stretched_len(100, None), 100);
-        assert_eq!(stretched_len(100, Some(1.0)), 100);
-        assert_eq!(stretched_len(100, Some(2.0)), 100, "faster: the flow still runs on every token");
-        assert_eq!(stretched_len(100, Some(0.5)), 200);
-        assert_eq!(stretched_len(100, Some(0.8)), 125);
     }
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 
-use super::super::layers::R;
+use crate::model::layers::R;
 use super::cache::SlotCache;
 use super::sampler::{draw, uniforms_tensor, SamplingParams};
 use crate::model::cuda_graph::CudaGraph;

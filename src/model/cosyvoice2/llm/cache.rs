@@ -7,7 +7,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::super::layers::R;
+use crate::model::layers::R;
 
 pub struct SlotCache {
     pub(super) k: Tensor,

@@ -12,8 +12,8 @@
 
 use tch::{Kind, Tensor};
 
-use super::super::layers::R;
-use super::super::weights::Weights;
+use crate::model::layers::R;
+use crate::model::weights::Weights;
 use super::cache::SlotCache;
 
 /// Qwen2's dimensions (CosyVoice2-0.5B: 24 layers, hidden 896, 14 heads, 2 KV heads of 64,

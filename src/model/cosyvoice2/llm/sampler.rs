@@ -12,7 +12,7 @@
 use rand::{Rng, SeedableRng};
 use tch::{Kind, Tensor};
 
-use super::super::layers::R;
+use crate::model::layers::R;
 
 /// Sampling settings (CosyVoice2's `cosyvoice2.yaml`: top_p 0.8, top_k 25, win_size 10, tau_r 0.1).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -27,8 +27,8 @@ use std::time::Instant;
 
 use tch::{Kind, TchError, Tensor};
 
-use super::super::layers::{Linear, R};
-use super::super::weights::Weights;
+use crate::model::layers::{Linear, R};
+use crate::model::weights::Weights;
 use super::batch::{BatchDecoder, DecodingLm, StepInput, StepOutputs, rows_for};
 use super::cache::SlotCache;
 use super::qwen2::{span_for, Qwen2, Qwen2Dims, Rows};

@@ -1,8 +1,14 @@
-//! The building blocks shared by the flow and the vocoder: linear, convolutions, layer norm, and
-//! the padding masks that keep a padded batch equal, item by item, to unbatched runs.
+//! The building blocks both model families' flows and vocoders are made of (CosyVoice2's and
+//! CosyVoice3's): linear, convolutions (causal, centred, grouped, strided), layer norm, the
+//! sinusoidal time embedding, and the padding masks that keep a padded batch equal, item by item,
+//! to unbatched runs.
 //!
-//! Every forward pass in this port uses tch's fallible `f_*` operations and returns [`R`]: a
+//! Every forward pass of the ports uses tch's fallible `f_*` operations and returns [`R`]: a
 //! libtorch failure (out of memory above all) is an error value, never a panic.
+//!
+//! Neighbours: `weights` (the tensors each layer asks for by name and shape); the families'
+//! folders (`cosyvoice2/`, `cosyvoice3/`) and the shared `vocoder`, `flow_matching`,
+//! `pre_lookahead` build on these.
 
 use tch::{Kind, TchError, Tensor};
 
@@ -40,6 +46,11 @@ impl Linear {
         (self.w, self.b) = cast_parameters(&self.w, self.b.as_ref(), kind)?;
         Ok(())
     }
+    /// Weight and bias in `kind` for good: a layer that computes in another dtype than the
+    /// weights file's (CosyVoice3's F0 predictor runs in float64, as upstream moves it there).
+    pub fn cast(&mut self, kind: Kind) -> R<()> {
+        self.cast_for_autocast(kind)
+    }
 }
 
 /// A layer's weight and optional bias in `kind` (see [`Linear::cast_for_autocast`]).
@@ -54,6 +65,7 @@ pub struct Conv1d {
     stride: i64,
     dilation: i64,
     pad: (i64, i64),
+    groups: i64,
 }
 
 impl Conv1d {
@@ -65,6 +77,19 @@ impl Conv1d {
             stride,
             dilation,
             pad,
+            groups: 1,
+        }
+    }
+    /// A stride-1 grouped convolution (`groups` input and output channel groups; weight
+    /// `[output, input / groups, kernel]`) with explicit (left, right) zero padding.
+    pub fn grouped(w: &Weights, prefix: &str, channels: i64, kernel: i64, groups: i64, pad: (i64, i64)) -> Conv1d {
+        Conv1d {
+            w: w.get(&format!("{prefix}.weight"), &[channels, channels / groups, kernel]),
+            b: Some(w.get(&format!("{prefix}.bias"), &[channels])),
+            stride: 1,
+            dilation: 1,
+            pad,
+            groups,
         }
     }
     /// A stride-1 convolution that sees only the past: `kernel - 1` zeros on the left.
@@ -79,15 +104,19 @@ impl Conv1d {
     pub fn forward(&self, x: &Tensor) -> R<Tensor> {
         let (l, r) = self.pad;
         if l == r {
-            x.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [l], [self.dilation], 1)
+            x.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [l], [self.dilation], self.groups)
         } else {
-            x.f_constant_pad_nd([l, r])?.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], 1)
+            x.f_constant_pad_nd([l, r])?.f_conv1d(&self.w, self.b.as_ref(), [self.stride], [0], [self.dilation], self.groups)
         }
     }
     /// As [`Linear::cast_for_autocast`].
     pub fn cast_for_autocast(&mut self, kind: Kind) -> R<()> {
         (self.w, self.b) = cast_parameters(&self.w, self.b.as_ref(), kind)?;
         Ok(())
+    }
+    /// As [`Linear::cast`].
+    pub fn cast(&mut self, kind: Kind) -> R<()> {
+        self.cast_for_autocast(kind)
     }
 }
 
@@ -127,6 +156,17 @@ impl LayerNorm {
     pub fn forward(&self, x: &Tensor) -> R<Tensor> {
         x.f_layer_norm([self.dim], Some(&self.w), Some(&self.b), self.eps, true)
     }
+}
+
+/// The sinusoidal embedding of the flow's time `t` (`[B]`) as both families' estimators make it
+/// (Matcha's `SinusoidalPosEmb`, F5-TTS's `SinusPositionEmbedding`): `dim / 2` frequencies
+/// `exp(−j · ln 10000 / (dim/2 − 1))`, arguments `(1000 · t) · f_j`, sines then cosines → `[B, dim]`.
+pub fn time_sinusoids(t: &Tensor, dim: i64) -> R<Tensor> {
+    let half = dim / 2;
+    let step = 10000f64.ln() / (half - 1) as f64;
+    let freqs = Tensor::f_arange(half, (Kind::Float, t.device()))?.f_mul_scalar(-step)?.f_exp()?;
+    let emb = t.f_unsqueeze(1)?.f_mul_scalar(1000.0)?.f_mul(&freqs.f_unsqueeze(0)?)?;
+    Tensor::f_cat(&[emb.f_sin()?, emb.f_cos()?], -1)
 }
 
 /// `[B, T]` float mask: 1 where `t < lengths[b]`.

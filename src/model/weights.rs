@@ -3,6 +3,8 @@
 //! The model's constructors ask for each tensor by name and shape; every miss and every shape
 //! mismatch is recorded, and [`Weights::finish`] reports them all at once together with the
 //! tensors the file has but nothing asked for, so a wrong or partial conversion is one clear error.
+//! Both model families read their weights through it, and a converted directory's voices
+//! ([`checkpoint_voices`], the same `voices.safetensors` layout for both).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -10,7 +12,7 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use super::super::ModelError;
+use super::ModelError;
 
 pub struct Weights {
     path: String,
@@ -25,14 +27,16 @@ impl Weights {
         Weights::load_as(path, device, Kind::Float)
     }
 
-    /// Reads every tensor of `path` onto `device`, floating point as `kind`.
+    /// Reads every tensor of `path` onto `device`, floating point as `kind` — but float64, which
+    /// stays float64: a layer that runs in float64 keeps the weights its converter computed there
+    /// (CosyVoice3's F0 predictor, folded as upstream evaluates it: `tools/convert_cosyvoice.py`).
     pub fn load_as(path: &Path, device: Device, kind: Kind) -> Result<Weights, ModelError> {
         let shown = path.display().to_string();
         let list = Tensor::read_safetensors(path).map_err(|source| ModelError::Load { path: shown.clone(), source })?;
         let tensors = list
             .into_iter()
             .map(|(name, t)| {
-                let t = if t.is_floating_point() { t.f_to_kind(kind)? } else { t };
+                let t = if t.is_floating_point() && t.kind() != Kind::Double { t.f_to_kind(kind)? } else { t };
                 Ok((name, t.f_to_device(device)?))
             })
             .collect::<Result<_, tch::TchError>>()
@@ -124,7 +128,7 @@ impl Weights {
 /// The voices a converted model directory carries (`voices.safetensors`, from the checkpoint's
 /// `spk2info.pt`), in `model.toml`'s order. Blocking (reads the file).
 pub fn checkpoint_voices(dir: &std::path::Path, manifest: &crate::model::Manifest) -> Result<Vec<crate::model::VoicePrompt>, crate::model::ModelError> {
-    use super::VOICES_FILE;
+    use crate::model::token2wav::VOICES_FILE;
     use crate::model::voice_prompt::{EMBEDDING_DIM, FRAMES_PER_TOKEN, MEL_BINS};
     let err = |reason: String| crate::model::ModelError::Manifest { dir: dir.display().to_string(), reason };
     let w = Weights::load(&dir.join(VOICES_FILE), tch::Device::Cpu)?;
