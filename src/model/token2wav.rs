@@ -19,7 +19,8 @@ use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer, VoicePrompt};
 
 pub const WEIGHTS_FILE: &str = "token2wav.safetensors";
-pub const VOICES_FILE: &str = "voices.safetensors";
+
+pub use super::weights::VOICES_FILE;
 
 /// A voice on the device: x-vector and optional prompt (from a [`VoicePrompt`]).
 pub struct Voice {

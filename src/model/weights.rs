@@ -14,6 +14,10 @@ use tch::{Device, Kind, Tensor};
 
 use super::ModelError;
 
+/// The voices a converted directory carries (its checkpoint's `spk2info.pt`), read by
+/// [`checkpoint_voices`].
+pub const VOICES_FILE: &str = "voices.safetensors";
+
 pub struct Weights {
     path: String,
     tensors: HashMap<String, Tensor>,
@@ -128,7 +132,6 @@ impl Weights {
 /// The voices a converted model directory carries (`voices.safetensors`, from the checkpoint's
 /// `spk2info.pt`), in `model.toml`'s order. Blocking (reads the file).
 pub fn checkpoint_voices(dir: &std::path::Path, manifest: &crate::model::Manifest) -> Result<Vec<crate::model::VoicePrompt>, crate::model::ModelError> {
-    use crate::model::token2wav::VOICES_FILE;
     use crate::model::voice_prompt::{EMBEDDING_DIM, FRAMES_PER_TOKEN, MEL_BINS};
     let err = |reason: String| crate::model::ModelError::Manifest { dir: dir.display().to_string(), reason };
     let w = Weights::load(&dir.join(VOICES_FILE), tch::Device::Cpu)?;
