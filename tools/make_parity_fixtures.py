@@ -82,7 +82,7 @@ def move_plain_tensors(module, device):
     """Moves the tensors the reference keeps as plain attributes (not parameters or buffers, so
     `Module.to` leaves them where they are: the relative position encodings' `pe` tables) to
     `device`. Eager code moves them on its first call; an export would hold them as constants on
-    the CPU inside a CUDA program (tools/compile_token2wav.py, tools/fake_cuda.py)."""
+    the CPU inside a CUDA program (tools/compile_token2wav.py, tools/compile/fake_cuda.py)."""
     for m in module.modules():
         for name, value in list(vars(m).items()):
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):

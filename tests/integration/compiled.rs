@@ -3,7 +3,7 @@
 //! `models/cosyvoice2-tiny-compiled`) give the eager port's mel and audio, and every package that
 //! cannot serve — absent for this machine's key, unreadable, or made from other weights — leaves
 //! its stage on the eager port instead of failing the model. On a GPU (ignored here;
-//! scripts/device/parity-gpu.sh runs it): each compiled stage against the eager port at the same
+//! scripts/device/run.sh parity runs it): each compiled stage against the eager port at the same
 //! precision, SNR ≥ 35 dB (41 dB for the estimator at bf16 on this CPU). GPU figures: docs/PERFORMANCE.md.
 
 use crate::common;
@@ -190,7 +190,7 @@ fn cuda_kernel_reports(args: &[&str]) -> Vec<serde_json::Value> {
 }
 
 /// The estimator's kernels as a CUDA compile generates them, listed on this machine without a GPU
-/// (`compile_token2wav.py --cuda-kernels`, tools/fake_cuda.py): the time-major layout's window
+/// (`compile_token2wav.py --cuda-kernels`, tools/compile/fake_cuda.py): the time-major layout's window
 /// kernel fuses the ResNet blocks' Mish into the `cat` of each convolution's three frames (the
 /// H200 profile's slowest element-wise kernel, `…add_cat_constant_pad_nd_mish…`: Mish evaluated
 /// once per window copy), and the strided layout has no such kernel — the window is read from the
@@ -274,7 +274,7 @@ fn the_estimators_weights_are_folded_by_default_and_a_stage_option_overrides_it(
 
 /// Issue 16's check on a GPU: the compiled stages against the eager port at the same precision
 /// (flow bf16, vocoder tf32), with the tiny model's packages compiled on that GPU —
-/// `scripts/device/parity-gpu.sh` writes them to models/cosyvoice2-tiny-compiled-gpu and runs this
+/// `scripts/device/run.sh parity` writes them to models/cosyvoice2-tiny-compiled-gpu and runs this
 /// with `VOXBATCH_TEST_DEVICE=cuda:0 --ignored`. One estimator call (CFG-doubled, padded items)
 /// and one vocoder pass from the same mel, so that nothing amplifies the rounding: fused kernels
 /// round in other places, and that is all that may differ — SNR ≥ [`GPU_STAGE_SNR_DB`] per stage.
@@ -287,7 +287,7 @@ fn snr_db(actual: &Tensor, reference: &Tensor) -> f64 {
 }
 
 #[test]
-#[ignore = "needs a GPU and packages compiled there: scripts/device/parity-gpu.sh"]
+#[ignore = "needs a GPU and packages compiled there: scripts/device/run.sh parity"]
 fn on_a_gpu_each_compiled_stage_gives_the_eager_ports_output_at_the_same_precision() {
     use tch::Kind;
     use voxbatch::model::cosyvoice2::hift::SourceDraws;
@@ -357,9 +357,9 @@ fn on_a_gpu_each_compiled_stage_gives_the_eager_ports_output_at_the_same_precisi
 /// and calibration ends its sweep — where AOTInductor itself reports only that a call failed (an
 /// H100's calibration stopped on that on 2026-12-05); and once memory is free the package runs
 /// again and gives what it gave before. Needs the tiny model's packages compiled on that GPU
-/// (scripts/device/parity-gpu.sh runs it).
+/// (scripts/device/run.sh parity runs it).
 #[test]
-#[ignore = "needs a GPU and packages compiled there: scripts/device/parity-gpu.sh"]
+#[ignore = "needs a GPU and packages compiled there: scripts/device/run.sh parity"]
 fn on_a_gpu_a_package_that_runs_out_of_memory_says_so_and_runs_again_once_memory_is_free() {
     use tch::Kind;
     let device: Device = std::env::var("VOXBATCH_TEST_DEVICE").expect("VOXBATCH_TEST_DEVICE=cuda:N").parse().unwrap();
@@ -396,9 +396,9 @@ fn on_a_gpu_a_package_that_runs_out_of_memory_says_so_and_runs_again_once_memory
 /// Small batches' flow steps replayed as CUDA graphs (`[model] flow_graphs`) on a GPU: the mel of
 /// each batch as the package gives it called step by step, a shape met again replays the graph it
 /// captured, and past the graphs allowed the least recently used goes. Needs the tiny model's
-/// packages compiled on that GPU (scripts/device/parity-gpu.sh runs it).
+/// packages compiled on that GPU (scripts/device/run.sh parity runs it).
 #[test]
-#[ignore = "needs a GPU and packages compiled there: scripts/device/parity-gpu.sh"]
+#[ignore = "needs a GPU and packages compiled there: scripts/device/run.sh parity"]
 fn on_a_gpu_small_batches_flow_steps_replay_as_graphs_and_give_the_packages_mel() {
     use voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings;
     use voxbatch::model::cosyvoice2::hift::SourceDraws;

@@ -194,7 +194,7 @@ fn the_sampler_picks_what_the_reference_picks_from_the_same_uniform_draws() {
     assert!(resampled < fx.sampler_settings.len() * 48, "some picks come from the nucleus");
 }
 
-/// Run on the GPU machine (scripts/device/llm-bench.sh: VOXBATCH_TEST_DEVICE=cuda:0, --run-ignored).
+/// Run on the GPU machine (scripts/device/run.sh llm: VOXBATCH_TEST_DEVICE=cuda:0, --run-ignored).
 #[test]
 #[ignore = "needs a CUDA device (VOXBATCH_TEST_DEVICE=cuda:0)"]
 fn cuda_graph_decoding_gives_the_tokens_of_eager_decoding() {

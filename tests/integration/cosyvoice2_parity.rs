@@ -5,7 +5,7 @@
 //! the official code runs them — one utterance at a time, fp32, CPU — and records inputs and each
 //! stage's output; `tools/convert_cosyvoice.py` converts its "official" directory into the model
 //! directory loaded here. Tolerance: max |ours − reference| / max |reference| ≤ 1e-4 per stage.
-//! At reduced precision (bf16 here; bf16 and fp16 on a GPU, scripts/device/parity-gpu.sh) the
+//! At reduced precision (bf16 here; bf16 and fp16 on a GPU, scripts/device/run.sh parity) the
 //! reference's own outputs at that precision are the fixtures, and the port may be as far from
 //! them as rounding lets two implementations be (`at_a_reduced_precision_…`).
 
@@ -284,7 +284,7 @@ fn at_a_reduced_precision_each_stage_is_as_close_to_the_reference_as_rounding_al
         .map(|(p, name)| (p, root().join(format!("models/cosyvoice2-tiny-parity/parity-{name}-{place}.safetensors"))))
         .filter(|(_, path)| path.exists())
         .collect();
-    assert!(!found.is_empty(), "no reduced-precision fixtures for {place}: run scripts/bootstrap.sh (a GPU: scripts/device/parity-gpu.sh)");
+    assert!(!found.is_empty(), "no reduced-precision fixtures for {place}: run scripts/bootstrap.sh (a GPU: scripts/device/run.sh parity)");
     let items = items(&fx);
     for (precision, path) in found {
         let at: std::collections::HashMap<String, Tensor> =
@@ -347,7 +347,7 @@ fn registered_voices_synthesize_and_bad_tokens_are_refused() {
 
 /// The tiny model's manifest as kind `cosyvoice2-token2wav` (a directory holding only token2wav's
 /// files). Bootstrap's tiny model is kind `cosyvoice2` (it has the LLM); the GPU script's
-/// (scripts/device/parity-gpu.sh, token2wav fixtures only) is already `cosyvoice2-token2wav`.
+/// (scripts/device/run.sh parity, token2wav fixtures only) is already `cosyvoice2-token2wav`.
 fn token2wav_only(toml: &str) -> String {
     assert!(toml.contains(r#"kind = "cosyvoice2""#) || toml.contains(r#"kind = "cosyvoice2-token2wav""#), "{toml}");
     toml.replace(r#"kind = "cosyvoice2""#, r#"kind = "cosyvoice2-token2wav""#)

@@ -58,7 +58,7 @@ impl BucketStats {
 }
 
 /// Between LLM steps a bucket is taken only when it is this full: its segments' speech tokens over
-/// its size × its longest. Measured 2026-12-04 on the H200 (`scripts/device/text-e2e.sh`):
+/// its size × its longest. Measured 2026-12-04 on the H200 (`scripts/device/run.sh text-e2e`):
 /// taking the longest waiting segments as soon as a bucket's worth waited filled buckets to 0.54
 /// (a few long segments padded a hundred short ones) and token2wav ran at 258 audio-s/s inside
 /// text batches against 541 on equal lengths. The LLM keeps the GPU busy while like segments
