@@ -169,11 +169,17 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def git_head(path):
+    """`path`'s commit and date: git's, or a copy's REFERENCE_COMMIT file (scripts/device/pack.sh
+    cv3 writes one beside the files it packs, which carry no .git)."""
     try:
         out = subprocess.run(["git", "-C", path, "log", "-1", "--format=%H %cs"], capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        try:
+            with open(os.path.join(path, "REFERENCE_COMMIT")) as f:
+                return f.read().strip()
+        except OSError:
+            return "unknown"
 
 
 def import_reference(snapshot, site=None):

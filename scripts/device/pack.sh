@@ -6,6 +6,12 @@
 #   binaries  .t2w/  the stripped voxbatch binary (voxbatch.xz) and the integration test binary
 #                    (integration.xz: target/debug/deps/integration-*, one binary whose tests a target
 #                    picks by module prefix), from target/debug — after `cargo build --all-targets`
+#   cv3       .cv3/  CosyVoice3's reference code (no PyPI package ships it): cosyvoice/ and the
+#                    CosyVoice3 yaml of a FunAudioLLM/CosyVoice checkout or git directory (CV3_REPO,
+#                    default .run/cv3-ref/CosyVoice), and matcha/ of Matcha-TTS at the commit it pins
+#                    (MATCHA_REPO, default its third_party/Matcha-TTS), as reference.tar.xz with
+#                    REFERENCE_COMMIT files; the wheels tools/make_cv3_fixtures.py names (x-transformers,
+#                    hyperpyyaml, …; needs network). Read there, never committed.
 #   services  .e2e/  RabbitMQ (with Erlang) and PostgreSQL 15 from Debian's packages, trimmed, as
 #                    services.tar.xz (~50 MB; needs apt-get and network), for the e2e, text-e2e and
 #                    scaling targets
@@ -14,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PARTS=("$@"); [ ${#PARTS[@]} -gt 0 ] || PARTS=(wheels binaries)
 for part in "${PARTS[@]}"; do
-  case $part in wheels|binaries|services) ;; *) echo "unknown part '$part': wheels, binaries or services" >&2; exit 2 ;; esac
+  case $part in wheels|binaries|services|cv3) ;; *) echo "unknown part '$part': wheels, binaries, services or cv3" >&2; exit 2 ;; esac
 done
 
 pack_wheels() {
@@ -36,10 +42,37 @@ pack_wheels() {
 pack_binaries() {
   rm -rf .t2w && mkdir -p .t2w
   local test_bin
-  test_bin=$(ls -t target/debug/deps/integration-* | grep -v '\.d$' | head -n1)
-  strip -o .t2w/integration "$test_bin" && xz -T2 -6 -f .t2w/integration
+  # The test binary is there only after `make test` (the demo builds the binary alone): the
+  # targets that run no test binary (token2wav, text-e2e, cv3-token2wav) need voxbatch only.
+  test_bin=$(ls -t target/debug/deps/integration-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)
+  if [ -n "$test_bin" ]; then
+    strip -o .t2w/integration "$test_bin" && xz -T2 -6 -f .t2w/integration
+  else
+    echo "no integration test binary (cargo build --all-targets): packed voxbatch alone" >&2
+  fi
   strip -o .t2w/voxbatch target/debug/voxbatch && xz -T2 -6 -f .t2w/voxbatch
   du -sh .t2w/*
+}
+
+# git directory of a checkout or of a bare mirror
+git_dir_of() { if [ -d "$1/.git" ] || [ -f "$1/.git" ]; then git -C "$1" rev-parse --absolute-git-dir; else echo "$1"; fi; }
+
+pack_cv3() {
+  local repo=${CV3_REPO:-.run/cv3-ref/CosyVoice} cv matcha pin stage
+  cv=$(git_dir_of "$repo")
+  pin=$(git --git-dir="$cv" ls-tree HEAD third_party/Matcha-TTS | awk '{print $3}')
+  [ -n "$pin" ] || { echo "$repo: no third_party/Matcha-TTS pin (a FunAudioLLM/CosyVoice checkout?)" >&2; exit 1; }
+  matcha=$(git_dir_of "${MATCHA_REPO:-$repo/third_party/Matcha-TTS}")
+  rm -rf .cv3 && mkdir -p .cv3/wheels
+  stage=$(mktemp -d); mkdir -p "$stage/CosyVoice/third_party/Matcha-TTS"
+  git --git-dir="$cv" archive HEAD cosyvoice examples/libritts/cosyvoice3/conf/cosyvoice3.yaml | tar -x -C "$stage/CosyVoice"
+  git --git-dir="$matcha" archive "$pin" matcha | tar -x -C "$stage/CosyVoice/third_party/Matcha-TTS"
+  git --git-dir="$cv" log -1 --format='%H %cs' > "$stage/CosyVoice/REFERENCE_COMMIT"
+  git --git-dir="$matcha" log -1 --format='%H %cs' "$pin" > "$stage/CosyVoice/third_party/Matcha-TTS/REFERENCE_COMMIT"
+  tar -C "$stage" -cJf .cv3/reference.tar.xz CosyVoice && rm -rf "$stage"
+  .venv/bin/pip download -q --no-deps -d .cv3/wheels x-transformers==2.11.24 loguru einx frozendict \
+    HyperPyYAML==1.2.3 ruamel.yaml==0.17.40
+  du -sh .cv3/*
 }
 
 pack_services() {

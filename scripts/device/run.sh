@@ -26,6 +26,9 @@
 # e2e        the reference model's drain through the services against       .t2w .e2e
 #            the model-only policy bench (issue 4)
 # scaling    e2e on 1 GPU, then on N (kinds of several GPUs; not yet run)   .t2w .e2e
+# cv3-token2wav  CosyVoice3's token2wav: a full-size random model built from     .whl .cv3
+#            the reference code, the eager port (and COMPILE=1 the packages)   .t2w/voxbatch.xz
+#            benched, the reference at batch 1
 #
 # Layout: targets/TARGET.sh (one file per target, sourced here after the shared setup
 # lib/common.sh: OUT, PY, libtorch, the carried wheels and binaries); lib/cv2full.sh (the full-size
@@ -33,7 +36,7 @@
 # pid), lib/text_e2e_summary.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-TARGETS="parity llm token2wav text-e2e headline calibrate e2e scaling"
+TARGETS="parity llm token2wav text-e2e headline calibrate e2e scaling cv3-token2wav"
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 # A target's own header: the comment lines its file begins with.

@@ -1,0 +1,70 @@
+# cv3-token2wav: issue 43's CosyVoice3 token2wav on one GPU — a full-size random Fun-CosyVoice3-0.5B
+# token2wav (the DiT flow, 22 layers of 1024, and the causal HiFT) built with the reference classes
+# (tools/make_cv3_fixtures.py --config full --no-fixtures, seed 1234: the same weights on every machine)
+# and converted (tools/convert_cosyvoice.py, kind cosyvoice3-token2wav), then `voxbatch bench
+# token2wav` of the eager port at BATCHES for each PRECISIONS × VOCODERS, the compiled packages when
+# COMPILE is set (tools/compile_token2wav.py --family cosyvoice3), and the reference token2wav at batch 1 the way
+# CosyVoice3Model.token2wav runs it (flow and HiFT under fp16 autocast, or fp32) — same weights, same
+# call. Random weights: nothing speaks; the figures are speed and memory.
+# Carry: .whl .cv3 .t2w/voxbatch.xz (pack.sh wheels cv3 binaries).
+# Env: STAGE (all | model | bench), BATCHES (1,64,128,256), PRECISIONS (bf16), VOCODERS (fp16,bf16:
+#   the vocoder's precision; upstream's is the flow's autocast, fp16), UTTERANCE_SECONDS (10), REPEATS (3),
+#   PROFILE (1: the largest batch once under libtorch's profiler), REFERENCE (1), REF_PRECISIONS
+#   (fp16,fp32), COMPILE (unset; set: compile the packages into /tmp/cv3full-compiled and bench them
+#   too), COMPILE_LIMIT (360 s), MAX_BATCH (512 rows), MAX_FRAMES (1000), PY.
+# Output: OUT/gpu.txt, build.log, bench-<name>.log (summary lines and profile tables), bench JSON
+#   files, reference.json.
+M3=/tmp/cv3full
+STAGE=${STAGE:-all}
+case $STAGE in all|model|bench) ;; *) log "STAGE=$STAGE: all, model or bench"; exit 2 ;; esac
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+use_libtorch
+install_wheels
+SNAP=/tmp/cv3-reference/CosyVoice
+CV3_SITE=/tmp/cv3-site
+if [ ! -d "$SNAP/cosyvoice" ]; then
+  [ -f .cv3/reference.tar.xz ] || { log "no .cv3/reference.tar.xz (scripts/device/pack.sh cv3 here, then carry .cv3)"; exit 1; }
+  mkdir -p /tmp/cv3-reference && tar -C /tmp/cv3-reference -xJf .cv3/reference.tar.xz
+fi
+rm -rf "$CV3_SITE"; pip_into "$CV3_SITE" .cv3/wheels/*.whl || exit 1
+
+if [ "$STAGE" != bench ] && [ ! -f "$M3/model/token2wav.safetensors" ]; then
+  log "building the full-size random CosyVoice3 token2wav (reference classes) and converting it"
+  { $PY tools/make_cv3_fixtures.py --snapshot "$SNAP" --site "$CV3_SITE" --config full --no-fixtures --out "$M3" \
+      && $PY tools/convert_cosyvoice.py "$M3/official" "$M3/model" --name cosyvoice3-full-random --noise-seconds 60; } \
+    > "$OUT/build.log" 2>&1 || { log "build failed:"; tail -20 "$OUT/build.log"; exit 1; }
+  tail -2 "$OUT/build.log"
+fi
+[ "$STAGE" = model ] && exit 0
+
+unpack_voxbatch
+DIRS=$M3/model; PROFILE=${PROFILE-1}
+if [ -n "${COMPILE:-}" ]; then
+  C=/tmp/cv3full-compiled
+  mkdir -p "$C"; for f in "$M3"/model/*; do ln -sfn "$f" "$C/"; done
+  if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
+    log "compiling the packages (estimator, hift; limit ${COMPILE_LIMIT:-360} s)"
+    timeout "${COMPILE_LIMIT:-360}" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
+      --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" > "$OUT/compile.log" 2>&1
+    log "compile exited $?"; tail -5 "$OUT/compile.log"
+  fi
+  ls "$C"/compiled/*/ 2>/dev/null && DIRS="$DIRS $C"
+fi
+
+for d in $DIRS; do
+  name=$(basename "$d")
+  log "bench token2wav: $name"
+  RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-1,64,128,256}" \
+    --precisions "${PRECISIONS:-bf16}" --vocoders "${VOCODERS:-fp16,bf16}" --utterance-seconds "${UTTERANCE_SECONDS:-10}" \
+    --repeats "${REPEATS:-3}" ${PROFILE:+--profile} --out "$OUT/bench-$name" > "$OUT/bench-$name.full.log" 2>&1
+  rc=$?
+  grep -E "audio-s/s|compiled|eager|failed|peak|^\| " "$OUT/bench-$name.full.log" | tee "$OUT/bench-$name.log"
+  [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/bench-$name.full.log"; }
+done
+
+if [ "${REFERENCE:-1}" = 1 ]; then
+  log "reference token2wav at batch 1 (CosyVoice3Model.token2wav's way)"
+  $PY tools/bench_reference_token2wav.py --family cosyvoice3 --snapshot "$SNAP" --site "$CV3_SITE" --official "$M3/official" \
+    --seconds "${UTTERANCE_SECONDS:-10}" --precisions "${REF_PRECISIONS:-fp16,fp32}" --out "$OUT/reference.json" 2>&1 \
+    | grep -v -i warn | tail -4
+fi
