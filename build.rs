@@ -31,11 +31,12 @@ fn build_shim(lib: &std::path::Path) {
         .compile("voxbatch_torch_shim");
 }
 
-/// Compiles `csrc/cuda_graph.cpp` where the CUDA runtime headers are (the cu13 torch wheel ships
+/// Compiles `csrc/cuda_graph.cpp` and `csrc/cuda_stream.cpp` where the CUDA runtime headers are (the cu13 torch wheel ships
 /// them under `site-packages/nvidia/cu13/include`) and tells the Rust side so; without them,
 /// CUDA graphs are reported unavailable and decoding runs eagerly.
 fn build_cuda_graphs(lib: &std::path::Path) {
     println!("cargo:rerun-if-changed=csrc/cuda_graph.cpp");
+    println!("cargo:rerun-if-changed=csrc/cuda_stream.cpp");
     let include = lib.join("..").join("include");
     let cuda = lib.join("..").join("..").join("nvidia").join("cu13").join("include");
     if !cuda.join("cuda_runtime_api.h").exists() || !include.join("ATen").join("cuda").join("CUDAGraph.h").exists() {
@@ -52,6 +53,7 @@ fn build_cuda_graphs(lib: &std::path::Path) {
     cc::Build::new()
         .cpp(true)
         .file("csrc/cuda_graph.cpp")
+        .file("csrc/cuda_stream.cpp")
         .include(&include)
         .include(include.join("torch").join("csrc").join("api").join("include"))
         .include(&cuda)

@@ -1,49 +1,20 @@
-//! `voxbatch`: the command line. Parses flags (`cli`), sets up logging, calls `voxbatch::commands`
-//! and prints what they return: each result renders itself (`voxbatch::report::Render`).
+//! `voxbatch`: the command line. Parses flags (`cli`), sets up logging (`cli::logging`), calls
+//! `voxbatch::commands` and prints what they return: each result renders itself
+//! (`voxbatch::report::Render`); the commands with a progress display are in `cli::progress`.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
-use tracing_subscriber::EnvFilter;
 
-use voxbatch::commands::{self, CommandError};
+use voxbatch::commands;
 use voxbatch::config::Config;
 use voxbatch::enqueue::LineDefaults;
-use voxbatch::report::{render, Format, Render};
 
 mod cli;
+use cli::logging::init_logging;
+use cli::progress::{bench, emit, enqueue, watch};
 use cli::{Cli, Command, VoiceCommand};
-
-/// Logs to standard error. symphonia (`voice add`'s decoding) logs through `log` the probe
-/// failures `voice add` reports itself, in its own words: off unless RUST_LOG names it.
-fn init_logging(format: &str) {
-    let env = std::env::var("RUST_LOG").ok();
-    let mut filter = env.as_deref().and_then(|f| EnvFilter::try_new(f).ok()).unwrap_or_else(|| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
-    if !env.as_deref().is_some_and(|f| f.contains("symphonia")) {
-        filter = filter.add_directive("symphonia=off".parse().expect("a valid directive"));
-    }
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-fn bar(template: &str) -> ProgressBar {
-    let pb = ProgressBar::new(0);
-    pb.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()));
-    pb
-}
-
-/// Prints `value` in `format`.
-fn emit<T: Render + ?Sized>(value: &T, format: Format) -> Result<()> {
-    print!("{}", render(value, format)?);
-    Ok(())
-}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -147,72 +118,6 @@ async fn work(cfg: &mut Config, args: cli::WorkArgs) -> Result<()> {
         tracing::info!(linger_s = cfg.metrics.linger.as_secs_f64(), "queue drained; /metrics stays up for the last scrape");
         tokio::select! { _ = tokio::time::sleep(cfg.metrics.linger) => {}, _ = commands::shutdown_signal() => {} }
     }
-    Ok(())
-}
-
-/// `status --campaign C --watch`: on a terminal a redrawn bar; otherwise (a file, a pipe) one
-/// line per refresh, or one JSON object per line.
-async fn watch(cfg: &Config, campaign: &str, window: std::time::Duration, every: std::time::Duration, format: Format) -> Result<()> {
-    anyhow::ensure!(format != Format::Csv, "status --watch prints table or json");
-    let tty = std::io::stdout().is_terminal() && format == Format::Table;
-    let pb = bar("{wide_bar} {pos}/{len} settled\n{msg}");
-    pb.set_draw_target(if tty { indicatif::ProgressDrawTarget::stdout() } else { indicatif::ProgressDrawTarget::hidden() });
-    commands::watch_campaign(cfg, campaign, window, every, |p| match (tty, format) {
-        (true, _) => {
-            pb.set_length(p.total_jobs.max(0) as u64);
-            pb.set_position(p.figures.finished_jobs.max(0) as u64);
-            pb.set_message(p.text());
-        }
-        (false, Format::Json) => print!("{}", voxbatch::report::output::json_line(p)),
-        (false, _) => print!("{}", p.line()),
-    })
-    .await
-    .context("status")?;
-    pb.finish();
-    Ok(())
-}
-
-async fn enqueue(cfg: &Config, file: &std::path::Path, defaults: &LineDefaults, skip: usize, format: Format) -> Result<()> {
-    let pb = bar("{spinner} publishing [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})");
-    let progress = |total: usize, done: usize| {
-        pb.set_length(total as u64);
-        pb.set_position(done as u64);
-    };
-    // An interrupted run is resumed by this very command with --skip (every flag matters: the
-    // campaign and voice are part of the derived ids).
-    let args: Vec<String> = std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect();
-    let mut s = match commands::enqueue(cfg, file, defaults, skip, commands::shutdown_signal(), progress).await {
-        Ok(s) => s,
-        Err(e @ CommandError::EnqueueStopped { published, .. }) => {
-            pb.finish_and_clear();
-            let resume = voxbatch::enqueue::resume_command(&args, published);
-            return Err(anyhow::Error::new(e).context(format!("enqueue {}; once it can publish, resume with `{resume}`", file.display())));
-        }
-        Err(e) => return Err(e).with_context(|| format!("enqueue {}", file.display())),
-    };
-    pb.finish_and_clear();
-    s.resume_command = s.interrupted.then(|| voxbatch::enqueue::resume_command(&args, s.published()));
-    emit(&s, format)?;
-    if s.interrupted {
-        eprint!("{}", s.interrupted_text());
-        std::process::exit(130);
-    }
-    Ok(())
-}
-
-async fn bench(cfg: &Config, run: commands::BenchRun) -> Result<()> {
-    let pb = ProgressBar::new_spinner();
-    pb.enable_steady_tick(std::time::Duration::from_millis(200));
-    let shown = pb.clone();
-    let (table, paths) = commands::bench(cfg, run, move |line| {
-        shown.set_message(line.to_string());
-        shown.suspend(|| eprintln!("  {line}"));
-    })
-    .await
-    .context("bench")?;
-    pb.finish_and_clear();
-    println!("{table}");
-    print!("{}", commands::written_text(&paths));
     Ok(())
 }
 

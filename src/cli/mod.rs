@@ -1,8 +1,11 @@
 //! The command line's flags (clap): every command, flag and argument with its help. `main.rs`
 //! dispatches them. [`voice`] holds `voice` and `dead`, [`bench`] the benchmarks and how their
-//! flags become options.
+//! flags become options; [`logging`] sets up the logs, [`progress`] runs the commands that show
+//! progress while they run.
 
 pub mod bench;
+pub mod logging;
+pub mod progress;
 pub mod voice;
 
 use std::path::PathBuf;

@@ -16,6 +16,7 @@ pub struct RawLlm {
     pub max_prompt_text_tokens: i64,
     pub max_prompt_speech_tokens: i64,
     pub cuda_graphs: bool,
+    pub overlap_token2wav: bool,
     pub force_lengths: bool,
 }
 
@@ -31,6 +32,9 @@ pub struct LlmConfig {
     pub max_prompt_text_tokens: usize,
     pub max_prompt_speech_tokens: usize,
     pub cuda_graphs: bool,
+    /// token2wav's buckets on a CUDA stream of their own, beside the decode steps (else on the
+    /// decode's stream: the GPU runs the two stages one after the other).
+    pub overlap_token2wav: bool,
     /// Benchmarks with random weights only: every segment decodes exactly its characters ÷
     /// `[frontend]` chars_per_second × 25 speech tokens (end-of-speech refused until then).
     pub force_lengths: bool,
@@ -46,6 +50,7 @@ impl RawLlm {
             max_prompt_text_tokens: non_negative("llm.max_prompt_text_tokens", self.max_prompt_text_tokens)? as usize,
             max_prompt_speech_tokens: non_negative("llm.max_prompt_speech_tokens", self.max_prompt_speech_tokens)? as usize,
             cuda_graphs: self.cuda_graphs,
+            overlap_token2wav: self.overlap_token2wav,
             force_lengths: self.force_lengths,
         })
     }

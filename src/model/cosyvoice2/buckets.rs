@@ -1,13 +1,20 @@
 //! Token2wav buckets of a text batch's finished segments (kind `cosyvoice2`): which segments,
-//! waiting after the LLM, go through token2wav together. Between LLM steps only a run of
+//! waiting after the LLM, go through token2wav together. While the LLM decodes only a run of
 //! like-length segments that fills a bucket; at the batch's end all of them, split where padding
 //! and calls cost least. The bucket cap backs off after out-of-memory errors (AIMD), and each
-//! batch's buckets are counted for the log.
+//! batch's buckets are counted for the log. [`run_bucket`] runs one through token2wav (out of
+//! memory: the cap backs off and its segments wait again), [`cut_segments`] cuts the buckets'
+//! waveforms into segments on a thread of their own.
 //!
-//! Neighbours: `tts` (the model thread's loop that takes and runs the buckets), `crate::batch`
+//! Neighbours: `tts` (its token2wav thread takes and runs the buckets), `crate::batch`
 //! (the admission rules that bound a bucket by memory or tokens).
 
-use crate::batch::Admission;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+
+use super::{HostWaves, Token2Wav};
+use crate::batch::{Admission, BatchOutcome};
+use crate::model::{ModelError, SynthItem};
 
 /// A segment whose speech tokens wait for token2wav.
 pub(super) struct Ready {
@@ -57,8 +64,8 @@ impl BucketStats {
     }
 }
 
-/// Between LLM steps a bucket is taken only when it is this full: its segments' speech tokens over
-/// its size × its longest. Measured 2026-12-04 on the H200 (`scripts/device/run.sh text-e2e`):
+/// While the LLM decodes a bucket is taken only when it is this full: its segments' speech tokens
+/// over its size × its longest. Measured 2026-12-04 on the H200 (`scripts/device/run.sh text-e2e`):
 /// taking the longest waiting segments as soon as a bucket's worth waited filled buckets to 0.54
 /// (a few long segments padded a hundred short ones) and token2wav ran at 258 audio-s/s inside
 /// text batches against 541 on equal lengths. The LLM keeps the GPU busy while like segments
@@ -179,6 +186,75 @@ impl BucketCap {
         self.cap = (size / 2).max(1);
         self.clean = 0;
     }
+}
+
+/// Runs one token2wav batch (segments of jobs `dropped` marks failed are skipped) and sends its
+/// host waveforms with each segment's (item, segment) to `cut`, counting it in `stats`.
+/// Out of memory with more than one segment: the bucket cap backs off, the admission rule hears
+/// of it, and the segments go back to `ready` to be taken again in smaller buckets — the LLM's
+/// work for the batch is kept. One segment that does not fit alone fails the batch (the worker
+/// splits it).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_bucket(
+    token2wav: &mut Token2Wav,
+    batch: Vec<Ready>,
+    dropped: &[AtomicBool],
+    cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
+    ready: &mut Vec<Ready>,
+    cap: &mut BucketCap,
+    admission: &mut dyn Admission,
+    stats: &mut BucketStats,
+) -> Result<(), ModelError> {
+    let batch: Vec<Ready> = batch.into_iter().filter(|r| !dropped[r.item].load(Ordering::Relaxed)).collect();
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem { speed: r.speed, ..SynthItem::tokens(r.tokens.clone(), r.voice) }).collect();
+    let started = std::time::Instant::now();
+    match token2wav.run_to_host(&items, None) {
+        Ok((_mels, waves)) => {
+            stats.add(batch.iter().map(|r| r.tokens.len()));
+            // Where a bucket's time went on this thread, the waveforms' copy to the host included
+            // (RUST_LOG=voxbatch::model::cosyvoice2::tts=debug); cutting them is the cutter's.
+            if let Some(t) = token2wav.last_timing {
+                tracing::debug!(
+                    target: "voxbatch::model::cosyvoice2::tts",
+                    segments = batch.len(),
+                    total_ms = started.elapsed().as_millis() as u64,
+                    encoder_ms = t.encoder.as_millis() as u64,
+                    flow_steps_ms = t.flow_steps.as_millis() as u64,
+                    vocoder_ms = t.vocoder.as_millis() as u64,
+                    "token2wav bucket"
+                );
+            }
+            // A send fails only when the cutter stopped on an error, which the batch reports.
+            let _ = cut.send((batch.iter().map(|r| (r.item, r.segment)).collect(), waves));
+            cap.clean();
+            admission.observe(&BatchOutcome::Clean);
+            Ok(())
+        }
+        Err(e) if e.is_oom() && batch.len() > 1 => {
+            token2wav.release_cached();
+            cap.out_of_memory(batch.len());
+            admission.observe(&BatchOutcome::OutOfMemory);
+            tracing::warn!(segments = batch.len(), cap = cap.cap, "token2wav ran out of memory: smaller buckets from now on");
+            ready.extend(batch);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Cuts each bucket's waveforms (the segments' (item, segment) in batch order, the bucket's host
+/// waveforms) into each segment's samples, until every sender is gone.
+pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) -> Result<Vec<(usize, usize, Vec<f32>)>, ModelError> {
+    let mut out = Vec::new();
+    for (owners, waves) in buckets {
+        for ((item, segment), samples) in owners.into_iter().zip(waves.into_rows()?) {
+            out.push((item, segment, samples));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

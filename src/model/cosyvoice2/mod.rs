@@ -232,11 +232,8 @@ impl Token2Wav {
 
     fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
         let dev = self.device.to_tch();
-        let sync = || {
-            if let Device::Cuda(n) = self.device {
-                tch::Cuda::synchronize(n as i64);
-            }
-        };
+        // The calling thread's stream alone: kind cosyvoice2 runs token2wav beside the LLM's decode.
+        let sync = || crate::model::cuda_stream::synchronize(self.device);
         let flow_items: Vec<FlowItem> = items
             .iter()
             .map(|i| {

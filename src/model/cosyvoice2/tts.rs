@@ -2,7 +2,8 @@
 //! frontend ([`TextInput::prepare`], run at the worker's intake: normalised, segmented,
 //! tokenized), its segments go through the LLM (all the batch's segments decoding together with
 //! continuous refill), and as segments finish their speech tokens go through token2wav in length
-//! buckets *between* LLM steps — the two stages share the GPU and neither waits for the batch's
+//! buckets on a thread of its own (on CUDA, a stream of its own: `[llm] overlap_token2wav`) while
+//! the LLM decodes on — the two stages share the GPU at once and neither waits for the batch's
 //! slowest sequence. Each bucket's waveforms are cut into segments on a thread of their own, and a
 //! job's segments come back in order as the pieces of its `audio::Waveform` (joined where the job
 //! is encoded, off this thread). A warm-up sentence runs through both stages at load on CUDA. Jobs
@@ -18,16 +19,18 @@
 //! (this module's parent), `worker::intake` (prepares), `model` (the seam).
 
 use std::path::Path;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::time::Instant;
 
 use super::llm::batch::BatchDecoder;
 use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
 use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
-use super::buckets::{take_bucket, BucketCap, BucketStats, Ready};
+use super::buckets::{cut_segments, run_bucket, take_bucket, BucketCap, BucketStats, Ready};
 use super::{HostWaves, Token2Wav};
 use crate::audio::Waveform;
+use crate::model::cuda_stream::SideStream;
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, BatchOutcome, TokenBudget};
 use crate::config::LlmConfig;
@@ -138,6 +141,9 @@ pub struct TextToSpeech {
     llm_work: StageTime,
     /// The LLM's table sizes, which a voice's prompt must fit.
     llm_dims: LlmDims,
+    /// Where the token2wav thread queues its kernels (`[llm] overlap_token2wav` on CUDA): beside
+    /// the decode's. `None`: the default stream, the decode's own.
+    side_stream: Option<SideStream>,
 }
 
 impl TextToSpeech {
@@ -172,6 +178,10 @@ impl TextToSpeech {
             "weights loaded"
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
+        let side_stream = match plan.llm.overlap_token2wav {
+            true => SideStream::new(device).map_err(|e| err(format!("cannot create token2wav's CUDA stream: {e}")))?,
+            false => None,
+        };
         let mut tts = TextToSpeech {
             token2wav,
             lm,
@@ -181,6 +191,7 @@ impl TextToSpeech {
             cap: BucketCap::new(plan.token2wav_max_batch),
             llm_work: StageTime::idle(Stage::Llm),
             llm_dims: dims,
+            side_stream,
         };
         if matches!(device, Device::Cuda(_)) {
             // A failed warm-up costs the first batch its speed, not the worker.
@@ -261,7 +272,7 @@ impl TextToSpeech {
         let (cut_tx, cut_rx) = std::sync::mpsc::channel::<(Vec<(usize, usize)>, HostWaves)>();
         let cut = std::thread::scope(|scope| -> Result<Vec<(usize, usize, Vec<f32>)>, ModelError> {
             let cutter = scope.spawn(move || cut_segments(cut_rx));
-            let ran = self.decode_and_vocode(&requests, &owners, items, &mut failed, &mut ready, &cut_tx, &mut stats);
+            let ran = self.decode_and_vocode(&requests, &owners, items, &mut failed, std::mem::take(&mut ready), &cut_tx, &mut stats);
             // The cutter ends once the last bucket's waveforms are cut.
             drop(cut_tx);
             let cut = cutter.join();
@@ -296,6 +307,8 @@ impl TextToSpeech {
             capture_ms = ((d.capture_seconds - decoder_before.capture_seconds) * 1000.0) as u64,
             "llm decode"
         );
+        // The batch's time is billed once: token2wav's row holds its buckets' time, the LLM's the
+        // rest of the batch's (with the stages overlapped, the time the LLM ran alone).
         let t2w = self.token2wav.work_seconds() - t2w_before;
         self.llm_work.seconds += (started.elapsed().as_secs_f64() - t2w).max(0.0);
         Ok(failed
@@ -314,9 +327,16 @@ impl TextToSpeech {
             .collect())
     }
 
-    /// Every request through the LLM, each finished segment into a token2wav bucket between decode
-    /// steps, then the rest in the batch's last buckets; each bucket's host waveforms go to `cut`
-    /// with their (item, segment). Segments of jobs failed meanwhile are skipped.
+    /// Every request through the LLM on this thread while token2wav runs on a thread of its own
+    /// ([`vocode`]): each finished segment goes there as the LLM returns it, full buckets run as
+    /// they fill, the rest in the batch's last buckets once decoding is over; each bucket's host
+    /// waveforms go to `cut` with their (item, segment). `ready`: segments that need no LLM
+    /// (speech-token items). Segments of jobs failed meanwhile are skipped.
+    ///
+    /// On CUDA with `[llm] overlap_token2wav` the token2wav thread queues its kernels on the
+    /// model's side stream, so the GPU runs the decode's memory-bound steps and the flow's
+    /// compute-bound buckets at once; otherwise both threads queue on the default stream and the
+    /// GPU runs them one after the other (the host work of either still overlaps the other's).
     #[allow(clippy::too_many_arguments)]
     fn decode_and_vocode(
         &mut self,
@@ -324,46 +344,64 @@ impl TextToSpeech {
         owners: &[(usize, usize)],
         items: &[SynthItem],
         failed: &mut [Option<TextJobError>],
-        ready: &mut Vec<Ready>,
+        ready: Vec<Ready>,
         cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
         stats: &mut BucketStats,
     ) -> Result<(), ModelError> {
         let ratios = self.ratios;
-        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, .. } = self;
-        tch::no_grad(|| {
-            lm.generate_with(decoder, requests, ratios, |index, out| -> Result<(), StepError> {
-                let (i, segment) = owners[index];
-                llm_work.items += 1;
-                if failed[i].is_some() {
-                    return Ok(());
-                }
-                match out {
-                    Err(source) => failed[i] = Some(TextJobError::Llm { segment, source }),
-                    // A forced length (benchmarks) ends there by design.
-                    Ok(o) if o.hit_max_len && requests[index].forced_len.is_none() => {
-                        failed[i] = Some(TextJobError::MaxLen { segment, tokens: o.tokens.len() })
+        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, side_stream, .. } = self;
+        // Jobs failed so far: the token2wav thread skips their segments.
+        let dropped: Vec<AtomicBool> = failed.iter().map(|f| AtomicBool::new(f.is_some())).collect();
+        // Set when decoding fails: token2wav stops at its next bucket.
+        let abort = AtomicBool::new(false);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
+        std::thread::scope(|scope| -> Result<(), ModelError> {
+            let (dropped, abort, side_stream) = (&dropped, &abort, side_stream.as_ref());
+            let vocoder = std::thread::Builder::new()
+                .name("token2wav".into())
+                .spawn_scoped(scope, move || -> Result<(), ModelError> {
+                    if let Some(stream) = side_stream {
+                        stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
                     }
-                    Ok(o) if o.tokens.is_empty() => failed[i] = Some(TextJobError::NoSpeech { segment }),
-                    Ok(o) => {
-                        llm_work.tokens += o.tokens.len() as u64;
-                        ready.push(Ready { item: i, segment, tokens: o.tokens, voice: items[i].voice, speed: items[i].speed });
+                    tch::no_grad(|| vocode(token2wav, ready_rx, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
+                })
+                .map_err(|e| ModelError::BadOutput(format!("cannot start the token2wav thread: {e}")))?;
+            let decoded = tch::no_grad(|| {
+                lm.generate_with(decoder, requests, ratios, |index, out| -> Result<(), StepError> {
+                    let (i, segment) = owners[index];
+                    llm_work.items += 1;
+                    if failed[i].is_some() {
+                        return Ok(());
                     }
-                }
-                // Between LLM steps: a full token2wav bucket runs now.
-                while let Some(batch) = take_bucket(ready, admission.as_ref(), cap.cap, false) {
-                    run_bucket(token2wav, batch, failed, cut, ready, cap, admission.as_mut(), stats).map_err(StepError::Model)?;
-                }
-                Ok(())
-            })
+                    let failure = match out {
+                        Err(source) => TextJobError::Llm { segment, source },
+                        // A forced length (benchmarks) ends there by design.
+                        Ok(o) if o.hit_max_len && requests[index].forced_len.is_none() => TextJobError::MaxLen { segment, tokens: o.tokens.len() },
+                        Ok(o) if o.tokens.is_empty() => TextJobError::NoSpeech { segment },
+                        Ok(o) => {
+                            llm_work.tokens += o.tokens.len() as u64;
+                            let r = Ready { item: i, segment, tokens: o.tokens, voice: items[i].voice, speed: items[i].speed };
+                            // The token2wav thread is gone only after an error, which the batch reports.
+                            return ready_tx.send(r).map_err(|_| StepError::VocoderStopped);
+                        }
+                    };
+                    failed[i] = Some(failure);
+                    dropped[i].store(true, Ordering::Relaxed);
+                    Ok(())
+                })
+            });
+            if decoded.is_err() {
+                abort.store(true, Ordering::Relaxed);
+            }
+            // The last segment is sent: token2wav runs the rest and ends.
+            drop(ready_tx);
+            let vocoded = vocoder.join().map_err(|_| ModelError::BadOutput("the token2wav thread panicked".into()))?;
+            match decoded {
+                Ok(()) => vocoded,
+                Err(StepError::VocoderStopped) => Err(vocoded.err().unwrap_or_else(|| ModelError::BadOutput("token2wav stopped before the LLM's last segment".into()))),
+                Err(StepError::Tch(e)) => Err(classify(e, requests.len())),
+            }
         })
-        .map_err(|e| match e {
-            StepError::Tch(e) => classify(e, requests.len()),
-            StepError::Model(e) => e,
-        })?;
-        while let Some(batch) = take_bucket(ready, admission.as_ref(), cap.cap, true) {
-            run_bucket(token2wav, batch, failed, cut, ready, cap, admission.as_mut(), stats)?;
-        }
-        Ok(())
     }
 
     /// A job's LLM requests: its segments, prompted as its mode says.
@@ -395,10 +433,11 @@ pub(super) fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims)
     Ok(())
 }
 
-/// An error between LLM steps: libtorch's (classified with the batch's size) or token2wav's.
+/// An error between LLM steps: libtorch's (classified with the batch's size), or the token2wav
+/// thread gone (its own error is the batch's).
 enum StepError {
     Tch(tch::TchError),
-    Model(ModelError),
+    VocoderStopped,
 }
 
 impl From<tch::TchError> for StepError {
@@ -407,72 +446,47 @@ impl From<tch::TchError> for StepError {
     }
 }
 
-/// Runs one token2wav batch (segments of failed jobs are skipped) and sends its host waveforms
-/// with each segment's (item, segment) to `cut`, counting it in `stats`.
-/// Out of memory with more than one segment: the bucket cap backs off, the admission rule hears
-/// of it, and the segments go back to `ready` to be taken again in smaller buckets — the LLM's
-/// work for the batch is kept. One segment that does not fit alone fails the batch (the worker
-/// splits it).
+/// The token2wav thread of [`TextToSpeech::decode_and_vocode`]: takes the segments the LLM
+/// finishes from `segments` (and starts with `ready`), runs each full bucket as soon as it is
+/// (`take_bucket`), waits for more when none is, and once the LLM has sent its last segment runs
+/// the rest in the batch's last buckets. Stops early, without error, when `abort` is set.
 #[allow(clippy::too_many_arguments)]
-fn run_bucket(
+fn vocode(
     token2wav: &mut Token2Wav,
-    batch: Vec<Ready>,
-    failed: &[Option<TextJobError>],
+    segments: Receiver<Ready>,
+    mut ready: Vec<Ready>,
+    dropped: &[AtomicBool],
+    abort: &AtomicBool,
     cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
-    ready: &mut Vec<Ready>,
     cap: &mut BucketCap,
     admission: &mut dyn Admission,
     stats: &mut BucketStats,
 ) -> Result<(), ModelError> {
-    let batch: Vec<Ready> = batch.into_iter().filter(|r| failed[r.item].is_none()).collect();
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem { speed: r.speed, ..SynthItem::tokens(r.tokens.clone(), r.voice) }).collect();
-    let started = std::time::Instant::now();
-    match token2wav.run_to_host(&items, None) {
-        Ok((_mels, waves)) => {
-            stats.add(batch.iter().map(|r| r.tokens.len()));
-            // Where a bucket's time went on this thread, the waveforms' copy to the host included
-            // (RUST_LOG=voxbatch::model::cosyvoice2::tts=debug); cutting them is the cutter's.
-            if let Some(t) = token2wav.last_timing {
-                tracing::debug!(
-                    segments = batch.len(),
-                    total_ms = started.elapsed().as_millis() as u64,
-                    encoder_ms = t.encoder.as_millis() as u64,
-                    flow_steps_ms = t.flow_steps.as_millis() as u64,
-                    vocoder_ms = t.vocoder.as_millis() as u64,
-                    "token2wav bucket"
-                );
+    let mut decoding = true;
+    loop {
+        if abort.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        while decoding {
+            match segments.try_recv() {
+                Ok(r) => ready.push(r),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => decoding = false,
             }
-            // A send fails only when the cutter stopped on an error, which the batch reports.
-            let _ = cut.send((batch.iter().map(|r| (r.item, r.segment)).collect(), waves));
-            cap.clean();
-            admission.observe(&BatchOutcome::Clean);
-            Ok(())
         }
-        Err(e) if e.is_oom() && batch.len() > 1 => {
-            token2wav.release_cached();
-            cap.out_of_memory(batch.len());
-            admission.observe(&BatchOutcome::OutOfMemory);
-            tracing::warn!(segments = batch.len(), cap = cap.cap, "token2wav ran out of memory: smaller buckets from now on");
-            ready.extend(batch);
-            Ok(())
+        if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, !decoding) {
+            run_bucket(token2wav, batch, dropped, cut, &mut ready, cap, admission, stats)?;
+            continue;
         }
-        Err(e) => Err(e),
-    }
-}
-
-/// Cuts each bucket's waveforms (the segments' (item, segment) in batch order, the bucket's host
-/// waveforms) into each segment's samples, until every sender is gone.
-fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) -> Result<Vec<(usize, usize, Vec<f32>)>, ModelError> {
-    let mut out = Vec::new();
-    for (owners, waves) in buckets {
-        for ((item, segment), samples) in owners.into_iter().zip(waves.into_rows()?) {
-            out.push((item, segment, samples));
+        if !decoding {
+            return Ok(());
+        }
+        // Nothing to run yet: wait for the LLM's next segment.
+        match segments.recv() {
+            Ok(r) => ready.push(r),
+            Err(_) => decoding = false,
         }
     }
-    Ok(out)
 }
 
 impl Synthesizer for TextToSpeech {

@@ -141,11 +141,8 @@ impl Token2Wav {
 
     fn forward(&self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<(Vec<MelAndWave>, StageTiming), ModelError> {
         let _no_grad = tch::no_grad_guard();
-        let sync = || {
-            if let Device::Cuda(n) = self.device {
-                tch::Cuda::synchronize(n as i64);
-            }
-        };
+        // The calling thread's stream alone: kind cosyvoice2 runs token2wav beside the LLM's decode.
+        let sync = || crate::model::cuda_stream::synchronize(self.device);
         let failed = |e: tch::TchError| classify(e, items.len());
         let t0 = Instant::now();
         let (mels, t1, t2) = self.in_flow_precision(|flow| {

@@ -1,0 +1,96 @@
+//! CUDA streams through the C++ shim (`csrc/cuda_stream.cpp`): a [`SideStream`] that a thread
+//! makes its current one, so that its kernels run beside the kernels other threads queue on
+//! theirs, and [`synchronize`], which waits for the calling thread's current stream alone.
+//! Kind `cosyvoice2` runs token2wav's buckets on a side stream beside the LLM's decode steps
+//! (`cosyvoice2::tts`, `[llm] overlap_token2wav`).
+//!
+//! Without the CUDA runtime headers at build time (build.rs) there is no side stream (a thread
+//! keeps the default stream) and [`synchronize`] waits for the whole device.
+//!
+//! Neighbours: `shim` (the error buffer), `cuda_graph` (graphs capture on a side stream of their
+//! own and replay on the calling thread's current stream).
+
+#[cfg(voxbatch_cuda_graphs)]
+use std::ffi::{c_char, c_void};
+
+#[cfg(voxbatch_cuda_graphs)]
+use super::shim::checked;
+use super::shim::ShimError;
+use super::Device;
+
+#[cfg(voxbatch_cuda_graphs)]
+extern "C" {
+    fn voxbatch_stream_new(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_stream_free(s: *mut c_void);
+    fn voxbatch_stream_enter(s: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_stream_synchronize_current(device: i32, err: *mut c_char, err_len: usize) -> i32;
+}
+
+/// A stream of libtorch's pool on one CUDA device, kept for a model's life (the caching allocator
+/// reuses a freed block only on the stream it was allocated for: a new stream per batch would
+/// leave each batch's blocks to the next one's misses).
+pub struct SideStream {
+    #[cfg(voxbatch_cuda_graphs)]
+    ptr: *mut c_void,
+}
+
+// SAFETY: an owned C++ stream handle (a device index and a stream id), valid on any thread; it is
+// only read.
+unsafe impl Send for SideStream {}
+unsafe impl Sync for SideStream {}
+
+impl SideStream {
+    /// A side stream on `device`; `None` on a CPU, or without the CUDA headers at build time.
+    pub fn new(device: Device) -> Result<Option<SideStream>, ShimError> {
+        let Device::Cuda(_index) = device else { return Ok(None) };
+        #[cfg(voxbatch_cuda_graphs)]
+        {
+            let mut ptr = std::ptr::null_mut();
+            // SAFETY: writes a new stream handle into `ptr`; exceptions are caught in C++.
+            checked("create a CUDA stream", |err, len| unsafe { voxbatch_stream_new(_index as i32, &mut ptr, err, len) })?;
+            Ok(Some(SideStream { ptr }))
+        }
+        #[cfg(not(voxbatch_cuda_graphs))]
+        Ok(None)
+    }
+
+    /// Makes this the calling thread's current stream (for the rest of the thread's life, or until
+    /// another is entered): libtorch queues the thread's kernels on it.
+    pub fn enter(&self) -> Result<(), ShimError> {
+        #[cfg(voxbatch_cuda_graphs)]
+        {
+            // SAFETY: `self.ptr` is a live stream handle; exceptions are caught in C++.
+            checked("enter a CUDA stream", |err, len| unsafe { voxbatch_stream_enter(self.ptr, err, len) })
+        }
+        #[cfg(not(voxbatch_cuda_graphs))]
+        Ok(())
+    }
+}
+
+#[cfg(voxbatch_cuda_graphs)]
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // SAFETY: `self.ptr` came from voxbatch_stream_new and is freed once, here.
+        unsafe {
+            voxbatch_stream_free(self.ptr)
+        };
+    }
+}
+
+/// Waits for the work the calling thread queued on `device` (its current stream); the whole
+/// device without the CUDA headers at build time. Nothing on a CPU.
+pub fn synchronize(device: Device) {
+    let Device::Cuda(index) = device else { return };
+    #[cfg(voxbatch_cuda_graphs)]
+    {
+        // SAFETY: a plain call on a device index; exceptions are caught in C++.
+        let synced = checked("synchronize a CUDA stream", |err, len| unsafe { voxbatch_stream_synchronize_current(index as i32, err, len) });
+        if let Err(e) = synced {
+            // A failed stream wait: the device-wide one still orders what follows.
+            tracing::debug!(error = %e, "stream synchronisation failed; synchronising the device");
+            tch::Cuda::synchronize(index as i64);
+        }
+    }
+    #[cfg(not(voxbatch_cuda_graphs))]
+    tch::Cuda::synchronize(index as i64);
+}
