@@ -84,7 +84,7 @@ impl ModelHandle {
                         return;
                     }
                 };
-                let probe = memory::MemoryProbe::new(device);
+                let probe = super::memory::MemoryProbe::new(device);
                 while let Some(BatchRequest(items, reply)) = rx.blocking_recv() {
                     // Every voice set before this batch was sent is in the channel by now.
                     while let Ok(VoiceRequest(index, prompt)) = voices_rx.try_recv() {

@@ -37,7 +37,7 @@ pub mod vocoder;
 pub mod voice_prompt;
 pub mod weights;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 
 pub use crate::device::{Device, ParseError, Precision};

@@ -9,6 +9,7 @@ use regex::Regex;
 
 use super::regex;
 use crate::frontend::english::{cardinal_or_digits, digit_words, number_words};
+use crate::frontend::readings;
 
 /// Numbers written with thousands separators: `1,234,567` → `1234567` for the Chinese grammar
 /// (which reads it right); spelled out for English (`1,234` → "one thousand two hundred and thirty

@@ -32,7 +32,7 @@ use super::{HostWaves, Token2Wav};
 use crate::audio::Waveform;
 use crate::model::cuda_stream::SideStream;
 use crate::model::torchscript::classify;
-use crate::batch::{Admission, BatchOutcome, TokenBudget};
+use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
 use crate::frontend::tokenizer::{TextTokenizer, TOKENIZER_FILE};
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
