@@ -44,7 +44,7 @@ pub enum SizingError {
 /// segments find like-length peers for token2wav's buckets.
 pub const TEXT_BATCH_FILLS: usize = 8;
 
-/// Text models: messages a consumer takes before the intake looks at the work it holds again
+/// Text models: messages the intake pulls in a row before it looks at the rest of its loop again
 /// (`amqp.prefetch = 0`).
 pub const TEXT_PREFETCH: u16 = 16;
 
@@ -91,9 +91,8 @@ pub fn worker_policy<T: Send + 'static>(
         // The work a batch holds is its jobs' tokens added up (`WorkBudget`), not its size × its
         // longest job: with a chapter in a batch that counted several times the real work.
         let policy = LengthBucketing::with_admission(max_jobs, b.max_wait, WorkBudget { max_tokens }).with_max_length_ratio(f64::INFINITY);
-        // Messages come in windows of TEXT_PREFETCH (the consumer is renewed for each, the intake
-        // doc says how) until the next batch's work is held: what a worker takes ahead is sized by
-        // work, a window at most past it.
+        // Messages are pulled (TEXT_PREFETCH at most in a row; the intake doc says how) until the
+        // next batch's work is held: what a worker takes ahead is sized by work, one job past it.
         let prefetch = if cfg.amqp.prefetch > 0 { cfg.amqp.prefetch } else { TEXT_PREFETCH };
         return Ok(Sizing { policy: Box::new(policy), prefetch, hold_work: Some(max_tokens) });
     }

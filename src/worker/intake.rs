@@ -13,8 +13,12 @@
 //! it stops consuming, gives back every job not started, and waits for the other stages to
 //! settle what they hold before closing the connection.
 //!
-//! Text models take messages in windows of `prefetch`, and only while less than the next batch's
-//! work waits (`hold_work`): the consumer is cancelled and renewed, its deliveries staying held.
+//! Text models pull their messages (`basic.get`, at most `prefetch` between looks at the rest of
+//! the loop) only while less than the next batch's work waits (`hold_work`): the rest of the
+//! backlog stays in the queue for other workers. (Windows of a consumer cancelled and renewed,
+//! 2026-12-06's first form, crash the channel on RabbitMQ 3.10's quorum queues: a delivery in
+//! flight when the cancel lands meets a channel that no longer knows its consumer tag —
+//! `function_clause` in `rabbit_channel:handle_deliver0` — and every held message comes back.)
 //!
 //! Neighbours: `mod.rs` wires it; `infer` receives its batches; `gate` says when the inference
 //! stage is idle; `text_prep` prepares text jobs; `delivery` settles messages; `batch` decides;
@@ -25,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, Consumer};
 use tokio::sync::mpsc;
@@ -44,6 +48,10 @@ use crate::model::{model_input, ModelInput};
 use crate::model::{Manifest, TextInput};
 use crate::voice::{BookEntry, Lookup, VoiceBook};
 use crate::queue::{self, QueueError};
+
+/// Text models: the back-off between looks at an empty queue (doubling from the first to the last).
+const PULL_BACKOFF_MIN: Duration = Duration::from_millis(50);
+const PULL_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// A valid job and its delivery.
 pub struct Received {
@@ -78,12 +86,11 @@ pub struct Intake {
     pub text: Option<TextPrep>,
     pub worker_id: String,
     pub prefetch: u16,
-    /// Text models: the work the intake holds for the next batch (`Sizing::hold_work`). Messages
-    /// come in windows of `prefetch`: once a consumer has delivered its window, or this much work
-    /// waits (estimated speech tokens of the jobs unbatched or in the frontend), the consumer is
-    /// cancelled — what it delivered stays held, acked as usual — and a new one takes the next
-    /// window only while less work waits. The rest of the backlog stays in the queue for other
-    /// workers; a per-consumer prefetch alone would pin a window's messages per batch in flight.
+    /// Text models: the work the intake holds for the next batch (`Sizing::hold_work`). There is no
+    /// consumer: messages are pulled one `basic.get` at a time, at most `prefetch` in a row, while
+    /// less than this much work waits (estimated speech tokens of the jobs unbatched or in the
+    /// frontend); an empty queue is asked again after a back-off (50 ms doubling to 1 s). The
+    /// rest of the backlog stays in the queue for other workers.
     pub hold_work: Option<usize>,
     /// Exit once the queue is empty and nothing is held.
     pub drain: bool,
@@ -160,7 +167,7 @@ impl Intake {
     async fn session(
         &self,
         channel: &Channel,
-        consumer: Consumer,
+        consumer: Option<Consumer>,
         policy: &mut dyn BatchPolicy<Received>,
         ch: &mut IntakeChannels,
         seq: &mut u64,
@@ -168,43 +175,50 @@ impl Intake {
     ) -> Result<SessionEnd, WorkerError> {
         let mut drain_tick = tokio::time::interval(self.drain_poll);
         let mut empty_polls = 0;
-        // `None` once a cancel we asked for has ended the consumer; `paused` from that request on.
-        let mut consumer = Some(consumer);
-        let mut paused = false;
-        // Deliveries of the current consumer (its window: `prefetch`).
-        let mut window = 0usize;
+        // Kinds without `hold_work` consume; text models pull (`pull`) and have no consumer.
+        let mut consumer = consumer;
+        // Text models: when to ask an empty queue again, and the back-off since it was last found empty.
+        let mut pull_at: Option<Instant> = None;
+        let mut empty_backoff = PULL_BACKOFF_MIN;
         loop {
             while let Ok(outcome) = ch.outcomes.try_recv() {
                 policy.observe(&outcome);
             }
             // Work-sized intake (text models): hold the next batch's work, no more.
+            let mut pull_more = false;
             if let Some(hold) = self.hold_work {
-                let waiting = policy.tokens() + self.text.as_ref().map_or(0, |t| t.preparing.load(std::sync::atomic::Ordering::SeqCst));
-                if !paused && (waiting >= hold || window >= usize::from(self.prefetch)) {
-                    debug!(waiting, hold, window, "a window taken or the next batch's work held; taking no more messages for now");
-                    if let Err(e) = channel.basic_cancel(self.worker_id.as_str().into(), BasicCancelOptions::default()).await {
-                        warn!(error = %e, "consumer cancel failed; reconnecting");
-                        return Ok(SessionEnd::Reconnect);
-                    }
-                    paused = true;
-                } else if paused && consumer.is_none() && waiting < hold {
-                    match channel
-                        .basic_consume(self.amqp.queue.as_str().into(), self.worker_id.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
-                        .await
-                    {
-                        Ok(c) => {
-                            debug!(waiting, hold, "taking messages again");
-                            consumer = Some(c);
-                            paused = false;
-                            window = 0;
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "could not consume again; reconnecting");
-                            return Ok(SessionEnd::Reconnect);
+                if pull_at.is_none_or(|at| Instant::now() >= at) {
+                    let mut pulled = 0usize;
+                    while pulled < usize::from(self.prefetch) && self.waiting(policy) < hold {
+                        match channel.basic_get(self.amqp.queue.as_str().into(), BasicGetOptions { no_ack: false }).await {
+                            Ok(Some(m)) => {
+                                pulled += 1;
+                                empty_polls = 0;
+                                self.receive(Delivery::hold(m.delivery, &self.held), policy, seq, &ch.prepared);
+                            }
+                            Ok(None) => {
+                                pull_at = Some(Instant::now() + empty_backoff);
+                                empty_backoff = (empty_backoff * 2).min(PULL_BACKOFF_MAX);
+                                break;
+                            }
+                            Err(e) => {
+                                warn!(error = %e, "basic.get failed; reconnecting (unacked messages will be redelivered)");
+                                return Ok(SessionEnd::Reconnect);
+                            }
                         }
                     }
+                    if pulled > 0 {
+                        pull_at = None;
+                        empty_backoff = PULL_BACKOFF_MIN;
+                    }
+                    // A full run of pulls with work still wanted: pull again after a look at the rest.
+                    pull_more = pulled == usize::from(self.prefetch) && self.waiting(policy) < hold;
                 }
             }
+            let pull_deadline = match self.hold_work {
+                Some(hold) if self.waiting(policy) < hold => pull_at,
+                _ => None,
+            };
             // Form a batch only when the inference stage can take it (text models: when it is
             // idle): until then the pool keeps absorbing deliveries.
             let queue_free = ch.batches.capacity() > 0;
@@ -239,21 +253,20 @@ impl Intake {
                 delivery = next_delivery(&mut consumer), if consumer.is_some() => match delivery {
                     Some(Ok(d)) => {
                         empty_polls = 0;
-                        window += 1;
                         self.receive(Delivery::hold(d, &self.held), policy, seq, &ch.prepared);
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer failed; reconnecting (unacked messages will be redelivered)");
                         return Ok(SessionEnd::Reconnect);
                     }
-                    // Our own cancel took effect: what was delivered before it has been read.
-                    None if paused => consumer = None,
                     None => {
                         warn!("the broker cancelled the consumer; re-subscribing");
                         return Ok(SessionEnd::Reconnect);
                     }
                 },
                 _ = sleep_until(deadline), if deadline.is_some() => {}
+                _ = sleep_until(pull_deadline), if pull_deadline.is_some() => {}
+                _ = std::future::ready(()), if pull_more => {}
                 _ = drain_tick.tick(), if self.drain => {
                     if policy.is_empty() && self.held.get() == 0 {
                         match queue::queue_depths(channel, &self.amqp).await {
@@ -326,6 +339,12 @@ impl Intake {
         }
     }
 
+    /// Text models: the work waiting for the next batch — estimated speech tokens of the jobs the
+    /// policy holds and of those in the frontend.
+    fn waiting(&self, policy: &dyn BatchPolicy<Received>) -> usize {
+        policy.tokens() + self.text.as_ref().map_or(0, |t| t.preparing.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
     fn push(&self, policy: &mut dyn BatchPolicy<Received>, r: Received, seq: &mut u64) {
         *seq += 1;
         policy.push(Pending { tokens: r.length, priority: r.job.priority, arrived: Instant::now(), seq: *seq, item: r });
@@ -341,7 +360,9 @@ impl Intake {
         returns: &mut mpsc::UnboundedReceiver<Received>,
     ) {
         self.stop.cancel();
-        let _ = channel.basic_cancel(self.worker_id.as_str().into(), BasicCancelOptions::default()).await;
+        if self.hold_work.is_none() {
+            let _ = channel.basic_cancel(self.worker_id.as_str().into(), BasicCancelOptions::default()).await;
+        }
         let unstarted: Vec<Delivery> = policy.take_all().into_iter().map(|p| p.item.delivery).collect();
         if !unstarted.is_empty() {
             info!(count = unstarted.len(), "returning unstarted jobs to the queue");
@@ -358,7 +379,7 @@ impl Intake {
     }
 
     /// Connects to the broker, retrying with back-off until it works or the worker stops.
-    async fn connect(&self) -> Option<(Connection, Channel, Consumer)> {
+    async fn connect(&self) -> Option<(Connection, Channel, Option<Consumer>)> {
         let mut attempt = 0;
         loop {
             if self.stop.is_cancelled() {
@@ -367,7 +388,10 @@ impl Intake {
             match self.try_connect().await {
                 Ok((conn, channel, outbox, consumer)) => {
                     self.outbox.set_channel(outbox).await;
-                    info!(queue = %self.amqp.queue, prefetch = self.prefetch, "consuming");
+                    match consumer {
+                        Some(_) => info!(queue = %self.amqp.queue, prefetch = self.prefetch, "consuming"),
+                        None => info!(queue = %self.amqp.queue, pull = self.prefetch, "pulling the next batch's work (basic.get)"),
+                    }
                     return Some((conn, channel, consumer));
                 }
                 Err(e) if e.is_permanent() => {
@@ -389,7 +413,7 @@ impl Intake {
         }
     }
 
-    async fn try_connect(&self) -> Result<(Connection, Channel, Channel, Consumer), QueueError> {
+    async fn try_connect(&self) -> Result<(Connection, Channel, Channel, Option<Consumer>), QueueError> {
         let amqp = |op: &'static str| move |source: lapin::Error| QueueError::Amqp { op, source };
         let conn = queue::connect(&self.amqp, &format!("voxbatch-worker {}", self.worker_id)).await?;
         let channel = conn.create_channel().await.map_err(amqp("channel.open"))?;
@@ -397,10 +421,16 @@ impl Intake {
         channel.basic_qos(self.prefetch, BasicQosOptions { global: false }).await.map_err(amqp("basic.qos"))?;
         let outbox = conn.create_channel().await.map_err(amqp("channel.open"))?;
         outbox.confirm_select(ConfirmSelectOptions::default()).await.map_err(amqp("confirm.select"))?;
-        let consumer = channel
-            .basic_consume(self.amqp.queue.as_str().into(), self.worker_id.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
-            .await
-            .map_err(amqp("basic.consume"))?;
+        // Text models pull what they hold (`hold_work`): no consumer.
+        let consumer = match self.hold_work {
+            Some(_) => None,
+            None => Some(
+                channel
+                    .basic_consume(self.amqp.queue.as_str().into(), self.worker_id.as_str().into(), BasicConsumeOptions::default(), FieldTable::default())
+                    .await
+                    .map_err(amqp("basic.consume"))?,
+            ),
+        };
         Ok((conn, channel, outbox, consumer))
     }
 }
