@@ -1,0 +1,175 @@
+//! CosyVoice3's compiled stages (issue 43) on the CPU: the tiny model's DiT and causal vocoder body
+//! compiled by `tools/compile_token2wav.py --family cosyvoice3` (AOTInductor; bootstrap builds
+//! `models/cosyvoice3-tiny-compiled`, links to `models/cosyvoice3-tiny`'s files and its packages)
+//! give the eager port's mels and audio, alone and in a padded batch, and a package made from
+//! other weights is not used. The inputs are the parity fixtures' (`tests/data/cosyvoice3`: three
+//! items with and without prompts, the reference's x-vectors), fp32 on the CPU.
+//!
+//! Tolerances, on max |compiled − eager| / max(1, max |eager|) as `cosyvoice3_parity` measures:
+//! the package computes the port's operations on the same inputs, but inductor fuses them and its
+//! CPU kernels sum in another order (its matmuls, convolutions and layer norms are not libtorch's
+//! eager ones), so each value may move in its last bits — ~1e-7 of a DiT step's scale; ten Euler
+//! steps with guidance carry it to the mel ([`MEL`]). The vocoder's body from one mel is as close
+//! ([`VOCODER_FROM_ONE_MEL`]). A waveform from each path's own mel also carries the mel's last
+//! bits through the F0 predictor into thousands of radians of the source's phase, ~100 times
+//! larger (`cosyvoice3_parity`'s `THROUGH_THE_PHASE`, 2e-5): [`WAVEFORM`]. A wrong package
+//! (a weight or a term missing, a mask, a padding or a layout off) is wrong by orders of
+//! magnitude more: a DiT block's feed-forward left out moves the mel by ~1e-1.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::common::repo_path;
+use tch::{Kind, Tensor};
+use voxbatch::model::cosyvoice3::Token2Wav;
+use voxbatch::model::token2wav::{pack_mels, FlowItem};
+use voxbatch::model::vocoder::SAMPLES_PER_FRAME;
+use voxbatch::model::{kernels, Device, Manifest, ModelError, Precision, Synthesizer};
+
+const KEY: &str = "cpu-torch2.11.0-fp32";
+/// The flow's mel, compiled against eager (see the module's doc).
+const MEL: f64 = 1e-5;
+/// The vocoder (its body compiled) against the eager vocoder, from the same mel.
+const VOCODER_FROM_ONE_MEL: f64 = 1e-5;
+/// Whole token2wav waveforms, each from its own path's mel.
+const WAVEFORM: f64 = 1e-4;
+/// A padded batch against each item alone, both compiled: `cosyvoice3_parity`'s `BATCH_VS_ALONE`
+/// (2e-6) for the mel; the waveform through the phase.
+const BATCH_VS_ALONE_MEL: f64 = 2e-6;
+
+fn load(dir: &Path) -> Token2Wav {
+    let manifest = Manifest::load(dir).unwrap_or_else(|e| panic!("{e}; run scripts/bootstrap.sh (it compiles models/cosyvoice3-tiny-compiled)"));
+    Token2Wav::load(dir, manifest, Device::Cpu, Precision::Fp32).unwrap()
+}
+
+fn distance(what: &str, ours: &Tensor, reference: &Tensor, tolerance: f64) {
+    assert_eq!(ours.size(), reference.size(), "{what}: shapes differ");
+    let abs = ours.to_kind(Kind::Double).f_sub(&reference.to_kind(Kind::Double)).unwrap().abs().max().double_value(&[]);
+    let err = abs / reference.to_kind(Kind::Double).abs().max().double_value(&[]).max(1.0);
+    eprintln!("COMPILED {what}: {err:.3e}");
+    assert!(err <= tolerance, "{what}: {err:.3e} > {tolerance:e}");
+}
+
+/// The whole-token2wav fixture's three items: tokens, prompt tokens, prompt mel, x-vector.
+struct Item {
+    tokens: Vec<i64>,
+    prompt: Vec<i64>,
+    prompt_feat: Tensor,
+    embedding: Tensor,
+}
+
+fn fixture_items() -> Vec<Item> {
+    let path = repo_path("tests/data/cosyvoice3/parity-token2wav.safetensors");
+    let fx: HashMap<String, Tensor> = Tensor::read_safetensors(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).into_iter().collect();
+    let get = |i: usize, name: &str| fx.get(&format!("item{i}.{name}")).unwrap_or_else(|| panic!("fixture item{i}.{name}")).shallow_clone();
+    (0..3)
+        .map(|i| Item {
+            tokens: Vec::<i64>::try_from(get(i, "token")).unwrap(),
+            prompt: Vec::<i64>::try_from(get(i, "prompt_token")).unwrap(),
+            prompt_feat: get(i, "prompt_feat"),
+            embedding: get(i, "embedding"),
+        })
+        .collect()
+}
+
+fn flow_items(items: &[Item]) -> Vec<FlowItem<'_>> {
+    items.iter().map(|i| FlowItem { tokens: &i.tokens, prompt_tokens: &i.prompt, prompt_feat: &i.prompt_feat, embedding: &i.embedding }).collect()
+}
+
+#[test]
+fn cosyvoice3_compiled_stages_give_the_eager_ports_mel_and_audio_alone_and_in_a_padded_batch() {
+    let mut eager = load(&repo_path("models/cosyvoice3-tiny"));
+    assert!(!eager.flow.is_compiled() && eager.hift.compiled().is_none(), "a directory without packages runs eager");
+    let mut compiled = load(&repo_path("models/cosyvoice3-tiny-compiled"));
+    assert!(compiled.flow.is_compiled(), "the DiT package of this machine's key is used");
+    assert!(compiled.hift.compiled().is_some(), "the vocoder body's package of this machine's key is used");
+    // Bootstrap compiles the tool's defaults: the body channels-last, its STFT channels padded, its dilations phase-split.
+    let hift_variant = &compiled.hift.compiled().unwrap().variant;
+    assert!(
+        hift_variant.contains("layout=time-major") && hift_variant.contains("hift_channel_multiple=4") && hift_variant.contains("hift_dilation=phases"),
+        "{hift_variant}"
+    );
+    let fixture = fixture_items();
+    let items = flow_items(&fixture);
+
+    // Each item alone, then the three as one padded batch, through both.
+    let mut alone = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let (mel_e, wav_e) = eager.run_flow_items(std::slice::from_ref(item), &[None]).unwrap().remove(0);
+        let (mel_c, wav_c) = compiled.run_flow_items(std::slice::from_ref(item), &[None]).unwrap().remove(0);
+        distance(&format!("item{i} mel alone"), &mel_c, &mel_e, MEL);
+        distance(&format!("item{i} waveform alone"), &Tensor::from_slice(&wav_c), &Tensor::from_slice(&wav_e), WAVEFORM);
+        alone.push((mel_c, Tensor::from_slice(&wav_c)));
+    }
+    // Every step and body of those batches ran on its package, and the eager model's on none.
+    assert_eq!(kernels(&compiled.take_stages()), Some("compiled"));
+    assert_eq!(kernels(&eager.take_stages()), Some("eager"));
+    let batch_e = eager.run_flow_items(&items, &[None; 3]).unwrap();
+    let batch_c = compiled.run_flow_items(&items, &[None; 3]).unwrap();
+    assert_eq!(kernels(&compiled.take_stages()), Some("compiled"));
+    for (i, ((mel_e, wav_e), (mel_c, wav_c))) in batch_e.iter().zip(&batch_c).enumerate() {
+        let (wav_e, wav_c) = (Tensor::from_slice(wav_e), Tensor::from_slice(wav_c));
+        distance(&format!("item{i} mel, padded batch"), mel_c, mel_e, MEL);
+        distance(&format!("item{i} waveform, padded batch"), &wav_c, &wav_e, WAVEFORM);
+        distance(&format!("item{i} mel compiled, padded batch vs alone"), mel_c, &alone[i].0, BATCH_VS_ALONE_MEL);
+        distance(&format!("item{i} waveform compiled, padded batch vs alone"), &wav_c, &alone[i].1, WAVEFORM);
+    }
+
+    // The vocoder from one padded batch of mels (the eager flow's): the compiled body against the eager one.
+    let mels: Vec<Tensor> = batch_e.iter().map(|(mel, _)| mel.shallow_clone()).collect();
+    let (mel, frames) = pack_mels(&mels, tch::Device::Cpu).unwrap();
+    let vocode = |m: &Token2Wav| m.in_vocoder_precision(|h| h.forward(&mel, &frames).map_err(ModelError::Inference)).unwrap().wav;
+    let (wav_e, wav_c) = (vocode(&eager), vocode(&compiled));
+    distance("the vocoder from one padded batch of mels", &wav_c, &wav_e, VOCODER_FROM_ONE_MEL);
+    let t_max = *frames.iter().max().unwrap();
+    for (i, &f) in frames.iter().enumerate() {
+        let tail = wav_c.get(i as i64).narrow(0, f * SAMPLES_PER_FRAME, (t_max - f) * SAMPLES_PER_FRAME);
+        assert_eq!(tail.abs().sum(Kind::Double).double_value(&[]), 0.0, "item{i}: compiled audio past its end");
+    }
+    assert_eq!(kernels(&compiled.take_stages()), None, "stage checks are not batches");
+
+    // The directory's memory profile is the compiled one's (calibration files it apart).
+    use voxbatch::model::compiled::profile_precision;
+    let manifest = |d: &str| Manifest::load(&repo_path(d)).unwrap();
+    assert_eq!(profile_precision(&manifest("models/cosyvoice3-tiny-compiled"), Device::Cpu, Precision::Fp32, false), "fp32+compiled");
+    assert_eq!(profile_precision(&manifest("models/cosyvoice3-tiny"), Device::Cpu, Precision::Fp32, false), "fp32");
+}
+
+#[test]
+fn a_cosyvoice3_package_made_from_other_weights_or_for_another_key_is_not_used() {
+    // A copy of the compiled directory (files linked) whose weights or package folder the test changes.
+    let copy = || {
+        let src = repo_path("models/cosyvoice3-tiny-compiled");
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/bootstrap.sh): {e}", src.display())) {
+            let entry = entry.unwrap();
+            std::os::unix::fs::symlink(std::fs::canonicalize(entry.path()).unwrap(), dir.path().join(entry.file_name())).unwrap();
+        }
+        dir
+    };
+    // Weights other than those the packages were made from (a model converted again): eager.
+    let reconverted = copy();
+    let weights = reconverted.path().join("token2wav.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    std::fs::remove_file(&weights).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1; // the last byte of the last tensor's data
+    std::fs::write(&weights, bytes).unwrap();
+    let from_reconverted = load(reconverted.path());
+    assert!(!from_reconverted.flow.is_compiled() && from_reconverted.hift.compiled().is_none(), "a package is used only with its weights");
+    // Packages of another machine's key only: eager.
+    let elsewhere = copy();
+    std::fs::remove_file(elsewhere.path().join("compiled")).unwrap();
+    let other = elsewhere.path().join("compiled").join("sm90-torch2.11.0-bf16");
+    std::fs::create_dir_all(&other).unwrap();
+    let ours = repo_path("models/cosyvoice3-tiny-compiled").join("compiled").join(KEY);
+    for stage in ["estimator.pt2", "hift.pt2"] {
+        std::fs::copy(ours.join(stage), other.join(stage)).unwrap();
+    }
+    let from_elsewhere = load(elsewhere.path());
+    assert!(!from_elsewhere.flow.is_compiled() && from_elsewhere.hift.compiled().is_none());
+    // A vocoder run at another precision than its package's (a benchmark's setting): eager.
+    let mut compiled = load(&repo_path("models/cosyvoice3-tiny-compiled"));
+    compiled.set_vocoder_precision(Precision::Bf16);
+    assert!(compiled.hift.compiled().is_none() && compiled.flow.is_compiled());
+}
