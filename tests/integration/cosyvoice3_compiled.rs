@@ -175,3 +175,59 @@ fn a_cosyvoice3_package_made_from_other_weights_or_for_another_key_is_not_used()
     compiled.set_vocoder_precision(Precision::Bf16);
     assert!(compiled.hift.compiled().is_none() && compiled.flow.is_compiled());
 }
+
+/// `compile_token2wav.py --family cosyvoice3` on the tiny model with `args`: one JSON report per stage.
+fn compile_tool_reports(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(repo_path(".venv/bin/python"))
+        .arg(repo_path("tools/compile_token2wav.py"))
+        .args(["--family", "cosyvoice3", "--model", repo_path("models/cosyvoice3-tiny").to_str().unwrap()])
+        .args(args)
+        .output()
+        .expect("the project venv's python (scripts/bootstrap.sh)");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Each form the tool may compute the causal vocoder body in on a GPU (channels-last, its STFT
+/// channels padded, its dilated causal convolutions split into phases, and the three together, the
+/// default) computes the channel-major body, the eager port's: `--eager-check`, fp32, no compile.
+/// The CPU packages above are compiled in the default form; these are the others.
+#[test]
+fn every_cosyvoice3_vocoder_form_computes_the_channel_major_body() {
+    let forms: [&[&str]; 3] = [
+        &[],
+        &["--hift-channel-multiple", "1", "--hift-dilation", "dilated"],
+        &["--hift-channel-multiple", "8", "--hift-dilation", "phases"],
+    ];
+    for form in forms {
+        let reports = compile_tool_reports(&[&["--device", "cpu", "--precision", "fp32", "--stages", "hift", "--eager-check"], form].concat());
+        assert_eq!(reports.len(), 1, "{form:?}: {reports:?}");
+        let worst = reports[0]["max_abs_difference_vs_reference_eager"].as_f64().unwrap_or_else(|| panic!("{form:?}: {}", reports[0]));
+        // fp32 on a CPU: the same products summed in another order (measured 1.9e-6 on outputs of ~1e2).
+        assert!(worst < 1e-4, "{form:?}: the body differs from the channel-major one by {worst}");
+    }
+}
+
+/// What the GPU host's compile of the DiT builds, generated on this machine without a GPU
+/// (`--cuda-kernels`, tools/compile/fake_cuda.py): the export holds no tensor off the CUDA device (a
+/// CPU constant in a CUDA package crashed an H100 bench: `checks.require_on_device` refuses it, and
+/// the listing runs it), and its weights are folded into the package at bf16 by default (inductor's
+/// freezing, `estimator:freezing=True`): no kernel casts a weight on each call.
+#[test]
+fn the_dits_cuda_compile_holds_nothing_off_the_device_and_folds_its_weights() {
+    let weight_casts = |report: &serde_json::Value| -> u64 {
+        let kernels = report["kernels"].as_object().unwrap();
+        kernels
+            .iter()
+            .filter(|(name, _)| name.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())))
+            .map(|(_, launches)| launches.as_u64().unwrap())
+            .sum()
+    };
+    let args = ["--cuda-kernels", "--precision", "bf16", "--stages", "estimator", "--kernels-batch", "8", "--kernels-frames", "104"];
+    let folded = compile_tool_reports(&args);
+    assert_eq!(folded.len(), 1, "{folded:?}");
+    assert!(folded[0]["triton_launches"].as_u64().unwrap() > 10, "{}", folded[0]);
+    assert_eq!(weight_casts(&folded[0]), 0, "the DiT casts its weights on each call: {}", folded[0]);
+    let unfrozen = compile_tool_reports(&[&args[..], &["--inductor-option", "estimator:freezing=False"]].concat());
+    assert!(weight_casts(&unfrozen[0]) > 10, "without freezing its weights are cast per call (what the check would miss): {}", unfrozen[0]);
+}
