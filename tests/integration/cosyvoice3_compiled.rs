@@ -130,6 +130,21 @@ fn cosyvoice3_compiled_stages_give_the_eager_ports_mel_and_audio_alone_and_in_a_
     }
     assert_eq!(kernels(&compiled.take_stages()), None, "stage checks are not batches");
 
+    // One DiT step alone (`Flow::estimate`): 3 items' doubled rows, 40 frames, two items padded;
+    // each item's frames compared.
+    tch::manual_seed(5);
+    let (rows, frames) = (6, 40);
+    let mask = Tensor::ones([rows, 1, frames], (Kind::Float, tch::Device::Cpu));
+    for (row, valid) in [(1, 30), (4, 30), (2, 17), (5, 17)] {
+        let _ = mask.get(row).narrow(1, valid, frames - valid).fill_(0.0);
+    }
+    let r = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, tch::Device::Cpu));
+    let (x, mu, cond, spks, t) = (r(&[rows, 80, frames]), r(&[rows, 80, frames]), r(&[rows, 80, frames]), r(&[rows, 80]), Tensor::rand([rows], (Kind::Float, tch::Device::Cpu)));
+    let step = |m: &Token2Wav| m.flow.estimate(&x, &mask, &mu, &t, &spks, &cond).unwrap() * &mask;
+    let (step_c, step_e) = (step(&compiled), step(&eager));
+    assert_eq!((compiled.flow.take_step_counts(), eager.flow.take_step_counts()), ((1, 0), (0, 1)), "one step each, on the package and on the port");
+    distance("one DiT step, a padded doubled batch", &step_c, &step_e, MEL);
+
     // The directory's memory profile is the compiled one's (calibration files it apart).
     use voxbatch::model::compiled::profile_precision;
     let manifest = |d: &str| Manifest::load(&repo_path(d)).unwrap();
@@ -230,4 +245,94 @@ fn the_dits_cuda_compile_holds_nothing_off_the_device_and_folds_its_weights() {
     assert_eq!(weight_casts(&folded[0]), 0, "the DiT casts its weights on each call: {}", folded[0]);
     let unfrozen = compile_tool_reports(&[&args[..], &["--inductor-option", "estimator:freezing=False"]].concat());
     assert!(weight_casts(&unfrozen[0]) > 10, "without freezing its weights are cast per call (what the check would miss): {}", unfrozen[0]);
+}
+
+/// The GPU check, as CosyVoice2's (`compiled::on_a_gpu_each_compiled_stage_gives_the_eager_ports_output_at_the_same_precision`):
+/// the tiny model's packages compiled on that GPU at bf16 into `models/cosyvoice3-tiny-compiled-gpu`
+/// (a directory linking `models/cosyvoice3-tiny`'s files, then `tools/compile_token2wav.py --family
+/// cosyvoice3 --model models/cosyvoice3-tiny-compiled-gpu --device cuda:0 --precision bf16
+/// --max-frames 600 --max-batch 64`), run with `VOXBATCH_TEST_DEVICE=cuda:0 --ignored`. One DiT call
+/// (CFG-doubled, padded items) and one vocoder pass from the same mel, each package against the eager
+/// port at the same precision: SNR ≥ [`GPU_STAGE_SNR_DB`], CosyVoice2's bound (fused kernels round
+/// in other places — the eager DiT rounds its residual stream to bf16 after every operation, the
+/// package within fused kernels does not; nothing else may differ). The same packages compiled for
+/// this CPU at bf16 (2026-12-06, `VOXBATCH_TEST_DEVICE=cpu`, where only the graphs' part cannot
+/// run): DiT 37.0 dB, vocoder 53.5 dB. Then small batches' flow steps replayed as CUDA graphs give
+/// the package's mel called step by step (SNR ≥ [`GRAPH_SNR_DB`]), every step replayed.
+const GPU_STAGE_SNR_DB: f64 = 35.0;
+/// As CosyVoice2's: the same kernels on the same shapes, a library's other algorithm under capture at most.
+const GRAPH_SNR_DB: f64 = 60.0;
+
+fn snr_db(actual: &Tensor, reference: &Tensor) -> f64 {
+    let signal = reference.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]);
+    let noise = (actual.to_kind(Kind::Double) - reference.to_kind(Kind::Double)).square().sum(Kind::Double).double_value(&[]);
+    10.0 * (signal / noise.max(1e-30)).log10()
+}
+
+#[test]
+#[ignore = "needs a GPU and the tiny CosyVoice3's packages compiled there (models/cosyvoice3-tiny-compiled-gpu)"]
+fn on_a_gpu_cosyvoice3s_compiled_stages_give_the_eager_ports_output_and_small_steps_replay_as_graphs() {
+    use voxbatch::model::flow_graphs::FlowGraphSettings;
+    let device: Device = std::env::var("VOXBATCH_TEST_DEVICE").expect("VOXBATCH_TEST_DEVICE=cuda:N").parse().unwrap();
+    let dir = repo_path("models/cosyvoice3-tiny-compiled-gpu");
+    let load = |d: &Path| Token2Wav::load(d, Manifest::load(d).unwrap_or_else(|e| panic!("{e}: see this test's doc")), device, Precision::Bf16).unwrap();
+    let compiled = load(&dir);
+    assert!(compiled.flow.is_compiled() && compiled.hift.compiled().is_some(), "packages of this GPU's key in {}", dir.display());
+    let eager = load(&repo_path("models/cosyvoice3-tiny"));
+    let dev = device.to_tch();
+    tch::manual_seed(11);
+    let _no_grad = tch::no_grad_guard();
+
+    // One DiT call on 3 items' doubled rows, 96 frames, two items padded; each item's frames compared.
+    let (rows, frames) = (6, 96);
+    let mask = Tensor::ones([rows, 1, frames], (Kind::Float, dev));
+    for (row, valid) in [(1, 70), (4, 70), (2, 41), (5, 41)] {
+        let _ = mask.get(row).narrow(1, valid, frames - valid).fill_(0.0);
+    }
+    let r = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, dev));
+    let (x, mu, cond, spks) = (r(&[rows, 80, frames]), r(&[rows, 80, frames]), r(&[rows, 80, frames]), r(&[rows, 80]));
+    let t = Tensor::rand([rows], (Kind::Float, dev));
+    // As the flow passes them: typed as its speaker projection's output under autocast (bf16).
+    let bf16 = |y: &Tensor| y.to_kind(Kind::BFloat16);
+    let call = |m: &Token2Wav| {
+        m.in_flow_precision(|f| f.estimate(&bf16(&x), &bf16(&mask), &bf16(&mu), &bf16(&t), &bf16(&spks), &bf16(&cond)).map_err(ModelError::Inference))
+            .unwrap()
+            .to_kind(Kind::Float)
+            * &mask
+    };
+    let (compiled_call, eager_call) = (call(&compiled), call(&eager));
+    assert_eq!(compiled.flow.take_step_counts(), (1, 0), "the call ran the package");
+    assert_eq!(eager.flow.take_step_counts(), (0, 1));
+    let dit_snr = snr_db(&compiled_call, &eager_call);
+    eprintln!("COMPILED DiT (bf16) vs eager: SNR {dit_snr:.1} dB");
+
+    // One vocoder pass from the same mel, two items of different lengths.
+    let frames_of = [64i64, 40];
+    let mel = r(&[2, 80, 64]) * 0.5;
+    let _ = mel.get(1).narrow(1, 40, 24).fill_(0.0);
+    let vocode = |m: &Token2Wav| m.in_vocoder_precision(|h| h.forward(&mel, &frames_of).map_err(ModelError::Inference)).unwrap().wav;
+    let (wav_c, wav_e) = (vocode(&compiled), vocode(&eager));
+    assert_eq!(compiled.hift.take_call_counts().0, 1, "the pass ran the package");
+    let wav_snr = snr_db(&wav_c, &wav_e);
+    eprintln!("COMPILED vocoder body (bf16) vs eager: SNR {wav_snr:.1} dB");
+    assert!(dit_snr >= GPU_STAGE_SNR_DB && wav_snr >= GPU_STAGE_SNR_DB, "DiT {dit_snr:.1} dB, vocoder {wav_snr:.1} dB: below {GPU_STAGE_SNR_DB} dB");
+
+    // Small batches' steps as graphs: the package's mel called step by step, every step replayed.
+    let mut plain = load(&dir);
+    let mut graphed = load(&dir);
+    graphed.flow.set_graphs(FlowGraphSettings { graphs: 2, max_frames: 1 << 20 }, device);
+    let fixture = fixture_items();
+    let items = flow_items(&fixture);
+    for (name, batch) in [("three", &items[..]), ("one", &items[..1]), ("three again", &items[..])] {
+        let speeds = vec![None; batch.len()];
+        let (out_p, out_g) = (plain.run_flow_items(batch, &speeds).unwrap(), graphed.run_flow_items(batch, &speeds).unwrap());
+        for ((mel_p, _), (mel_g, _)) in out_p.iter().zip(&out_g) {
+            let snr = snr_db(mel_g, mel_p);
+            eprintln!("COMPILED flow step graphs, batch {name}: mel SNR {snr:.1} dB against the package called step by step");
+            assert!(snr >= GRAPH_SNR_DB, "batch {name}: {snr:.1} dB");
+        }
+    }
+    let stats = graphed.flow.graph_stats();
+    assert_eq!(stats.captured, 2, "one graph per step shape: {stats:?}");
+    assert_eq!(stats.replays, 30, "every step of the three batches replayed: {stats:?}");
 }

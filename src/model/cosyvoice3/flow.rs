@@ -213,26 +213,49 @@ impl Flow {
         // Upstream's buffers are typed as the speaker projection's output: under autocast, its dtype.
         let doubled = Doubled::new(mask, mu, spks, cond, Some(spks.kind()))?;
         // Every step runs on the same shapes: the package, or the eager port with its frames made once.
-        let runs = match self.compiled.as_ref().filter(|c| c.fits(2 * b, frames)) {
-            Some(c) => Runs::Compiled(c),
-            None => Runs::Eager(self.dit.frames(&doubled.mask)?),
-        };
+        let runs = self.runs(2 * b, frames, &doubled.mask)?;
         let mut graphs = self.graphs.borrow_mut();
         solve_euler(&self.sampler, z, &doubled, |step, x_in, t_in| {
             self.steps_run.count(matches!(runs, Runs::Compiled(_)));
             match &runs {
                 Runs::Compiled(c) => {
                     let inputs = [x_in, &doubled.mask, &doubled.mu, t_in, &doubled.spks, &doubled.cond];
-                    let v = match graphs.step(&c.package, inputs, step == 1)? {
-                        Some(v) => v,
-                        None => c.package.run(&inputs)?.into_iter().next().ok_or_else(|| TchError::Torch("the compiled DiT returned nothing".into()))?,
-                    };
-                    // fp32 out of the package: the eager DiT's dtype again (its last projection's,
-                    // under autocast; exact, as the package rounds there too), for the same guidance.
-                    v.f_to_kind(x_in.kind())
+                    match graphs.step(&c.package, inputs, step == 1)? {
+                        Some(v) => v.f_to_kind(x_in.kind()),
+                        None => run_package(c, &inputs),
+                    }
                 }
                 Runs::Eager(attention) => self.dit.forward_with(x_in, &doubled.mu, t_in, &doubled.spks, &doubled.cond, attention),
             }
         })
     }
+
+    /// One DiT call as a step of [`Flow::solve`] makes it (the doubled batch's `x`, `mask`, `mu`,
+    /// `t`, `spks`, `cond`, all in the eager DiT's input dtype) — through the compiled package when
+    /// it has one for these shapes, the eager port otherwise — in that dtype. (Stage checks.)
+    pub fn estimate(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
+        let (rows, _, frames) = x.size3()?;
+        let runs = self.runs(rows, frames, mask)?;
+        self.steps_run.count(matches!(runs, Runs::Compiled(_)));
+        match &runs {
+            Runs::Compiled(c) => run_package(c, &[x, mask, mu, t, spks, cond]),
+            Runs::Eager(attention) => self.dit.forward_with(x, mu, t, spks, cond, attention),
+        }
+    }
+
+    /// What runs the DiT on `rows` × `frames`: the package if it takes them, else the eager port.
+    fn runs(&self, rows: i64, frames: i64, mask: &Tensor) -> R<Runs<'_>> {
+        Ok(match self.compiled.as_ref().filter(|c| c.fits(rows, frames)) {
+            Some(c) => Runs::Compiled(c),
+            None => Runs::Eager(self.dit.frames(mask)?),
+        })
+    }
+}
+
+/// The DiT package on a step's six inputs (x, mask, mu, t, spks, cond). Its output, fp32, in the
+/// eager DiT's dtype again (`x`'s: its last projection's under autocast; exact, as the package
+/// rounds there too), so that guidance rounds as after an eager step.
+fn run_package(c: &CompiledStage, inputs: &[&Tensor; 6]) -> R<Tensor> {
+    let v = c.package.run(inputs)?.into_iter().next().ok_or_else(|| TchError::Torch("the compiled DiT returned nothing".into()))?;
+    v.f_to_kind(inputs[0].kind())
 }
