@@ -7,7 +7,7 @@
 #      LLM parity fixtures (transformers 4.x in .run/llm-site);
 #   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
-#      [test] the tiny model's stages compiled for this CPU, the tiny CosyVoice3 converted;
+#      [test] the tiny model's stages compiled for this CPU, the tiny CosyVoice3 converted and compiled;
 #   5. cargo build: the binary alone for the demo, [test] every target.
 # Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
 set -euo pipefail
@@ -128,6 +128,17 @@ if [ "$FOR" = test ] && { [ ! -f "$CV3" ] || [ tools/convert_cosyvoice.py -nt "$
   log "converting the tiny CosyVoice3 model"
   .venv/bin/python tools/convert_cosyvoice.py tests/data/cosyvoice3/official models/cosyvoice3-tiny \
     --name cosyvoice3-tiny --noise-seconds 30 > /dev/null
+fi
+# [test] Its DiT and vocoder body compiled for this CPU (`--family cosyvoice3`, ≈ 1 minute: small limits,
+# 256 frames and 16 rows, what the tests run), in a directory of its own (links to its files), as the
+# CosyVoice2 one above: tests compare them with the eager port. The plain tiny CosyVoice3 stays eager.
+CV3_PKG=models/cosyvoice3-tiny-compiled/compiled/cpu-torch2.11.0-fp32/hift.pt2
+if [ "$FOR" = test ] && { [ ! -f "$CV3_PKG" ] || [ tools/compile_token2wav.py -nt "$CV3_PKG" ] || [ -n "$(find tools/compile -name '*.py' -newer "$CV3_PKG")" ] || [ "$CV3" -nt "$CV3_PKG" ]; }; then
+  log "compiling the tiny CosyVoice3's DiT and vocoder body (AOTInductor, CPU)"
+  mkdir -p models/cosyvoice3-tiny-compiled
+  for f in models/cosyvoice3-tiny/*; do ln -sfn "../cosyvoice3-tiny/$(basename "$f")" models/cosyvoice3-tiny-compiled/; done
+  .venv/bin/python tools/compile_token2wav.py --family cosyvoice3 --model models/cosyvoice3-tiny-compiled --device cpu --precision fp32 \
+    --max-frames 256 --max-batch 16 > /dev/null 2>&1 || { log "compiling the tiny CosyVoice3's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 
 # Debian packages for the output formats: LAME and libopus (the worker opens them at run time

@@ -25,7 +25,7 @@ pub struct ModelConfig {
     pub device: Device,
     pub precision: Precision,
     pub cpu_threads: usize,
-    /// CosyVoice2: small batches' compiled flow steps as CUDA graphs (`flow_graphs` kept at most,
+    /// CosyVoice2 and CosyVoice3: small batches' compiled flow steps as CUDA graphs (`flow_graphs` kept at most,
     /// each of at most `flow_graph_max_frames` rows × frames).
     pub flow_graphs: FlowGraphSettings,
     /// On CUDA: cuDNN searches each convolution's fastest algorithm for every new input shape

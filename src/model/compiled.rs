@@ -10,13 +10,17 @@
 //! otherwise — or if it cannot be loaded — the eager port runs and a warning says why. Never a
 //! failure: compiled kernels are an optimisation.
 //!
-//! Stages: `encoder` (the flow's encoder and its projection to mu; lengths in tokens) and
-//! `estimator` (the flow's Euler steps), both at the flow's precision, and `hift` (the vocoder's
-//! convolutional body, at the vocoder's precision). A package serves batches within the limits
-//! its metadata states (`voxbatch.max_batch`, `voxbatch.max_frames`); larger ones run eager.
+//! Stages, per family (`tools/compile/families/`): CosyVoice2's `encoder` (the flow's encoder and
+//! its projection to mu; lengths in tokens) and `estimator` (its U-Net, the flow's Euler steps),
+//! CosyVoice3's `estimator` (its DiT, called with the same six inputs), both at the flow's
+//! precision; and each family's `hift` (the vocoder's convolutional body between the source STFT
+//! and the iSTFT: the shared `model::vocoder` in the family's layout, at the vocoder's precision).
+//! A package serves batches within the limits its metadata states (`voxbatch.max_batch`,
+//! `voxbatch.max_frames`); larger ones run eager.
 //!
-//! Neighbours: `cosyvoice2::flow` and `cosyvoice2::hift` (call the packages), `cosyvoice2`
-//! (finds them when a model loads), `shim` (errors).
+//! Neighbours: `cosyvoice2::flow`, `cosyvoice3::flow` and `vocoder` (call the packages; the flows'
+//! steps through `flow_graphs` on CUDA), the families' loaders (find them with
+//! [`compiled_stage`] when a model loads), `shim` (errors).
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CString};
@@ -174,7 +178,8 @@ const CUDNN_BENCHMARK_PROFILE_SUFFIX: &str = "+cudnn-benchmark";
 /// `+cudnn-benchmark` on CUDA with `cudnn_benchmark` (`[model] cudnn_benchmark`: the algorithms it
 /// picks take larger workspaces — 7.3 GiB more at token2wav batch 256 on the H200). Blocking (NVML).
 pub fn profile_precision(manifest: &super::Manifest, device: Device, precision: Precision, cudnn_benchmark: bool) -> String {
-    let compiled = manifest.cosyvoice2.as_ref().is_some_and(|dims| has_packages(&manifest.dir, device, precision, dims.vocoder()));
+    let family = manifest.cosyvoice2.is_some() || manifest.cosyvoice3.is_some();
+    let compiled = family && has_packages(&manifest.dir, device, precision, manifest.vocoder_precision(precision));
     let mut name = precision.to_string();
     if compiled {
         name.push_str(COMPILED_PROFILE_SUFFIX);
@@ -287,6 +292,42 @@ pub fn find_package(dir: &Path, stage: &str, device: Device, precision: Precisio
         .collect::<Vec<_>>()
         .join(" ");
     PackageChoice::Compiled(CompiledStage { package, precision, max_batch: limits[0], max_frames: limits[1], frame_multiple, variant })
+}
+
+/// The digest [`compiled_stage`] checks packages against: the weights file's (`weights`, in the
+/// model directory `dir`), read once, and only when the directory has a `compiled/` folder (`None`:
+/// no packages, nothing read). Blocking (reads the file).
+pub fn packages_digest(dir: &Path, weights: &Path) -> Option<Result<String, String>> {
+    dir.join("compiled").is_dir().then(|| weights_digest(weights))
+}
+
+/// The model directory's compiled `stage` for this device and precision, if it has a usable one
+/// ([`find_package`]); the eager port otherwise, with a warning when a package was there but
+/// cannot serve. `weights` is the weights file's digest ([`packages_digest`]), `None` for a
+/// directory without packages. Both families' loaders call it for each of their stages.
+/// Blocking (NVML, files).
+pub fn compiled_stage(dir: &Path, stage: &str, device: Device, precision: Precision, weights: Option<&Result<String, String>>) -> Option<CompiledStage> {
+    let weights = match weights? {
+        Ok(d) => d,
+        Err(reason) => {
+            tracing::warn!(stage, reason, "compiled packages not used: the eager port runs");
+            return None;
+        }
+    };
+    match find_package(dir, stage, device, precision, weights) {
+        PackageChoice::Compiled(c) => {
+            tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, variant = %c.variant, "runs compiled");
+            Some(c)
+        }
+        PackageChoice::Absent { key } => {
+            tracing::debug!(stage, key, "no compiled package for this machine: the eager port runs");
+            None
+        }
+        PackageChoice::Unusable { path, reason } => {
+            tracing::warn!(stage, package = %path.display(), reason, "compiled package not used: the eager port runs");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,9 +20,9 @@
 //! out-of-memory error drops them all (`Token2Wav::release_cached`: from a text batch's bucket
 //! and, through `Synthesizer::release_memory`, after any whole batch on the model thread).
 //!
-//! Neighbours: `cosyvoice2::flow` (its Euler loop calls [`FlowGraphs::step`]; any family whose estimator
-//! step takes the same six inputs can), `model::cuda_graph` (capture and
-//! replay), `model::compiled` (the package a graph captures).
+//! Neighbours: `cosyvoice2::flow` and `cosyvoice3::flow` (their Euler loops call
+//! [`FlowGraphs::step`]: both families' estimator packages take the same six inputs),
+//! `model::cuda_graph` (capture and replay), `model::compiled` (the package a graph captures).
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -12,8 +12,8 @@
 //! What runs the estimator (an eager port, a compiled package, a replayed graph) is the caller's:
 //! [`solve_euler`] calls it once a step with that step's doubled inputs.
 //!
-//! Neighbours: `cosyvoice2::flow` (the U-Net estimator, compiled steps, step graphs),
-//! `cosyvoice3::flow` (the DiT).
+//! Neighbours: `cosyvoice2::flow` (the U-Net estimator), `cosyvoice3::flow` (the DiT), each with
+//! its compiled steps and step graphs.
 
 use tch::{Kind, Tensor};
 
@@ -21,8 +21,8 @@ use super::layers::R;
 
 /// The estimator runs on mel lengths that are multiples of this (and at least two of them):
 /// SDPA's memory-efficient kernel copies a bias whose rows are not 8-element aligned (once per
-/// attention call), and CosyVoice2's estimator packages are exported for these lengths
-/// (tools/compile_token2wav.py `FRAME_MULTIPLE`).
+/// attention call), and both families' estimator packages are exported for these lengths
+/// (tools/compile/families/*/ `FRAME_MULTIPLE`).
 pub const FRAME_MULTIPLE: i64 = 8;
 
 /// `frames` rounded up to the estimator's multiple, unless that passes `max` (the fixed noise's length).

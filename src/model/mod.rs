@@ -216,7 +216,7 @@ pub trait Synthesizer {
         None
     }
     /// Drops what the model holds on the device beyond its weights and can make again
-    /// (CosyVoice2's flow step graphs). The model thread calls it after a whole batch ran out of
+    /// (CosyVoice2's and CosyVoice3's flow step graphs). The model thread calls it after a whole batch ran out of
     /// memory, before giving the caching allocator's free blocks back.
     fn release_memory(&self) {}
     /// Puts a voice at `index` (replacing, or appending at the end): models whose voices come
@@ -235,15 +235,15 @@ pub struct LoadOptions {
     /// Kind `cosyvoice2`: the LLM's slots and token2wav's batches (`sizing::text_plan`); `None`
     /// gives `cosyvoice2::tts::TextPlan::small` over the built-in `[llm]` settings.
     pub text: Option<cosyvoice2::tts::TextPlan>,
-    /// CosyVoice2 kinds: small batches' compiled flow steps as CUDA graphs (`[model] flow_graphs`;
-    /// default none).
+    /// CosyVoice2 and CosyVoice3 kinds: small batches' compiled flow steps as CUDA graphs
+    /// (`[model] flow_graphs`; default none).
     pub flow_graphs: flow_graphs::FlowGraphSettings,
     /// On CUDA, cuDNN's per-shape algorithm search (`[model] cudnn_benchmark`; process-wide).
     pub cudnn_benchmark: bool,
 }
 
 /// Loads a model directory (its `manifest` already read) for `device` and `precision`: the one
-/// model loader. `flow_graphs`: CosyVoice2 kinds (see [`LoadOptions`]).
+/// model loader. `flow_graphs`: CosyVoice2 and CosyVoice3 kinds (see [`LoadOptions`]).
 pub fn load(
     dir: &std::path::Path,
     manifest: Manifest,

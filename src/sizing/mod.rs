@@ -218,10 +218,11 @@ fn admission_within(cfg: &Config, manifest: &Manifest, device: Device, precision
                 .with_quadratic(manifest.attention_bytes_per_frame_squared())
         }
     };
-    // What a CosyVoice2 model's flow step graphs may hold on a GPU with an estimator package (what
-    // they capture) is not the batches' (the calibrated peaks do not include it).
+    // What a CosyVoice2 or CosyVoice3 model's flow step graphs may hold on a GPU with an estimator
+    // package (what they capture) is not the batches' (the calibrated peaks do not include it).
+    let family = manifest.cosyvoice2.is_some() || manifest.cosyvoice3.is_some();
     let graphs = match device {
-        Device::Cuda(_) if manifest.cosyvoice2.is_some() && crate::model::compiled::has_estimator_package(&manifest.dir, device, cli_precision) => {
+        Device::Cuda(_) if family && crate::model::compiled::has_estimator_package(&manifest.dir, device, cli_precision) => {
             cfg.model.flow_graphs.reserve_bytes() as f64
         }
         _ => 0.0,

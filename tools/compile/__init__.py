@@ -5,9 +5,11 @@ exported and compiled into AOTInductor packages that the worker loads through li
     cli.py        the flags and the loop over stages (compile, or one of the checks)
     families/     what differs per model family: its stages, their example inputs and dynamic
                   shapes, the forms each may be computed in (families/__init__.py: the interface;
-                  cosyvoice2/, the default)
+                  cosyvoice2/, the default; cosyvoice3/, the DiT and the causal HiFT)
     layouts.py    the computation's forms: time-major layouts, Mish forms, fused projections, padded
-                  vocoder channels, phase-split dilations
+                  vocoder channels, phase-split dilations (centred or causal)
+    vocoder.py    the HiFT body both families' `hift` stage compiles, in their layouts (centred,
+                  causal), with its example inputs and dynamic shapes
     attention.py  the estimator's attention forms (SDPA, FlexAttention, FlashAttention, cuDNN)
     export.py     torch.export and AOTInductor packaging of one stage; --tuning, --inductor-option
     packages.py   where packages are filed (compiled/<arch>-torch<ver>-<precision>/), their

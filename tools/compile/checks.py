@@ -1,7 +1,8 @@
 """What the compile tool checks beside compiling:
 - `require_on_device`: every export, before it is compiled or listed, holds nothing off its device;
 - `--eager-check` (`check_eager`): a stage's eager module in the chosen forms against the
-  reference's own, no export — seconds on a CPU; tests/integration/compiled.rs runs it per variant;
+  reference's own (cosyvoice3: the port's channel-major body), no export — seconds on a CPU;
+  tests/integration/compiled.rs and cosyvoice3_compiled.rs run it per variant;
 - `--check` (`check_package_in_child`): after a compile, the package against the eager module on
   random inputs, the worst difference printed. The package is loaded in a child process (this tool
   again, with `--check-package`), because loading one into Python has killed the process on the
@@ -50,7 +51,8 @@ def worst_difference(a, b, example, device):
 
 def check_eager(family, stage, model_dir, device, precision, variant, module=None):
     """Prints the worst difference between `variant`'s eager module and the reference's own
-    (`--eager-check`: no export, seconds on a CPU; tests/integration/compiled.rs runs it for each variant)."""
+    (`--eager-check`: no export, seconds on a CPU; tests/integration/compiled.rs and
+    cosyvoice3_compiled.rs run it for each variant)."""
     build, example, _ = family.stage_parts(stage, variant)
     packages.set_tf32(device, precision)
     module = module or build(model_dir, device, precision)

@@ -1,18 +1,20 @@
-"""Compiles CosyVoice2's token2wav stages of a converted voxbatch model directory into
-AOTInductor packages (issue 16), each exported with a dynamic batch and length and compiled by
-`torch._inductor.aoti_compile_and_package` for one device and precision:
+"""Compiles a model family's token2wav stages of a converted voxbatch model directory into
+AOTInductor packages (issues 16 and 43), each exported with a dynamic batch and length and compiled
+by `torch._inductor.aoti_compile_and_package` for one device and precision:
 
 - the stages, and how each may be computed, are the model family's (`--family`, default
-  cosyvoice2: families/cosyvoice2/ — encoder, estimator, hift);
+  cosyvoice2: families/cosyvoice2/ — encoder, estimator, hift; cosyvoice3: families/cosyvoice3/ —
+  estimator (the DiT), hift (the causal vocoder's body));
 - each package is filed under DIR/compiled/<key>/<stage>.pt2, key = <device arch>-torch<version>-
   <precision>, with the same facts in its metadata (packages.py), so that a worker on another GPU,
   torch or precision finds no package of its key and runs the eager port;
 - `--check`, `--eager-check`, `--cuda-kernels`: checks.py; `--tuning`, `--inductor-option`: export.py.
 
-Needs the project venv's torch and the reference code (bootstrap installs both; on the GPU machine
-scripts/device/run.sh carries them as wheels). The entry is tools/compile_token2wav.py.
+Needs the project venv's torch and, for cosyvoice2, the reference code (bootstrap installs both; on
+the GPU machine scripts/device/run.sh carries them as wheels); cosyvoice3's modules are voxbatch's
+own. The entry is tools/compile_token2wav.py.
 
-Usage: compile_token2wav.py --model DIR [--family cosyvoice2] [--device cuda:0|cpu] [--stages estimator,hift]
+Usage: compile_token2wav.py --model DIR [--family cosyvoice2|cosyvoice3] [--device cuda:0|cpu] [--stages estimator,hift]
                             [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
@@ -20,6 +22,13 @@ Usage: compile_token2wav.py --model DIR [--family cosyvoice2] [--device cuda:0|c
                             [--ff-gelu epilogue|exact] [--mish auto|exp|exact] [--qkv auto|separate|fused] [--hift-channel-multiple K]
                             [--hift-dilation auto|phases|dilated]
                             [--inductor-option [STAGE:]KEY=VALUE]... [--check | --eager-check | --cuda-kernels]
+       (the flags between --max-batch and --inductor-option are cosyvoice2's; cosyvoice3 has --layout
+       time-major|reference, --hift-channel-multiple K and --hift-dilation auto|phases|dilated)
+
+CosyVoice3 on a GPU host, as a worker at bf16 runs it (its vocoder at the flow's precision unless
+model.toml says otherwise):
+
+    compile_token2wav.py --family cosyvoice3 --model models/cosyvoice3 --device cuda:0 --precision bf16 --check
 """
 import argparse
 import functools
@@ -72,11 +81,13 @@ def parser(family):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--family", default="cosyvoice2", choices=sorted(families.FAMILIES),
-                    help="the model family whose stages are compiled (default cosyvoice2)")
+                    help="the model family whose stages are compiled (default cosyvoice2; cosyvoice3 for a "
+                         "cosyvoice3-token2wav directory)")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--stages", default=family.DEFAULT_STAGES, help=family.STAGES_HELP)
     ap.add_argument("--precision", default="bf16", choices=sorted(PRECISIONS), help="the flow's (encoder, estimator)")
-    ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS), help="the vocoder's (hift); default model.toml's")
+    ap.add_argument("--vocoder-precision", choices=sorted(PRECISIONS),
+                    help="the vocoder's (hift); default model.toml's (cosyvoice3 without one: the flow's)")
     ap.add_argument("--max-frames", type=int, default=3000, help="longest mel (frames, 50 a second) a package takes")
     ap.add_argument("--max-batch", type=int, default=1024, help="largest batch (CFG doubles the flow's batch)")
     family.add_arguments(ap)

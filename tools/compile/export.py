@@ -13,7 +13,7 @@ stays the default.
 
 `--inductor-option [STAGE:]KEY=VALUE` (repeatable) passes one of inductor's settings to the
 compile (with a stage prefix, e.g. `estimator:freezing=True`, to that stage's alone), after the
-family's defaults (cosyvoice2's `DEFAULT_INDUCTOR_OPTIONS`: `estimator:freezing=True`, the
+family's defaults (`DEFAULT_INDUCTOR_OPTIONS`, both families': `estimator:freezing=True`, the
 estimator's weights folded into its package at the autocast dtype; a later setting of the same key
 overrides it), and records them in the package's metadata (`voxbatch.inductor_options`): e.g.
 `realize_reads_threshold=2`, so that a producer read by three consumers (the time-major

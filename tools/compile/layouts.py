@@ -315,7 +315,7 @@ def pad_channels(weight, dim, multiple):
     return F.pad(weight, pad)
 
 
-def phase_conv(x, weight, bias, dilation):
+def phase_conv(x, weight, bias, dilation, causal=False):
     """A "same"-padded convolution of dilation d over channels-last `[B, C, 1, T]` as an
     undilated one: output t = d·s + r sums the inputs d·(s + j − c) + r, i.e. phase r's own
     sequence s ↦ x[d·s + r] convolved without dilation. The time axis (zero-padded to a
@@ -323,12 +323,19 @@ def phase_conv(x, weight, bias, dilation):
     same memory, each phase a column — and convolved along the rows with the kernel stood
     upright (`[k, 1]`), then read back and cut to T. No copy but the pad, which inductor fuses
     into the producer. The pad is 1 to d frames, never none: an export traced with a pad keeps
-    that branch, and a length that needed none would fail its guard."""
+    that branch, and a length that needed none would fail its guard.
+
+    `causal` (CosyVoice3's vocoder): the convolution padded `d·(k − 1)` on the left only instead,
+    output t summing the inputs t − d·(k − 1 − j): each phase's sequence convolved after k − 1 zero
+    rows on top, none below (the zeros past T reach only outputs past T, which are cut)."""
     b, c, _, t = x.shape
     padded = (t // dilation + 1) * dilation
     x = F.pad(x, (0, padded - t))
     phases = x.permute(0, 2, 3, 1).reshape(b, padded // dilation, dilation, c).permute(0, 3, 1, 2)
     kernel = weight.shape[-1]
-    out = F.conv2d(phases, weight.transpose(2, 3), bias, 1, ((kernel - 1) // 2, 0))
+    if causal:
+        out = F.conv2d(F.pad(phases, (0, 0, kernel - 1, 0)), weight.transpose(2, 3), bias, 1, 0)
+    else:
+        out = F.conv2d(phases, weight.transpose(2, 3), bias, 1, ((kernel - 1) // 2, 0))
     out = out.permute(0, 2, 3, 1).reshape(b, 1, padded, out.shape[1]).permute(0, 3, 1, 2)
     return out[..., :t]

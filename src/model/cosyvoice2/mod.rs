@@ -42,7 +42,7 @@ use tch::Tensor;
 use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
-use super::compiled::CompiledStage;
+use super::compiled::{compiled_stage, packages_digest};
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
 use super::token2wav::{pack_mels, Token2WavModel, Voices};
@@ -63,34 +63,6 @@ pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), Stri
     match (manifest.kind, &dims.llm) {
         (super::ModelKind::Cosyvoice2, Some(llm)) => tts::fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, llm),
         _ => Ok(()),
-    }
-}
-
-/// The model directory's compiled `stage` for this device and precision, if it has a usable one
-/// (`model::compiled`); the eager port otherwise, with a warning when a package was there but
-/// cannot serve. `weights` is the weights file's digest, `None` for a directory without packages.
-fn compiled_stage(dir: &Path, stage: &str, device: Device, precision: Precision, weights: Option<&Result<String, String>>) -> Option<CompiledStage> {
-    use crate::model::compiled::{find_package, PackageChoice};
-    let weights = match weights? {
-        Ok(d) => d,
-        Err(reason) => {
-            tracing::warn!(stage, reason, "compiled packages not used: the eager port runs");
-            return None;
-        }
-    };
-    match find_package(dir, stage, device, precision, weights) {
-        PackageChoice::Compiled(c) => {
-            tracing::info!(stage, package = %c.package.path.display(), max_batch = c.max_batch, max_frames = c.max_frames, variant = %c.variant, "runs compiled");
-            Some(c)
-        }
-        PackageChoice::Absent { key } => {
-            tracing::debug!(stage, key, "no compiled package for this machine: the eager port runs");
-            None
-        }
-        PackageChoice::Unusable { path, reason } => {
-            tracing::warn!(stage, package = %path.display(), reason, "compiled package not used: the eager port runs");
-            None
-        }
     }
 }
 
@@ -144,7 +116,7 @@ impl Token2Wav {
         let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels).map_err(|e| err(format!("cannot build the vocoder: {e}")))?;
         w.finish()?;
         // Packages are checked against the weights file's digest: read once, and only when there are packages.
-        let digest = dir.join("compiled").is_dir().then(|| crate::model::compiled::weights_digest(&dir.join(WEIGHTS_FILE)));
+        let digest = packages_digest(dir, &dir.join(WEIGHTS_FILE));
         flow.set_compiled_encoder(compiled_stage(dir, "encoder", device, precision, digest.as_ref()));
         flow.set_compiled(compiled_stage(dir, "estimator", device, precision, digest.as_ref()));
         hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), digest.as_ref()));

@@ -12,12 +12,22 @@
 //! Batching: tokens past an item's end embed to zero (its look-ahead reads zeros, as alone), mu is
 //! zero past its frames, the mel is padded to a multiple of `FRAME_MULTIPLE` frames, the mask
 //! hides the padding from attention, and the noise is the same prefix for every item.
+//!
+//! The DiT's steps run through a compiled package (`model::compiled`, stage `estimator`:
+//! tools/compile/families/cosyvoice3/dit.py, the same six inputs as CosyVoice2's) when the model
+//! directory has one for this machine and the doubled batch fits it, else eager; on CUDA a small
+//! batch's compiled steps replay as CUDA graphs (`model::flow_graphs`, off until
+//! [`Flow::set_graphs`]). The package takes fp32 and computes at its precision inside (autocast);
+//! its velocities are given back in the eager DiT's dtype (the inputs', [`Flow::solve`]), so
+//! guidance rounds as the eager steps do.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 
-use tch::{Kind, Tensor};
+use tch::{Kind, TchError, Tensor};
 
-use super::dit::{Dit, DitDims};
+use super::dit::{Dit, DitDims, Frames};
+use crate::model::compiled::{CompiledStage, KernelCounts};
+use crate::model::flow_graphs::{FlowGraphSettings, FlowGraphStats, FlowGraphs};
 use crate::model::flow_matching::{padded_frames, solve_euler, Doubled, EulerCfg};
 use crate::model::layers::{length_mask, Linear, R};
 use crate::model::pre_lookahead::PreLookahead;
@@ -37,6 +47,13 @@ pub struct FlowDims {
 /// Mel bins, the token embedding's width.
 const MEL: i64 = 80;
 
+/// What runs the DiT's calls on one batch's shapes: the compiled package, or the eager port with
+/// its attention's frames made once.
+enum Runs<'a> {
+    Compiled(&'a CompiledStage),
+    Eager(Frames),
+}
+
 pub struct Flow {
     embedding: Tensor,
     spk_affine: Linear,
@@ -44,8 +61,13 @@ pub struct Flow {
     pub dit: Dit,
     noise: Tensor,
     sampler: EulerCfg,
-    /// Estimator calls since the last `take_steps` (all eager).
-    steps_run: Cell<u64>,
+    /// The DiT compiled (AOTInductor), when the model directory has a package for this machine;
+    /// the eager `dit` otherwise and for batches outside the package's shapes.
+    compiled: Option<CompiledStage>,
+    /// Small batches' compiled steps as CUDA graphs (off until [`Flow::set_graphs`]).
+    graphs: RefCell<FlowGraphs>,
+    /// DiT steps run (compiled, eager) since the last `take_step_counts`.
+    steps_run: KernelCounts,
 }
 
 impl Flow {
@@ -57,8 +79,36 @@ impl Flow {
             dit: Dit::new(w, "flow.decoder.estimator", d.dit),
             noise: w.get("flow.rand_noise", &[1, MEL, 15000]),
             sampler: EulerCfg { steps: d.steps, cfg_rate: d.cfg_rate },
-            steps_run: Cell::new(0),
+            compiled: None,
+            graphs: RefCell::new(FlowGraphs::off()),
+            steps_run: KernelCounts::default(),
         }
+    }
+
+    /// Runs the DiT's steps through `compiled` (or the eager port again with `None`).
+    pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
+        self.compiled = compiled;
+    }
+
+    /// Whether the DiT runs compiled (for batches within the package's shapes).
+    pub fn is_compiled(&self) -> bool {
+        self.compiled.is_some()
+    }
+
+    /// Replays small batches' compiled steps as CUDA graphs on `device` as `settings` allow
+    /// (nothing on the CPU, nor without a package).
+    pub fn set_graphs(&mut self, settings: FlowGraphSettings, device: crate::model::Device) {
+        self.graphs = RefCell::new(FlowGraphs::new(settings, device));
+    }
+
+    /// What the step graphs did since the flow loaded.
+    pub fn graph_stats(&self) -> FlowGraphStats {
+        self.graphs.borrow().stats()
+    }
+
+    /// Drops the captured step graphs and their memory (after an out-of-memory error).
+    pub fn clear_graphs(&self) {
+        self.graphs.borrow_mut().clear();
     }
 
     pub fn vocab_size(&self) -> i64 {
@@ -70,9 +120,9 @@ impl Flow {
         self.noise.size()[2]
     }
 
-    /// Estimator calls run since the last call.
-    pub fn take_steps(&self) -> u64 {
-        self.steps_run.replace(0)
+    /// DiT steps run (compiled, eager) since the last call.
+    pub fn take_step_counts(&self) -> (u64, u64) {
+        self.steps_run.take()
     }
 
     /// The token embedding of each item's prompt and speech tokens, padded: `[B, N, 80]`, zero
@@ -155,16 +205,57 @@ impl Flow {
 
     /// `CausalConditionalCFM.forward` + `solve_euler` on a batch: `mu`, `cond` `[B, 80, T]`,
     /// `mask` `[B, 1, T]`, `spks` `[B, 80]`, from the fixed noise's first `T` frames → the last
-    /// step's mel `[B, 80, T]` (fp32, prompt frames included).
+    /// step's mel `[B, 80, T]` (fp32, prompt frames included). Each step through the compiled
+    /// package when the doubled batch fits it (a small batch's as a replayed graph), else eager.
     pub fn solve(&self, mu: &Tensor, mask: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
         let (b, _, frames) = mu.size3()?;
         let z = self.noise.f_narrow(2, 0, frames)?.f_expand([b, MEL, frames], false)?.f_to_kind(mu.kind())?;
         // Upstream's buffers are typed as the speaker projection's output: under autocast, its dtype.
         let doubled = Doubled::new(mask, mu, spks, cond, Some(spks.kind()))?;
-        let attention = self.dit.frames(&doubled.mask)?;
-        solve_euler(&self.sampler, z, &doubled, |_, x_in, t_in| {
-            self.steps_run.set(self.steps_run.get() + 1);
-            self.dit.forward_with(x_in, &doubled.mu, t_in, &doubled.spks, &doubled.cond, &attention)
+        // Every step runs on the same shapes: the package, or the eager port with its frames made once.
+        let runs = self.runs(2 * b, frames, &doubled.mask)?;
+        let mut graphs = self.graphs.borrow_mut();
+        solve_euler(&self.sampler, z, &doubled, |step, x_in, t_in| {
+            self.steps_run.count(matches!(runs, Runs::Compiled(_)));
+            match &runs {
+                Runs::Compiled(c) => {
+                    let inputs = [x_in, &doubled.mask, &doubled.mu, t_in, &doubled.spks, &doubled.cond];
+                    match graphs.step(&c.package, inputs, step == 1)? {
+                        Some(v) => v.f_to_kind(x_in.kind()),
+                        None => run_package(c, &inputs),
+                    }
+                }
+                Runs::Eager(attention) => self.dit.forward_with(x_in, &doubled.mu, t_in, &doubled.spks, &doubled.cond, attention),
+            }
         })
     }
+
+    /// One DiT call as a step of [`Flow::solve`] makes it (the doubled batch's `x`, `mask`, `mu`,
+    /// `t`, `spks`, `cond`, all in the eager DiT's input dtype) — through the compiled package when
+    /// it has one for these shapes, the eager port otherwise — in that dtype. (Stage checks.)
+    pub fn estimate(&self, x: &Tensor, mask: &Tensor, mu: &Tensor, t: &Tensor, spks: &Tensor, cond: &Tensor) -> R<Tensor> {
+        let (rows, _, frames) = x.size3()?;
+        let runs = self.runs(rows, frames, mask)?;
+        self.steps_run.count(matches!(runs, Runs::Compiled(_)));
+        match &runs {
+            Runs::Compiled(c) => run_package(c, &[x, mask, mu, t, spks, cond]),
+            Runs::Eager(attention) => self.dit.forward_with(x, mu, t, spks, cond, attention),
+        }
+    }
+
+    /// What runs the DiT on `rows` × `frames`: the package if it takes them, else the eager port.
+    fn runs(&self, rows: i64, frames: i64, mask: &Tensor) -> R<Runs<'_>> {
+        Ok(match self.compiled.as_ref().filter(|c| c.fits(rows, frames)) {
+            Some(c) => Runs::Compiled(c),
+            None => Runs::Eager(self.dit.frames(mask)?),
+        })
+    }
+}
+
+/// The DiT package on a step's six inputs (x, mask, mu, t, spks, cond). Its output, fp32, in the
+/// eager DiT's dtype again (`x`'s: its last projection's under autocast; exact, as the package
+/// rounds there too), so that guidance rounds as after an eager step.
+fn run_package(c: &CompiledStage, inputs: &[&Tensor; 6]) -> R<Tensor> {
+    let v = c.package.run(inputs)?.into_iter().next().ok_or_else(|| TchError::Torch("the compiled DiT returned nothing".into()))?;
+    v.f_to_kind(inputs[0].kind())
 }

@@ -10,9 +10,14 @@
 //! reads zeros, as alone: the generator masks it), the source's STFT reflects each item at its
 //! own end and the iSTFT counts each item's own frames (`model::vocoder::stft`) — upstream's own
 //! classes on a padded batch differ from alone in each padded item's last ≤ 63 samples there.
+//!
+//! The convolutional body between the source's STFT and the iSTFT runs through a compiled package
+//! (`model::compiled`, stage `hift`: tools/compile/families/cosyvoice3/hift.py, the shared body in
+//! the causal layout) when the model directory has one for this machine at the vocoder's precision.
 
 use tch::Tensor;
 
+use crate::model::compiled::CompiledStage;
 use crate::model::layers::R;
 use crate::model::vocoder::{HiftGenerator, HiftOutput, Layout, HARMONICS, SAMPLES_PER_FRAME};
 use crate::model::weights::Weights;
@@ -34,6 +39,16 @@ impl Hift {
     /// The longest mel (frames) the fixed noise covers.
     pub fn max_frames(&self) -> i64 {
         self.sine_waves.size()[1] / SAMPLES_PER_FRAME
+    }
+
+    /// Runs the body through `compiled` (or the eager port again with `None`).
+    pub fn set_compiled(&mut self, compiled: Option<CompiledStage>) {
+        self.generator.set_compiled(compiled);
+    }
+
+    /// The compiled body, if any.
+    pub fn compiled(&self) -> Option<&CompiledStage> {
+        self.generator.compiled()
     }
 
     /// Bodies run (compiled, eager) since the last call.

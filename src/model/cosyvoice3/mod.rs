@@ -18,12 +18,18 @@
 //! A model directory (`tools/convert_cosyvoice.py` from an official CosyVoice3 directory) holds
 //! `model.toml` with a `[cosyvoice3]` section, `token2wav.safetensors` (weights with weight norm
 //! folded, the flow's fixed noise and the vocoder's fixed sine noise) and `voices.safetensors`.
-//! No compiled packages yet: every stage runs eager.
+//!
+//! The DiT's steps and the vocoder's convolutional body run through compiled AOTInductor packages
+//! when the directory has them for this machine (`compiled/<key>/estimator.pt2` at the flow's
+//! precision, `compiled/<key>/hift.pt2` at the vocoder's; `tools/compile_token2wav.py --family
+//! cosyvoice3`), each checked as CosyVoice2's are (`model::compiled::compiled_stage`: key, stage,
+//! the weights' digest), else eager; on CUDA a small batch's compiled steps replay as CUDA graphs
+//! (`model::flow_graphs`).
 //!
 //! What it shares with CosyVoice2 lives below both families (`model::flow_matching`,
-//! `model::vocoder`, `model::token2wav`, `model::pre_lookahead`, `model::layers`, `model::weights`);
-//! this folder holds what differs. Neighbours: [`super`] (the model seam: `Synthesizer`, the one
-//! loader), `super::manifest` (`Cosyvoice3Dims`).
+//! `model::vocoder`, `model::token2wav`, `model::pre_lookahead`, `model::layers`, `model::weights`,
+//! `model::compiled`, `model::flow_graphs`); this folder holds what differs. Neighbours: [`super`]
+//! (the model seam: `Synthesizer`, the one loader), `super::manifest` (`Cosyvoice3Dims`).
 
 pub mod dit;
 pub mod embeddings;
@@ -38,6 +44,8 @@ use tch::Tensor;
 use self::dit::DitDims;
 use self::flow::{Flow, FlowDims};
 use self::hift::Hift;
+use super::compiled::{compiled_stage, packages_digest};
+use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
 use super::token2wav::{at_speed, check_flow_prompt, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
 use super::torchscript::{classify, prepare_device};
@@ -74,7 +82,7 @@ impl Token2Wav {
         let dims = manifest.cosyvoice3.ok_or_else(|| err("kind cosyvoice3-token2wav needs a [cosyvoice3] section".into()))?;
         let dev = device.to_tch();
         let w = Weights::load(&dir.join(WEIGHTS_FILE), dev)?;
-        let flow = Flow::new(
+        let mut flow = Flow::new(
             &w,
             &FlowDims {
                 vocab_size: dims.vocab_size,
@@ -85,11 +93,15 @@ impl Token2Wav {
                 cfg_rate: dims.cfg_rate,
             },
         );
-        let hift = Hift::new(&w, dims.hift_channels, dims.f0_channels, dims.conv_pre_look_right, dims.noise_samples)
+        let mut hift = Hift::new(&w, dims.hift_channels, dims.f0_channels, dims.conv_pre_look_right, dims.noise_samples)
             .map_err(|e| err(format!("cannot build the vocoder: {e}")))?;
         w.finish()?;
-        let voices = Voices::load(dir, &manifest, dev, dims.vocab_size)?;
         let vocoder_precision = dims.vocoder(precision);
+        // Packages are checked against the weights file's digest: read once, and only when there are packages.
+        let digest = packages_digest(dir, &dir.join(WEIGHTS_FILE));
+        flow.set_compiled(compiled_stage(dir, "estimator", device, precision, digest.as_ref()));
+        hift.set_compiled(compiled_stage(dir, "hift", device, vocoder_precision, digest.as_ref()));
+        let voices = Voices::load(dir, &manifest, dev, dims.vocab_size)?;
         Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision, last_timing: None, work: idle_work() })
     }
 
@@ -123,9 +135,27 @@ impl Token2Wav {
         self.work.seconds += total.as_secs_f64();
         self.work.items += items as u64;
         self.work.tokens += tokens as u64;
-        let (compiled, eager) = self.hift.take_call_counts();
-        self.work.compiled_steps += compiled;
-        self.work.eager_steps += eager + self.flow.take_steps();
+        for (compiled, eager) in [self.flow.take_step_counts(), self.hift.take_call_counts()] {
+            self.work.compiled_steps += compiled;
+            self.work.eager_steps += eager;
+        }
+    }
+
+    /// Runs the vocoder at `precision` from now on (benchmarks; the worker keeps `model.toml`'s).
+    /// A compiled vocoder of another precision is set aside (the eager port runs).
+    pub fn set_vocoder_precision(&mut self, precision: Precision) {
+        self.vocoder_precision = precision;
+        if self.hift.compiled().is_some_and(|c| c.precision != precision) {
+            tracing::info!(%precision, "the compiled vocoder is of another precision: the eager port runs");
+            self.hift.set_compiled(None);
+        }
+    }
+
+    /// Gives the caching allocator's free blocks back to the device (after an out-of-memory
+    /// error); the flow's step graphs go too (captured again as batches need them).
+    pub fn release_cached(&self) {
+        self.flow.clear_graphs();
+        crate::model::memory::MemoryProbe::new(self.device).release_cached();
     }
 
     /// Input checks, so that nothing a job carries can make libtorch fail: the flow's noise
@@ -202,6 +232,10 @@ impl Synthesizer for Token2Wav {
         self.voices.set(index, prompt)
     }
 
+    fn release_memory(&self) {
+        self.flow.clear_graphs();
+    }
+
     fn take_stages(&mut self) -> Vec<StageTime> {
         let work = std::mem::replace(&mut self.work, idle_work());
         if work.items == 0 {
@@ -227,11 +261,19 @@ impl Token2WavModel for Token2Wav {
     }
 
     fn set_vocoder_precision(&mut self, precision: Precision) {
-        self.vocoder_precision = precision;
+        Token2Wav::set_vocoder_precision(self, precision);
     }
 
     fn release_cached(&self) {
-        crate::model::memory::MemoryProbe::new(self.device).release_cached();
+        Token2Wav::release_cached(self);
+    }
+
+    fn set_flow_graphs(&mut self, settings: FlowGraphSettings, device: Device) {
+        self.flow.set_graphs(settings, device);
+    }
+
+    fn flow_graph_stats(&self) -> FlowGraphStats {
+        self.flow.graph_stats()
     }
 }
 

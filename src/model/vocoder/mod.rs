@@ -16,7 +16,7 @@
 //! its own end, and the iSTFT's overlap-add and envelope count only each item's own frames.
 //!
 //! Neighbours: `cosyvoice2::hift`, `cosyvoice3::hift` (each family's generator: its layout, its
-//! noise), `model::compiled` (CosyVoice2's body as a package), `layers`.
+//! noise), `model::compiled` (the body as a package, either layout), `layers`.
 
 mod f0;
 mod generator;
