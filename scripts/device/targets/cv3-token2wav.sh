@@ -11,7 +11,11 @@
 #   the vocoder's precision; upstream's is the flow's autocast, fp16), UTTERANCE_SECONDS (10), REPEATS (3),
 #   PROFILE (1: the largest batch once under libtorch's profiler), REFERENCE (1), REF_PRECISIONS
 #   (fp16,fp32), COMPILE (unset; set: compile the packages into /tmp/cv3full-compiled and bench them
-#   too), COMPILE_LIMIT (360 s), MAX_BATCH (512 rows), MAX_FRAMES (1000), PY.
+#   too; the DiT's compile time on a GPU is not yet known: on a fresh machine run STAGE=model, then
+#   STAGE=bench COMPILE=1 as a second call on the warm machine), COMPILE_LIMIT (420 s), PRECISION (bf16:
+#   both packages' unless model.toml names the vocoder's), MAX_BATCH (512 rows: CFG doubles a batch),
+#   MAX_FRAMES (1000), CHECK (set: each package against the eager module after compiling), PY.
+# Not yet run on a GPU (2026-12-06: no device time left after the CosyVoice2 runs).
 # Output: OUT/gpu.txt, build.log, bench-<name>.log (summary lines and profile tables), bench JSON
 #   files, reference.json.
 M3=/tmp/cv3full
@@ -43,9 +47,10 @@ if [ -n "${COMPILE:-}" ]; then
   C=/tmp/cv3full-compiled
   mkdir -p "$C"; for f in "$M3"/model/*; do ln -sfn "$f" "$C/"; done
   if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
-    log "compiling the packages (estimator, hift; limit ${COMPILE_LIMIT:-360} s)"
-    timeout "${COMPILE_LIMIT:-360}" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
-      --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" > "$OUT/compile.log" 2>&1
+    log "compiling the packages (estimator, hift; limit ${COMPILE_LIMIT:-420} s)"
+    timeout "${COMPILE_LIMIT:-420}" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
+      --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" ${CHECK:+--check} \
+      > "$OUT/compile.log" 2>&1
     log "compile exited $?"; tail -5 "$OUT/compile.log"
   fi
   ls "$C"/compiled/*/ 2>/dev/null && DIRS="$DIRS $C"
