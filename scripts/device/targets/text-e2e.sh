@@ -25,7 +25,8 @@
 # 2026-12-05 H200 run ran at 87.9 % NVML while the frontend prepared the next; whether the
 # frontend slows the model thread's host work is what comparing runs with fewer threads tells),
 # WORK_TIMEOUT (420 s for the drain), E (/tmp/voxbatch-e2e: the services' and the worker's files),
-# PGPORT, AMQP_PORT, NODENAME (lib/services.sh), any VOXBATCH_* setting (e.g. longer segments:
+# PGPORT, AMQP_PORT, NODENAME (lib/services.sh), any VOXBATCH_* setting (e.g. the stages one after
+# the other: VOXBATCH_LLM__OVERLAP_TOKEN2WAV=false; longer segments:
 # VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
 # VOXBATCH_AMQP__QUEUE…), PY.
 # Output: OUT/reference-fp32.json, simulated.json, nvml.csv, worker.log, report-campaign.json,
@@ -81,6 +82,10 @@ export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model=info,voxb
 
 log "corpus, dry run, enqueue"
 $PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"
+# A queue of the run's own (and its own routing key): on a warm machine a run cut short by
+# WORK_TIMEOUT leaves jobs queued, which the next run's worker would otherwise take.
+CAMPAIGN=text-e2e-$(date +%s)
+export VOXBATCH_AMQP__QUEUE=${VOXBATCH_AMQP__QUEUE:-$CAMPAIGN.jobs} VOXBATCH_AMQP__ROUTING_KEY=${VOXBATCH_AMQP__ROUTING_KEY:-$CAMPAIGN}
 $BIN migrate || exit 1
 # The dry run (3.5 MB for the full corpus) stays on the machine: the device tool returns at most 8
 # files from $OUT (alphabetically first), and the worker log and summary must come back.
@@ -89,7 +94,6 @@ $BIN text "$E/corpus.jsonl" --gpu H200 --format json > "$E/dry-run.json" 2> "$E/
 # cuts them: 8 fills of the slots), to set against the measured fill and buckets below.
 $PY tools/simulate_text_buckets.py "$E/dry-run.json" --slots "${SLOTS:-512}" --cap "${T2W_BATCH:-128}" \
   --work-budget $(( ${SLOTS:-512} * 250 * 8 )) > "$OUT/simulated.json" 2>&1 && log "simulated: $(cat "$OUT/simulated.json")"
-CAMPAIGN=text-e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 
 log "worker: drain (NVML sampled every 200 ms)"
