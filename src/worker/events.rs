@@ -105,6 +105,11 @@ impl EventSweep {
         EventSweep { db, amqp, audio_url, every, wake, connection: None }
     }
 
+    /// A worker's sweep: `cfg`'s exchange and period, each job's audio address from `storage`.
+    pub fn for_worker(cfg: &crate::config::Config, db: Db, storage: crate::storage::Storage, wake: Arc<Notify>) -> EventSweep {
+        EventSweep::new(db, cfg.amqp.clone(), Arc::new(move |key: &str| storage.url(key)), cfg.worker.events_sweep, wake)
+    }
+
     /// Publishes a commit's job events when woken; every `every` (and once more when `stop` is
     /// cancelled, for the worker's last batch) a full sweep, which also polls the queue depths
     /// and announces drained campaigns — those look at more than one batch, so not per commit.

@@ -2,23 +2,22 @@
 //!
 //! Connects (reconnecting with back-off), checks each job's voice against the worker's
 //! `VoiceBook` (a voice it does not know sends it to Postgres once before the job is refused, so a
-//! voice added a moment ago is found), feeds each valid job to the batch policy and hands a
-//! batch to the inference stage only when that stage has room (text batches: only when it is
-//! idle, `gate`), so each batch is chosen from everything held at that moment. Poison is rejected at once (`Settler::reject`). A text job of
-//! a `cosyvoice2` model goes through the text frontend first (`text_prep`, on the blocking pool:
-//! text that says nothing is rejected there, before it takes a place in a batch), and joins the policy with
-//! its estimated speech tokens (characters at the speaking rate) as its length, the unit of
-//! speech-token jobs too. Jobs parked by the inference stage (claimed elsewhere) and
-//! prepared text jobs come back through `returns`. On shutdown or drain
-//! it stops consuming, gives back every job not started, and waits for the other stages to
-//! settle what they hold before closing the connection.
+//! voice added a moment ago is found), feeds each valid job to the batch policy and hands a batch
+//! to the inference stage only when that stage has room (text batches: only when it is idle,
+//! `gate`), so each batch is chosen from everything held at that moment. Poison is rejected at
+//! once (`Settler::reject`). A text job of a `cosyvoice2` model goes through the text frontend
+//! first (`text_prep`, on the blocking pool: text that says nothing is rejected there, before it
+//! takes a place in a batch), and joins the policy with its estimated speech tokens (characters at
+//! the speaking rate) as its length, the unit of speech-token jobs too. Jobs parked by the
+//! inference stage (claimed elsewhere) and prepared text jobs come back through `returns`. On
+//! shutdown or drain it stops consuming, gives back every job not started, and waits for the
+//! other stages to settle what they hold before closing the connection.
 //!
 //! Text models pull their messages (`basic.get`, at most `prefetch` between looks at the rest of
 //! the loop) only while less than the next batch's work waits (`hold_work`): the rest of the
-//! backlog stays in the queue for other workers. (Windows of a consumer cancelled and renewed,
-//! 2026-12-06's first form, crash the channel on RabbitMQ 3.10's quorum queues: a delivery in
-//! flight when the cancel lands meets a channel that no longer knows its consumer tag —
-//! `function_clause` in `rabbit_channel:handle_deliver0` — and every held message comes back.)
+//! backlog stays in the queue for other workers. (A consumer cancelled and renewed, the first
+//! form, crashed RabbitMQ 3.10's channel on a delivery in flight at the cancel — `function_clause`
+//! in `rabbit_channel:handle_deliver0` — and every held message came back.)
 //!
 //! Neighbours: `mod.rs` wires it; `infer` receives its batches; `gate` says when the inference
 //! stage is idle; `text_prep` prepares text jobs; `delivery` settles messages; `batch` decides;

@@ -229,9 +229,7 @@ pub async fn run(
         spool: spool.clone(),
     };
     let (events_wake, events_stop) = (Arc::new(tokio::sync::Notify::new()), CancellationToken::new());
-    let events_storage = storage.clone();
-    let audio_url = Arc::new(move |key: &str| events_storage.url(key));
-    let sweep = events::EventSweep::new(db.clone(), cfg.amqp.clone(), audio_url, cfg.worker.events_sweep, events_wake.clone());
+    let sweep = events::EventSweep::for_worker(&cfg, db.clone(), storage.clone(), events_wake.clone());
     let commit = commit::Commit {
         db: db.clone(),
         storage,
@@ -248,16 +246,7 @@ pub async fn run(
         counters: counters.clone(),
         settler: settler.clone(),
     };
-    let text = frontend.map(|(frontend, threads)| text_prep::TextPrep {
-        frontend,
-        slots: Arc::new(tokio::sync::Semaphore::new(threads)),
-        rates: crate::frontend::SpeakingRates::from_config(&cfg.frontend),
-        force_lengths: cfg.llm.force_lengths,
-        preparing: Arc::default(),
-        settler: settler.clone(),
-        stop: stop.clone(),
-        returns: return_tx.clone(),
-    });
+    let text = frontend.map(|(frontend, threads)| text_prep::TextPrep::new(frontend, threads, &cfg, settler.clone(), stop.clone(), return_tx.clone()));
     let intake = intake::Intake {
         amqp: cfg.amqp.clone(),
         limits: cfg.limits.clone(),

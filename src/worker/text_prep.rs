@@ -37,6 +37,21 @@ pub struct TextPrep {
 }
 
 impl TextPrep {
+    /// The worker's text preparation: `frontend` with `threads` jobs at once, `cfg`'s speaking
+    /// rates and `[llm] force_lengths`; prepared jobs go to `returns`.
+    pub(super) fn new(frontend: Arc<Frontend>, threads: usize, cfg: &crate::config::Config, settler: Arc<Settler>, stop: CancellationToken, returns: mpsc::UnboundedSender<Received>) -> TextPrep {
+        TextPrep {
+            frontend,
+            slots: Arc::new(tokio::sync::Semaphore::new(threads)),
+            rates: SpeakingRates::from_config(&cfg.frontend),
+            force_lengths: cfg.llm.force_lengths,
+            preparing: Arc::default(),
+            settler,
+            stop,
+            returns,
+        }
+    }
+
     /// Runs the text frontend over a job on the blocking pool; the prepared job comes back
     /// through the intake's `returns` (or, when the worker is stopping, goes back to the queue).
     /// Text that says nothing (or that the tokenizer refuses) is rejected with the reason; a

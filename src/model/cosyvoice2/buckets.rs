@@ -4,13 +4,14 @@
 //! and calls cost least. The bucket cap backs off after out-of-memory errors (AIMD), and each
 //! batch's buckets are counted for the log. [`run_bucket`] runs one through token2wav (out of
 //! memory: the cap backs off and its segments wait again), [`cut_segments`] cuts the buckets'
-//! waveforms into segments on a thread of their own.
+//! waveforms into segments on a thread of their own, and [`vocode`] is the token2wav thread that
+//! takes the LLM's finished segments and runs the buckets as they fill.
 //!
 //! Neighbours: `tts` (its token2wav thread takes and runs the buckets), `crate::batch`
 //! (the admission rules that bound a bucket by memory or tokens).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use super::{HostWaves, Token2Wav};
 use crate::batch::{Admission, BatchOutcome};
@@ -255,6 +256,49 @@ pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) 
         }
     }
     Ok(out)
+}
+
+/// The token2wav thread of `TextToSpeech::decode_and_vocode`: takes the segments the LLM
+/// finishes from `segments` (and starts with `ready`), runs each full bucket as soon as it is
+/// (`take_bucket`), waits for more when none is, and once the LLM has sent its last segment runs
+/// the rest in the batch's last buckets. Stops early, without error, when `abort` is set.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn vocode(
+    token2wav: &mut Token2Wav,
+    segments: Receiver<Ready>,
+    mut ready: Vec<Ready>,
+    dropped: &[AtomicBool],
+    abort: &AtomicBool,
+    cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
+    cap: &mut BucketCap,
+    admission: &mut dyn Admission,
+    stats: &mut BucketStats,
+) -> Result<(), ModelError> {
+    let mut decoding = true;
+    loop {
+        if abort.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        while decoding {
+            match segments.try_recv() {
+                Ok(r) => ready.push(r),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => decoding = false,
+            }
+        }
+        if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, !decoding) {
+            run_bucket(token2wav, batch, dropped, cut, &mut ready, cap, admission, stats)?;
+            continue;
+        }
+        if !decoding {
+            return Ok(());
+        }
+        // Nothing to run yet: wait for the LLM's next segment.
+        match segments.recv() {
+            Ok(r) => ready.push(r),
+            Err(_) => decoding = false,
+        }
+    }
 }
 
 #[cfg(test)]

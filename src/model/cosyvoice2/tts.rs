@@ -20,14 +20,14 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use super::llm::batch::BatchDecoder;
 use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
 use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
-use super::buckets::{cut_segments, run_bucket, take_bucket, BucketCap, BucketStats, Ready};
+use super::buckets::{cut_segments, vocode, BucketCap, BucketStats, Ready};
 use super::{HostWaves, Token2Wav};
 use crate::audio::Waveform;
 use crate::model::cuda_stream::SideStream;
@@ -443,49 +443,6 @@ enum StepError {
 impl From<tch::TchError> for StepError {
     fn from(e: tch::TchError) -> StepError {
         StepError::Tch(e)
-    }
-}
-
-/// The token2wav thread of [`TextToSpeech::decode_and_vocode`]: takes the segments the LLM
-/// finishes from `segments` (and starts with `ready`), runs each full bucket as soon as it is
-/// (`take_bucket`), waits for more when none is, and once the LLM has sent its last segment runs
-/// the rest in the batch's last buckets. Stops early, without error, when `abort` is set.
-#[allow(clippy::too_many_arguments)]
-fn vocode(
-    token2wav: &mut Token2Wav,
-    segments: Receiver<Ready>,
-    mut ready: Vec<Ready>,
-    dropped: &[AtomicBool],
-    abort: &AtomicBool,
-    cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
-    cap: &mut BucketCap,
-    admission: &mut dyn Admission,
-    stats: &mut BucketStats,
-) -> Result<(), ModelError> {
-    let mut decoding = true;
-    loop {
-        if abort.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        while decoding {
-            match segments.try_recv() {
-                Ok(r) => ready.push(r),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => decoding = false,
-            }
-        }
-        if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, !decoding) {
-            run_bucket(token2wav, batch, dropped, cut, &mut ready, cap, admission, stats)?;
-            continue;
-        }
-        if !decoding {
-            return Ok(());
-        }
-        // Nothing to run yet: wait for the LLM's next segment.
-        match segments.recv() {
-            Ok(r) => ready.push(r),
-            Err(_) => decoding = false,
-        }
     }
 }
 
