@@ -61,6 +61,7 @@ fn describe() {
     // process, like a counter, and carries the fraction (1666.42, not 1666).
     describe_gauge!("voxbatch_audio_seconds_total", Unit::Seconds, "Audio synthesized and committed by this process (monotonic; fractional seconds).");
     describe_counter!("voxbatch_oom_splits_total", Unit::Count, "Batches split after an out-of-memory error.");
+    describe_counter!("voxbatch_jobs_from_spool_total", Unit::Count, "Jobs whose audio came from the local spool (synthesized before an outage, not again).");
     describe_gauge!("voxbatch_gpu_utilization_ratio", "NVML GPU utilisation, mean over the last batch (0-1).");
     describe_gauge!("voxbatch_gpu_memory_used_bytes", Unit::Bytes, "NVML device memory used, peak over the last batch.");
     describe_gauge!("voxbatch_gpu_power_watts", "NVML power draw, mean over the last batch.");
@@ -109,6 +110,13 @@ pub fn batch_committed(b: &BatchRecord, segments: u64) {
 /// Jobs settled without a batch commit: `failed`, `rejected`, `already_done`, `cancelled`.
 pub fn jobs_settled(outcome: &'static str, n: u64) {
     counter!("voxbatch_jobs_total", "outcome" => outcome).increment(n);
+}
+
+/// `n` jobs whose audio came from the local spool instead of the model.
+pub fn jobs_from_spool(n: u64) {
+    if n > 0 {
+        counter!("voxbatch_jobs_from_spool_total").increment(n);
+    }
 }
 
 /// `n` batch splits after out-of-memory errors.

@@ -142,6 +142,7 @@ impl Counters {
     }
     fn add_from_spool(&self, n: u64) {
         self.from_spool.fetch_add(n, Ordering::SeqCst);
+        crate::metrics::jobs_from_spool(n);
     }
     /// A committed batch of `record.batch_size` done jobs (`segments` text segments among them).
     fn add_batch(&self, record: &crate::db::BatchRecord, segments: u64) {
