@@ -17,6 +17,7 @@ import make_parity_fixtures as mpf
 
 from ... import attention as attention_forms
 from ... import layouts
+from ...flow_step import FRAME_MULTIPLE, estimator_inputs, estimator_shapes  # noqa: F401 — the estimator stage's
 from ...packages import PRECISIONS
 from .model import read_dims, stage_weights
 
@@ -85,29 +86,6 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
     elif mish != "exact":
         sys.exit("--mish exp needs a time-major --layout (the reference's modules keep torch's Mish)")
     return Estimator(estimator.eval().to(device), device.type, PRECISIONS[precision])
-
-
-def estimator_inputs(batch, frames, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
-    mask = torch.ones(batch, 1, frames, device=device)
-    mask[-1, :, frames * 3 // 4:] = 0  # one shorter item
-    mask[0, :, frames - 5:] = 0  # and one a few frames short of the padded length
-    return (r(batch, 80, frames), mask, r(batch, 80, frames), torch.rand(batch, generator=g).to(device), r(batch, 80), r(batch, 80, frames))
-
-
-# The estimator package takes mel lengths in multiples of 8 frames (the flow pads to them,
-# src/model/cosyvoice2/flow.rs FRAME_MULTIPLE): attention bias rows then meet SDPA's 8-element
-# alignment, so the memory-efficient kernel needs no padded copy of the bias.
-FRAME_MULTIPLE = 8
-
-
-def estimator_shapes(max_batch, max_frames):
-    blocks = torch.export.Dim("frame_blocks", min=2, max=max_frames // FRAME_MULTIPLE)
-    batch = torch.export.Dim("batch", min=2, max=max_batch)
-    frames = FRAME_MULTIPLE * blocks
-    return {"x": {0: batch, 2: frames}, "mask": {0: batch, 2: frames}, "mu": {0: batch, 2: frames},
-            "t": {0: batch}, "spks": {0: batch}, "cond": {0: batch, 2: frames}}
 
 
 class MaskedEmbed(torch.nn.Module):

@@ -6,6 +6,7 @@ The token embedding, pre-lookahead layer and ×2 repeat before it stay eager in 
 small kernels per batch, not per step)."""
 import torch
 
+from ...flow_step import FRAME_MULTIPLE, estimator_inputs, estimator_shapes  # noqa: F401 — the estimator stage's
 from ...packages import PRECISIONS
 from .dit import Dit
 from .model import load_exactly, read_dims, stage_weights
@@ -38,27 +39,3 @@ def build_estimator(model_dir, device, precision, **_):
     dit = Dit(d["dit_dim"], d["dit_depth"], d["dit_heads"], d["dit_head_dim"], d["dit_ff_mult"])
     load_exactly(dit, stage_weights(model_dir, "flow.decoder.estimator."), "DiT (flow.decoder.estimator.*)")
     return Estimator(dit.eval().to(device), device.type, PRECISIONS[precision])
-
-
-def estimator_inputs(batch, frames, device, seed=0):
-    """A CFG-doubled step's inputs: `batch` rows of `frames` frames, the last row's item shorter and
-    the first one a few frames short of the padded length (mask 0 past their ends)."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
-    mask = torch.ones(batch, 1, frames, device=device)
-    mask[-1, :, frames * 3 // 4:] = 0  # one shorter item
-    mask[0, :, frames - 5:] = 0  # and one a few frames short of the padded length
-    return (r(batch, 80, frames), mask, r(batch, 80, frames), torch.rand(batch, generator=g).to(device), r(batch, 80), r(batch, 80, frames))
-
-
-# The package takes mel lengths in multiples of 8 frames, at least two of them: the flow pads every
-# batch so (src/model/flow_matching.rs FRAME_MULTIPLE, shared with CosyVoice2).
-FRAME_MULTIPLE = 8
-
-
-def estimator_shapes(max_batch, max_frames):
-    blocks = torch.export.Dim("frame_blocks", min=2, max=max_frames // FRAME_MULTIPLE)
-    batch = torch.export.Dim("batch", min=2, max=max_batch)
-    frames = FRAME_MULTIPLE * blocks
-    return {"x": {0: batch, 2: frames}, "mask": {0: batch, 2: frames}, "mu": {0: batch, 2: frames},
-            "t": {0: batch}, "spks": {0: batch}, "cond": {0: batch, 2: frames}}
