@@ -31,6 +31,14 @@ wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
 TORCH_VERSION=2.11.0
 SEAWEEDFS_VERSION=4.48
 
+# 0. The crates' sources, downloaded beside torch's (step 1 is mostly a download too).
+FETCH_PID=
+CARGO=$(PATH="$HOME/.cargo/bin:$PATH" command -v cargo || true)
+if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ]; then
+  "$CARGO" fetch --quiet > "$RUN/cargo-fetch.log" 2>&1 &
+  FETCH_PID=$!
+fi
+
 # 1. Python venv
 if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
   log "installing torch==$TORCH_VERSION into .venv (about 4.6 GB; a few minutes)"
@@ -61,6 +69,9 @@ fi
 
 # 5. Build, in the background while steps 2-4 run: cargo needs only libtorch and the linker.
 CARGO_PID=
+if [ -n "$FETCH_PID" ]; then
+  wait "$FETCH_PID" || log "cargo fetch failed ($RUN/cargo-fetch.log): the build fetches what it needs"
+fi
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
   # shellcheck source=scripts/env.sh
   source scripts/env.sh

@@ -17,6 +17,7 @@ pub struct RawLlm {
     pub max_prompt_speech_tokens: i64,
     pub cuda_graphs: bool,
     pub overlap_token2wav: bool,
+    pub token2wav_max_bucket: i64,
     pub force_lengths: bool,
 }
 
@@ -35,6 +36,8 @@ pub struct LlmConfig {
     /// token2wav's buckets on a CUDA stream of their own, beside the decode steps (else on the
     /// decode's stream: the GPU runs the two stages one after the other).
     pub overlap_token2wav: bool,
+    /// Segments token2wav runs at once at most (the memory model may allow fewer).
+    pub token2wav_max_bucket: usize,
     /// Benchmarks with random weights only: every segment decodes exactly its characters ÷
     /// `[frontend]` chars_per_second × 25 speech tokens (end-of-speech refused until then).
     pub force_lengths: bool,
@@ -51,6 +54,7 @@ impl RawLlm {
             max_prompt_speech_tokens: non_negative("llm.max_prompt_speech_tokens", self.max_prompt_speech_tokens)? as usize,
             cuda_graphs: self.cuda_graphs,
             overlap_token2wav: self.overlap_token2wav,
+            token2wav_max_bucket: positive("llm.token2wav_max_bucket", self.token2wav_max_bucket)?,
             force_lengths: self.force_lengths,
         })
     }

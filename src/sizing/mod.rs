@@ -129,9 +129,9 @@ pub fn text_batch_tokens(slots: usize, max_hold: std::time::Duration, audio_seco
 
 /// How a `cosyvoice2` model's two stages are sized on `device`: the LLM's slots (`llm::plan`:
 /// `llm.memory_share` of the memory budget, or `llm.slots`) and token2wav's batches of finished
-/// segments (the token2wav memory model over the rest of the budget). With `memory.policy =
-/// "tokens"`: `llm.slots` (else `llm.max_slots` on a GPU, 8 on CPU) and `batching.max_batch` /
-/// `max_batch_tokens`. Reads NVML and files: off the async runtime.
+/// segments (the token2wav memory model over the rest of the budget). At most
+/// `llm.token2wav_max_bucket` segments a bucket. With `memory.policy = "tokens"`: `llm.slots` (else
+/// `llm.max_slots` on a GPU, 8 on CPU) and `batching.max_batch_tokens`. Reads NVML and files: off the async runtime.
 pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<TextPlan, SizingError> {
     let dims = manifest.cosyvoice2.and_then(|c| c.llm).ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
     let b = &cfg.batching;
@@ -139,7 +139,7 @@ pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: P
         SizingPolicy::Tokens => {
             let slots = cfg.llm.slots.unwrap_or(if device == Device::Cpu { CPU_SLOTS } else { cfg.llm.max_slots });
             let token2wav = Box::new(TokenBudget { max_batch_tokens: b.max_batch_tokens });
-            Ok(TextPlan { llm: cfg.llm.clone(), slots, token2wav, token2wav_max_batch: b.max_batch })
+            Ok(TextPlan { llm: cfg.llm.clone(), slots, token2wav, token2wav_max_batch: cfg.llm.token2wav_max_bucket })
         }
         SizingPolicy::Memory => {
             let (budget, gpu_name) = budget_bytes(cfg, device)?;
@@ -153,7 +153,7 @@ pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: P
             }
             let (admission, _) = admission_within(cfg, manifest, device, precision, budget - llm.share_bytes as f64, gpu_name)?;
             info!(slots = llm.slots, llm_share_bytes = llm.share_bytes, "LLM slots from the memory budget; token2wav batches from the rest");
-            Ok(TextPlan { llm: cfg.llm.clone(), slots: llm.slots, token2wav: Box::new(admission), token2wav_max_batch: b.max_batch })
+            Ok(TextPlan { llm: cfg.llm.clone(), slots: llm.slots, token2wav: Box::new(admission), token2wav_max_batch: cfg.llm.token2wav_max_bucket })
         }
     }
 }

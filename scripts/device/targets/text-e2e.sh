@@ -18,7 +18,7 @@
 # digest matches (batches.kernels and the worker log say which ran). COMPILED=none: eager.
 # FLOW_GRAPHS ([model] flow_graphs, default config's 16; 0: none): small token2wav buckets' compiled
 # flow steps replayed as CUDA graphs (the summary's token2wav_buckets.graph_* say how many).
-# Env: STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH (128), REF_SEQUENCES (3),
+# Env: STAGE, JOBS (2000), CHAPTERS (10), SEED (7), SLOTS (512), T2W_BATCH ([llm] token2wav_max_bucket, 256; the runs of 2026-12-06 and before: 128), REF_SEQUENCES (3),
 # COMPILED, FLOW_ATTENTION (padded | packed | flash), FLOW_GRAPHS, CPU_THREADS ([model] cpu_threads:
 # libtorch's intra-op threads, default all cores — they spin beside the 8 frontend threads),
 # FRONTEND_THREADS ([frontend] threads, default half the cores up to 8: the first batch of the
@@ -73,7 +73,7 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 [ -n "${CPU_THREADS:-}" ] && export VOXBATCH_MODEL__CPU_THREADS="$CPU_THREADS"
 [ -n "${FRONTEND_THREADS:-}" ] && export VOXBATCH_FRONTEND__THREADS="$FRONTEND_THREADS"
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
-export VOXBATCH_BATCHING__MAX_BATCH=${T2W_BATCH:-128} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
+export VOXBATCH_LLM__TOKEN2WAV_MAX_BUCKET=${T2W_BATCH:-256} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
 # summary adds them up; at debug, each bucket's time by stage on the model thread (since c24472d
 # its waveforms are cut into segments on another thread; before, audio_out_ms was that).
@@ -92,7 +92,7 @@ $BIN migrate || exit 1
 $BIN text "$E/corpus.jsonl" --gpu H200 --format json > "$E/dry-run.json" 2> "$E/dry-run.err" || tail -3 "$E/dry-run.err"
 # What tools/simulate_text_buckets.py predicts for this corpus (batches as the worker's work budget
 # cuts them: 8 fills of the slots), to set against the measured fill and buckets below.
-$PY tools/simulate_text_buckets.py "$E/dry-run.json" --slots "${SLOTS:-512}" --cap "${T2W_BATCH:-128}" \
+$PY tools/simulate_text_buckets.py "$E/dry-run.json" --slots "${SLOTS:-512}" --cap "${T2W_BATCH:-256}" \
   --work-budget $(( ${SLOTS:-512} * 250 * 8 )) > "$OUT/simulated.json" 2>&1 && log "simulated: $(cat "$OUT/simulated.json")"
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 

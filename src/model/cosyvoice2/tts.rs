@@ -2,7 +2,7 @@
 //! frontend ([`TextInput::prepare`], run at the worker's intake: normalised, segmented,
 //! tokenized), its segments go through the LLM (all the batch's segments decoding together with
 //! continuous refill), and as segments finish their speech tokens go through token2wav in length
-//! buckets on a thread of its own (on CUDA, a stream of its own: `[llm] overlap_token2wav`) while
+//! buckets on a thread of its own (on CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while
 //! the LLM decodes on — the two stages share the GPU at once and neither waits for the batch's
 //! slowest sequence. Each bucket's waveforms are cut into segments on a thread of their own, and a
 //! job's segments come back in order as the pieces of its `audio::Waveform` (joined where the job
@@ -135,7 +135,7 @@ pub struct TextToSpeech {
     decoder: BatchDecoder,
     ratios: LengthRatios,
     admission: Box<dyn Admission>,
-    /// The bucket cap: at most `[batching] max_batch`, lowered after out-of-memory errors.
+    /// The bucket cap: at most `[llm] token2wav_max_bucket`, lowered after out-of-memory errors.
     cap: BucketCap,
     /// LLM work since the last `take_stages`.
     llm_work: StageTime,
