@@ -17,7 +17,8 @@ Output directory:
                           `speech_token`, `speech_feat`) are read; an empty one registers no voice;
   llm.safetensors         the speech-token LM, when llm.pt is there ([cosyvoice2.llm] in model.toml);
   tokenizer.json          CosyVoice-BlankEN's Qwen2 tokenizer with CosyVoice2's special tokens, when the
-                          checkpoint has one (needs transformers 4.x);
+                          checkpoint has one (written as plain JSON, as transformers 4.51.3 would save
+                          it: no transformers needed);
   fsts/                   with the tokenizer: WeTextProcessing's zh/en TN grammars from the `wetext`
                           package (the text frontend's normalisation);
   speech_tokenizer_v2.onnx, campplus.onnx
@@ -25,10 +26,24 @@ Output directory:
                           them (onnxruntime) to make voices from recordings.
 
 CosyVoice3 (Fun-CosyVoice3-0.5B: cosyvoice3.yaml, flow.pt, hift.pt, spk2info.pt if present,
-campplus.onnx and speech_tokenizer_v3.onnx if present) → kind `cosyvoice3-token2wav` (jobs carry
-speech tokens; its LLM, llm.pt, is not converted yet):
+campplus.onnx and speech_tokenizer_v3.onnx if present, llm.pt with CosyVoice-BlankEN/) → kind
+`cosyvoice3` (text jobs) when llm.pt, the tokenizer and the grammars are there, else
+`cosyvoice3-token2wav` (jobs carry speech tokens):
   model.toml              kind, [cosyvoice3] dimensions (from cosyvoice3.yaml's flow and hift
-                          sections, checked against the weights), voices;
+                          sections, checked against the weights), voices; for kind cosyvoice3,
+                          [cosyvoice3.llm]: the keys of [cosyvoice2.llm] (Qwen2 dimensions from
+                          CosyVoice-BlankEN/config.json, ras_sampling's settings from the yaml's
+                          `llm.sampling`, speech_tokens = the yaml's speech_token_size, checked
+                          against the weights) plus end_of_prompt (tokenizer.json's id of
+                          <|endofprompt|>), silent_tokens and max_silent_tokens (CosyVoice3Model's);
+  llm.safetensors         CosyVoice3LM's weights in fp32 under llm.pt's names: `llm.model.model.*`
+                          (Qwen2), `speech_embedding.weight` and `llm_decoder.weight` [speech_tokens
+                          + 200, hidden] (no decoder bias, no llm_embedding: sos and task_id are
+                          speech_embedding rows); lm_head dropped; one error lists every missing,
+                          misshapen and unexpected tensor (`cosyvoice3_llm_expected`);
+  tokenizer.json          as for CosyVoice2, with CosyVoice3Tokenizer's special tokens
+                          (COSYVOICE3_SPECIAL_TOKENS: CosyVoice2's, <|endofsystem|>, CMU phones,
+                          pinyin); fsts/ as for CosyVoice2;
   token2wav.safetensors   fp32, named as the official state dicts name them (`flow.` + flow.pt's
                           names, `hift.` + hift.pt's with any `generator.` prefix dropped), weight
                           norm folded into plain `.weight`s, plus the two fixed noise buffers the
@@ -45,7 +60,7 @@ speech tokens; its LLM, llm.pt, is not converted yet):
 The fixed source noise comes from torch's CPU generator in the order upstream's constructors draw
 (`cosyvoice3_noise`); tools/make_cv3_fixtures.py checks it against the reference classes' buffers.
 
-Needs torch and safetensors (and transformers for the tokenizer).
+Needs torch, safetensors and PyYAML (and the `wetext` package for the grammars).
 
 Usage: convert_cosyvoice.py MODEL_DIR OUT_DIR [--name NAME] [--noise-seconds S]
 """
@@ -87,17 +102,28 @@ def count(sd, prefix):
     return max(idx) + 1 if idx else 0
 
 
+def qwen2_dims(src):
+    """CosyVoice-BlankEN/config.json's Qwen2 dimensions under the manifest's names (the first keys of
+    `[cosyvoice2.llm]` and `[cosyvoice3.llm]`)."""
+    config_path = os.path.join(src, "CosyVoice-BlankEN", "config.json")
+    if not os.path.exists(config_path):
+        sys.exit(f"{src} has llm.pt but no CosyVoice-BlankEN/config.json (the Qwen2 config the LLM needs)")
+    with open(config_path) as f:
+        cfg = json.load(f)
+    heads = cfg["num_attention_heads"]
+    return dict(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+                kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg["hidden_size"] // heads,
+                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+                rope_theta=float(cfg.get("rope_theta", 10000.0)), eps=float(cfg.get("rms_norm_eps", 1e-6)))
+
+
 def convert_llm(src, out_dir):
     """llm.pt + CosyVoice-BlankEN/config.json -> llm.safetensors; returns the [cosyvoice2.llm]
     keys, or None when the directory has no llm.pt."""
     path = os.path.join(src, "llm.pt")
     if not os.path.exists(path):
         return None
-    config_path = os.path.join(src, "CosyVoice-BlankEN", "config.json")
-    if not os.path.exists(config_path):
-        sys.exit(f"{src} has llm.pt but no CosyVoice-BlankEN/config.json (the Qwen2 config the LLM needs)")
-    with open(config_path) as f:
-        cfg = json.load(f)
+    dims = qwen2_dims(src)
     sd = torch.load(path, map_location="cpu", weights_only=True)
     # lm_head is unused (llm_decoder maps to speech tokens); training-only modules are dropped too.
     sd = {k: v.float().contiguous() for k, v in sd.items()
@@ -107,12 +133,7 @@ def convert_llm(src, out_dir):
             sys.exit(f"{path} has no {required}: not a CosyVoice2 Qwen2LM state dict")
     from safetensors.torch import save_file
     save_file(sd, os.path.join(out_dir, "llm.safetensors"))
-    heads = cfg["num_attention_heads"]
-    return dict(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-                kv_heads=cfg.get("num_key_value_heads", heads), head_dim=cfg["hidden_size"] // heads,
-                intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                rope_theta=float(cfg.get("rope_theta", 10000.0)), eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                speech_tokens=sd["speech_embedding.weight"].shape[0] - 3,
+    return dict(dims, speech_tokens=sd["speech_embedding.weight"].shape[0] - 3,
                 top_p=0.8, top_k=25, win_size=10, tau_r=0.1, min_token_text_ratio=2.0, max_token_text_ratio=20.0)
 
 
@@ -129,22 +150,101 @@ SPECIAL_TOKENS = {
 }
 
 
-def convert_tokenizer(src, out_dir):
-    """CosyVoice-BlankEN's Qwen2 tokenizer (vocab.json + merges.txt, or tokenizer.json) plus
-    CosyVoice2's special tokens -> OUT/tokenizer.json, one file the Rust `tokenizers` crate reads.
-    Loaded the way the reference loads it (transformers' AutoTokenizer). Returns the file name, or
-    None when the checkpoint has no tokenizer."""
+# CosyVoice3's (CosyVoice3Tokenizer): CosyVoice2's, then <|endofsystem|>, the CMU phones (ARPAbet, the
+# vowels bare and with stress 0-2, in this order) and the toned pinyin initials and finals, each in
+# brackets. tools/make_cv3_llm_fixtures.py checks the list against the reference class's.
+_CMU_VOWELS = "AA AE AH AO AW AY EH ER EY IH IY OW OY UH UW".split()
+_CMU_CONSONANTS = "B CH D DH F G HH JH K L M N NG P R S SH T TH V W Y Z ZH".split()
+_PINYIN = """a ai an ang ao b c ch d e ei en eng f g h i ian in ing iu ià iàn iàng iào iá ián iáng iáo iè ié iòng ióng
+    iù iú iā iān iāng iāo iē iě iōng iū iǎ iǎn iǎng iǎo iǒng iǔ j k l m n o ong ou p q r s sh t u uang ue un uo uà uài
+    uàn uàng uá uái uán uáng uè ué uì uí uò uó uā uāi uān uāng uē uě uī uō uǎ uǎi uǎn uǎng uǐ uǒ vè w x y z zh à ài àn
+    àng ào á ái án áng áo è èi èn èng èr é éi én éng ér ì ìn ìng í ín íng ò òng òu ó óng óu ù ùn ú ún ā āi ān āng āo ē
+    ēi ēn ēng ě ěi ěn ěng ěr ī īn īng ō ōng ōu ū ūn ǎ ǎi ǎn ǎng ǎo ǐ ǐn ǐng ǒ ǒng ǒu ǔ ǔn ǘ ǚ ǜ""".split()
+COSYVOICE3_SPECIAL_TOKENS = dict(SPECIAL_TOKENS, additional_special_tokens=(
+    SPECIAL_TOKENS["additional_special_tokens"] + ["<|endofsystem|>"]
+    + [f"[{p}{s}]" for p in sorted(_CMU_VOWELS + _CMU_CONSONANTS) for s in (["", "0", "1", "2"] if p in _CMU_VOWELS else [""])]
+    + [f"[{p}]" for p in _PINYIN]))
+
+# Qwen2's pre-tokenizer pattern and the pieces around its byte-level BPE, as transformers' Qwen2Converter
+# builds the fast tokenizer from vocab.json + merges.txt (transformers 4.51.3, tokenizers 0.21).
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def _byte_level(add_prefix_space, trim_offsets, use_regex):
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": trim_offsets, "use_regex": use_regex}
+
+
+def qwen2_tokenizer_json(blank_en):
+    """CosyVoice-BlankEN's Qwen2 tokenizer as a `tokenizers` JSON object: its tokenizer.json when it
+    ships one, else built from vocab.json, merges.txt and tokenizer_config.json's added tokens the
+    way transformers' Qwen2Converter builds it (tools/make_cv3_llm_fixtures.py checks the result
+    equals transformers' own, object for object)."""
+    path = os.path.join(blank_en, "tokenizer.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    with open(os.path.join(blank_en, "vocab.json"), encoding="utf-8") as f:
+        vocab = json.load(f)
+    merges = []
+    with open(os.path.join(blank_en, "merges.txt"), encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            line = line.strip()
+            if (i == 0 and line.startswith("#version:")) or not line:
+                continue
+            merges.append(line.split())
+    config_path = os.path.join(blank_en, "tokenizer_config.json")
+    config = {}
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    added = [dict(id=int(i), content=t["content"], single_word=t.get("single_word", False), lstrip=t.get("lstrip", False),
+                  rstrip=t.get("rstrip", False), normalized=t.get("normalized", False), special=t.get("special", True))
+             for i, t in sorted(config.get("added_tokens_decoder", {}).items(), key=lambda kv: int(kv[0]))]
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
+            _byte_level(False, True, False)]},
+        "post_processor": _byte_level(True, False, True),
+        "decoder": _byte_level(True, True, True),
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocab, "merges": merges},
+    }
+
+
+def add_special_tokens(tokenizer, special_tokens):
+    """The reference's `tokenizer.add_special_tokens(special_tokens)` on a tokenizer JSON object: each
+    token not yet added gets the next id (its vocabulary id if the BPE has it), in the order
+    eos, pad, additional_special_tokens; every one is matched whole and never normalised."""
+    added = {t["content"]: t for t in tokenizer["added_tokens"]}
+    vocab = tokenizer["model"]["vocab"]
+    next_id = max(list(vocab.values()) + [t["id"] for t in added.values()]) + 1
+    for token in [special_tokens["eos_token"], special_tokens["pad_token"]] + special_tokens["additional_special_tokens"]:
+        if token in added:
+            continue
+        if token in vocab:
+            token_id = vocab[token]
+        else:
+            token_id, next_id = next_id, next_id + 1
+        added[token] = dict(id=token_id, content=token, single_word=False, lstrip=False, rstrip=False, normalized=False, special=True)
+    tokenizer["added_tokens"] = sorted(added.values(), key=lambda t: t["id"])
+    return tokenizer
+
+
+def convert_tokenizer(src, out_dir, special_tokens=SPECIAL_TOKENS):
+    """CosyVoice-BlankEN's Qwen2 tokenizer (vocab.json + merges.txt, or tokenizer.json) plus the
+    family's special tokens (CosyVoice2's, or COSYVOICE3_SPECIAL_TOKENS) -> OUT/tokenizer.json, one
+    file the Rust `tokenizers` crate reads, with the ids the reference tokenizer gives (plain JSON:
+    no transformers needed). Returns (the file name, {special token: id}), or (None, {}) when the
+    checkpoint has no tokenizer."""
     blank_en = os.path.join(src, "CosyVoice-BlankEN")
     if not any(os.path.isfile(os.path.join(blank_en, f)) for f in ("vocab.json", "tokenizer.json")):
-        return None
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        sys.exit("converting CosyVoice-BlankEN's tokenizer needs transformers 4.x (pip install transformers==4.51.3)")
-    tok = AutoTokenizer.from_pretrained(blank_en)
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.backend_tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
-    return "tokenizer.json"
+        return None, {}
+    tokenizer = add_special_tokens(qwen2_tokenizer_json(blank_en), special_tokens)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False)
+    return "tokenizer.json", {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
 
 
 # WeTextProcessing's compiled grammars the frontend runs (src/frontend/normalize.rs), from the
@@ -488,6 +588,62 @@ def f0_predictor_weights_f64(hift):
     return out
 
 
+# FSQ tokens CosyVoice3Model treats as silence or breath (cosyvoice/cli/model.py, `silent_tokens`): its
+# llm_job keeps at most MAX_SILENT_TOKENS of them in a row in the output (the LM still sees them all).
+COSYVOICE3_SILENT_TOKENS = [1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323]
+COSYVOICE3_MAX_SILENT_TOKENS = 5
+# Output rows of CosyVoice3LM past the speech tokens: sos, eos, task_id, fill, then unused; every one
+# of them ends decoding (its stop_token_ids).
+COSYVOICE3_EXTRA_ROWS = 200
+
+
+def cosyvoice3_llm_expected(dims, speech_tokens):
+    """{name: shape} of every tensor CosyVoice3LM's llm.safetensors holds: the Qwen2 body under
+    llm.pt's names (`llm.model.model.*`), `speech_embedding.weight` (speech tokens + 200 rows: the
+    sos and task_id inputs are rows of it) and `llm_decoder.weight` (no bias). No `llm_embedding`."""
+    h, kv = dims["hidden"], dims["kv_heads"] * dims["head_dim"]
+    rows = speech_tokens + COSYVOICE3_EXTRA_ROWS
+    e = {"llm.model.model.embed_tokens.weight": [dims["vocab"], h], "llm.model.model.norm.weight": [h],
+         "speech_embedding.weight": [rows, h], "llm_decoder.weight": [rows, h]}
+    for i in range(dims["layers"]):
+        p = f"llm.model.model.layers.{i}."
+        for proj, out in (("q_proj", dims["heads"] * dims["head_dim"]), ("k_proj", kv), ("v_proj", kv)):
+            e[p + f"self_attn.{proj}.weight"], e[p + f"self_attn.{proj}.bias"] = [out, h], [out]
+        e[p + "self_attn.o_proj.weight"] = [h, dims["heads"] * dims["head_dim"]]
+        e[p + "mlp.gate_proj.weight"] = e[p + "mlp.up_proj.weight"] = [dims["intermediate"], h]
+        e[p + "mlp.down_proj.weight"] = [h, dims["intermediate"]]
+        e[p + "input_layernorm.weight"] = e[p + "post_attention_layernorm.weight"] = [h]
+    return e
+
+
+def convert_cosyvoice3_llm(src, out_dir, yaml_path):
+    """llm.pt + CosyVoice-BlankEN/config.json (+ cosyvoice3.yaml's `llm:` section) -> llm.safetensors;
+    returns the [cosyvoice3.llm] keys but for end_of_prompt, or None when the directory has no llm.pt."""
+    path = os.path.join(src, "llm.pt")
+    if not os.path.exists(path):
+        return None
+    dims = qwen2_dims(src)
+    llm = read_tagged_yaml(yaml_path).get("llm") or {}
+    sampling = llm.get("sampling") or {}
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    # lm_head (Qwen2's own output layer) is unused: llm_decoder maps to speech tokens.
+    sd = {k: v for k, v in sd.items() if not k.startswith("llm.model.lm_head.")}
+    rows = sd.get("speech_embedding.weight", torch.zeros(0)).shape[0]
+    speech_tokens = int(llm.get("speech_token_size", rows - COSYVOICE3_EXTRA_ROWS))
+    problems = check_tensors(sd, cosyvoice3_llm_expected(dims, speech_tokens))
+    if problems:
+        sys.exit(f"{path}: not CosyVoice3LM's weights for CosyVoice-BlankEN/config.json and cosyvoice3.yaml "
+                 f"(speech_token_size {speech_tokens}; {len(problems)} problem(s)):\n  " + "\n  ".join(problems))
+    if int(llm.get("llm_input_size", dims["hidden"])) != dims["hidden"]:
+        sys.exit(f"{yaml_path}: llm_input_size {llm['llm_input_size']}, but CosyVoice-BlankEN/config.json's hidden_size is {dims['hidden']}")
+    from safetensors.torch import save_file
+    save_file({k: v.float().contiguous() for k, v in sd.items()}, os.path.join(out_dir, "llm.safetensors"))
+    # ras_sampling's settings from the yaml; the length ratios are CosyVoice3LM.inference's defaults.
+    return dict(dims, speech_tokens=speech_tokens, top_p=float(sampling.get("top_p", 0.8)), top_k=int(sampling.get("top_k", 25)),
+                win_size=int(sampling.get("win_size", 10)), tau_r=float(sampling.get("tau_r", 0.1)),
+                min_token_text_ratio=2.0, max_token_text_ratio=20.0)
+
+
 def convert_cosyvoice3(args):
     from safetensors.torch import save_file
 
@@ -519,13 +675,24 @@ def convert_cosyvoice3(args):
     voices, names, prompt_lens = convert_voices(spk2info)
     if not names:
         print(f"no voices in {spk_path}: none registered (jobs are refused until a voice is added)", file=sys.stderr)
-    if os.path.isfile(os.path.join(src, "llm.pt")):
-        print(f"{src}/llm.pt is not converted: CosyVoice3's LLM is not supported yet (kind cosyvoice3-token2wav)", file=sys.stderr)
     os.makedirs(args.out_dir, exist_ok=True)
+    llm_dims = convert_cosyvoice3_llm(src, args.out_dir, os.path.join(src, "cosyvoice3.yaml"))
+    tokenizer, token_ids = convert_tokenizer(src, args.out_dir, COSYVOICE3_SPECIAL_TOKENS) if llm_dims else (None, {})
+    grammars = copy_grammars(args.out_dir) if tokenizer else None
+    whole = bool(llm_dims and tokenizer and grammars)
+    if llm_dims and not whole:
+        print(f"{src}/llm.pt converted, but without {'a tokenizer (CosyVoice-BlankEN/vocab.json)' if not tokenizer else 'grammars'} "
+              "the model takes speech tokens only (kind cosyvoice3-token2wav)", file=sys.stderr)
+    for stale in ([] if llm_dims else ["llm.safetensors"]) + ([] if tokenizer else ["tokenizer.json"]):
+        if os.path.exists(os.path.join(args.out_dir, stale)):
+            os.remove(os.path.join(args.out_dir, stale))
     prompt_models = copy_prompt_models(src, args.out_dir, ["speech_tokenizer_v3.onnx", "campplus.onnx"])
     save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))
     save_file(voices, os.path.join(args.out_dir, "voices.safetensors"))
     name = args.name or os.path.basename(os.path.abspath(args.out_dir))
+    kind = "cosyvoice3" if whole else "cosyvoice3-token2wav"
+    description = ("CosyVoice3 text to speech (LLM + DiT flow matching + causal HiFT), converted" if whole
+                   else "CosyVoice3 token2wav (DiT flow matching + causal HiFT), converted")
     dims = {k: c[k] for k in ("vocab_size", "pre_lookahead_len", "pre_lookahead_channels", "dit_dim", "dit_depth",
                               "dit_heads", "dit_head_dim", "dit_ff_mult", "hift_channels", "f0_channels",
                               "conv_pre_look_right")}
@@ -533,8 +700,8 @@ def convert_cosyvoice3(args):
     with open(os.path.join(args.out_dir, "model.toml"), "w") as f:
         f.write(f'''# Written by tools/convert_cosyvoice.py from {os.path.abspath(src)}.
 name = {json.dumps(name)}
-kind = "cosyvoice3-token2wav"
-description = "CosyVoice3 token2wav (DiT flow matching + causal HiFT), converted"
+kind = "{kind}"
+description = "{description}"
 sample_rate = 24000
 # 25 Hz speech tokens, 50 Hz mel frames, 480 samples per frame.
 frames_per_token = 2
@@ -557,8 +724,19 @@ outputs = ["audio:float32[B,S]"]
 ''')
         for k, v in dims.items():
             f.write(f"{k} = {json.dumps(v)}\n")
-    print(json.dumps({"out": args.out_dir, "kind": "cosyvoice3-token2wav", "tensors": len(tensors), "voices": names,
-                      "prompt_models": prompt_models, **dims}))
+        if whole:
+            end_of_prompt = token_ids.get("<|endofprompt|>")
+            llm_dims.update(end_of_prompt=end_of_prompt, silent_tokens=COSYVOICE3_SILENT_TOKENS,
+                            max_silent_tokens=COSYVOICE3_MAX_SILENT_TOKENS)
+            f.write("\n# CosyVoice3LM (llm.safetensors): Qwen2 dimensions from CosyVoice-BlankEN/config.json, ras_sampling's\n"
+                    "# settings from cosyvoice3.yaml, the reference's length ratios. Outputs: speech_tokens + 200 rows, every\n"
+                    "# id from speech_tokens on ends decoding. end_of_prompt: tokenizer.json's id of <|endofprompt|>, which\n"
+                    "# the text must hold (151646 in the released model). silent_tokens: at most max_silent_tokens of\n"
+                    "# them in a row are kept in the output (CosyVoice3Model.llm_job).\n[cosyvoice3.llm]\n")
+            for k, v in llm_dims.items():
+                f.write(f"{k} = {json.dumps(v)}\n")
+    print(json.dumps({"out": args.out_dir, "kind": kind, "tensors": len(tensors), "voices": names, "tokenizer": tokenizer,
+                      "grammars": grammars, "prompt_models": prompt_models, **dims}))
 
 
 def main():
@@ -623,7 +801,7 @@ def main():
 
     os.makedirs(args.out_dir, exist_ok=True)
     llm_dims = convert_llm(src, args.out_dir)
-    tokenizer = convert_tokenizer(src, args.out_dir)
+    tokenizer, _ = convert_tokenizer(src, args.out_dir)
     grammars = copy_grammars(args.out_dir) if tokenizer else None
     prompt_models = copy_prompt_models(src, args.out_dir)
     save_file(tensors, os.path.join(args.out_dir, "token2wav.safetensors"))

@@ -24,7 +24,8 @@ Written (each safetensors file's metadata key `about` holds a JSON object: the s
 reference commits, the command that regenerates it, and its paragraph below as `tensors`):
   OUT/official/           an official-shaped model directory: cosyvoice3.yaml (the snapshot's
                           examples/libritts/cosyvoice3/conf/cosyvoice3.yaml, dimensions replaced
-                          for --config tiny), flow.pt and hift.pt (state dicts as the reference
+                          for --config tiny, the LLM's too: its llm.pt and CosyVoice-BlankEN/ are
+                          tools/make_cv3_llm_fixtures.py's, run after this), flow.pt and hift.pt (state dicts as the reference
                           modules hold them: weight norm as parametrizations, fp32), spk2info.pt
                           (voice0: an x-vector only; voice1: a zero-shot prompt);
   OUT/parity-<stage>.safetensors   per stage, inputs and reference outputs (below), fp32 / int64;
@@ -106,18 +107,22 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import convert_cosyvoice  # noqa: E402
+import make_llm_fixtures  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YAML = "examples/libritts/cosyvoice3/conf/cosyvoice3.yaml"
 
-# Keys of the yaml's flow/hift sections replaced for each config (each occurs once as `key: N`).
+# Keys of the yaml replaced for each config (each occurs once as `key: N`, at the top level or in a section).
 CONFIGS = {
     "full": {},  # upstream's: vocab 6561, DiT 1024 × 22 layers, 16 heads of 64, ff ×2, HiFT 512 channels
     # Same architecture, small: DiT 48 wide, 2 layers, 2 heads of 24 (rotary on the first 24 of the 48
     # query/key channels, as the full model's on 64 of 1024); pre-lookahead 32 channels; HiFT 16 base
     # channels (8, 4, 2 per stage), F0 predictor 16. The official directory is 0.9 MB.
+    # The LLM (tools/make_cv3_llm_fixtures.py): CosyVoice2's tiny Qwen2 (make_llm_fixtures.DIMS), 32 wide,
+    # over the same 64 speech tokens.
     "tiny": {"vocab_size": 64, "channels": 32, "dim": 48, "depth": 2, "heads": 2, "dim_head": 24,
-             "base_channels": 16, "cond_channels": 16},
+             "base_channels": 16, "cond_channels": 16, "llm_input_size": make_llm_fixtures.DIMS["hidden"],
+             "llm_output_size": make_llm_fixtures.DIMS["hidden"], "speech_token_size": make_llm_fixtures.DIMS["speech_tokens"]},
 }
 # (speech tokens, prompt tokens) per item.
 ITEMS = {"tiny": [(6, 2), (3, 0), (8, 2)], "full": [(30, 6), (17, 0), (41, 8)]}
@@ -145,11 +150,14 @@ def _stub_function(*args, **kwargs):
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answers imports of STUBBED with empty modules whose every attribute is a stub (a class for
+    """Answers imports of `stubbed` with empty modules whose every attribute is a stub (a class for
     capitalised names, so hyperpyyaml's `!new:` accepts it; a function otherwise)."""
 
+    def __init__(self, stubbed):
+        self.stubbed = set(stubbed)
+
     def find_spec(self, name, path, target=None):
-        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name in STUBBED else None
+        return importlib.machinery.ModuleSpec(name, self, is_package=True) if name in self.stubbed else None
 
     def create_module(self, spec):
         module = types.ModuleType(spec.name)
@@ -182,20 +190,28 @@ def git_head(path):
             return "unknown"
 
 
-def import_reference(snapshot, site=None):
-    """Imports the CosyVoice3 token2wav classes of a FunAudioLLM/CosyVoice checkout (with
-    third_party/Matcha-TTS) without its LLM/CLI/training dependencies; `site` is a --target
-    directory holding x-transformers and hyperpyyaml (default .run/cv3-site when it exists)."""
+def use_snapshot(snapshot, site, stubbed):
+    """Puts a FunAudioLLM/CosyVoice checkout (with third_party/Matcha-TTS) first on sys.path, then
+    `site` (a --target directory) when it exists, and answers imports of `stubbed` with stubs.
+    Returns (snapshot, matcha) as absolute paths."""
     snapshot = os.path.abspath(snapshot)
     matcha = os.path.join(snapshot, "third_party", "Matcha-TTS")
     if not os.path.isfile(os.path.join(snapshot, "cosyvoice", "flow", "DiT", "dit.py")):
         sys.exit(f"{snapshot} is not a CosyVoice checkout with CosyVoice3 (no cosyvoice/flow/DiT/dit.py)")
     if not os.path.isdir(os.path.join(matcha, "matcha")):
         sys.exit(f"{matcha} is empty: check out the Matcha-TTS submodule at the commit `git ls-tree HEAD third_party` names")
-    site = site or os.path.join(REPO, ".run", "cv3-site")
-    sys.path[:0] = [snapshot, matcha] + ([site] if os.path.isdir(site) else [])
+    sys.path[:0] = [snapshot, matcha] + ([site] if site and os.path.isdir(site) else [])
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _StubFinder())
+        sys.meta_path.insert(0, _StubFinder(stubbed))
+    return snapshot, matcha
+
+
+def import_reference(snapshot, site=None):
+    """Imports the CosyVoice3 token2wav classes of a FunAudioLLM/CosyVoice checkout (with
+    third_party/Matcha-TTS) without its LLM/CLI/training dependencies; `site` is a --target
+    directory holding x-transformers and hyperpyyaml (default .run/cv3-site when it exists)."""
+    site = site or os.path.join(REPO, ".run", "cv3-site")
+    snapshot, matcha = use_snapshot(snapshot, site, STUBBED)
     try:
         from hyperpyyaml import load_hyperpyyaml
         from cosyvoice.flow.DiT.dit import DiT
@@ -216,7 +232,7 @@ def official_yaml(ref, config):
     with open(os.path.join(ref.snapshot, YAML)) as f:
         text = f.read()
     for key, value in CONFIGS[config].items():
-        text, n = re.subn(rf"^(\s+){key}: \d+\s*$", rf"\g<1>{key}: {value}", text, flags=re.M)
+        text, n = re.subn(rf"^([ \t]*){key}: \d+[ \t]*$", rf"\g<1>{key}: {value}", text, flags=re.M)
         if n != 1:
             sys.exit(f"{YAML}: expected one `{key}: N`, found {n} (has the upstream config changed?)")
     head = (f"# Written by tools/make_cv3_fixtures.py --config {config} (random weights) from FunAudioLLM/CosyVoice\n"

@@ -34,6 +34,9 @@ import types
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import convert_cosyvoice  # noqa: E402
+
 # vocab covers the stand-in tokenizer (tokenizer.json: 256 bytes, merges, CosyVoice2's added tokens);
 # speech_tokens is the tiny token2wav's vocabulary (its voices' prompt tokens feed the LLM too).
 DIMS = dict(vocab=480, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=48, speech_tokens=64, rope_theta=1e6, eps=1e-6)
@@ -57,9 +60,9 @@ def import_reference():
     return llm, Qwen2Config, Qwen2ForCausalLM
 
 
-def build(seed, d=DIMS, scale_weights=True):
-    llm, Qwen2Config, Qwen2ForCausalLM = import_reference()
-    torch.manual_seed(seed)
+def tiny_qwen2(llm, Qwen2Config, Qwen2ForCausalLM, d):
+    """The reference's Qwen2Encoder around a Qwen2ForCausalLM made from `d`'s dimensions (random init
+    from torch's global generator), without from_pretrained."""
     config = Qwen2Config(vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=d["intermediate"],
                          num_hidden_layers=d["layers"], num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
                          rope_theta=d["rope_theta"], rms_norm_eps=d["eps"], max_position_embeddings=1024,
@@ -68,17 +71,29 @@ def build(seed, d=DIMS, scale_weights=True):
     encoder = llm.Qwen2Encoder.__new__(llm.Qwen2Encoder)
     torch.nn.Module.__init__(encoder)
     encoder.model = Qwen2ForCausalLM(config)
-    lm = llm.Qwen2LM(llm_input_size=d["hidden"], llm_output_size=d["hidden"], speech_token_size=d["speech_tokens"],
-                     llm=encoder, sampling=None)
-    if not scale_weights:
-        return lm.eval()
-    # Larger random weights than Hugging Face's init (std 0.02), so that every layer matters.
+    return encoder
+
+
+def scale_weights(lm):
+    """Larger random weights than Hugging Face's init (std 0.02), so that every layer matters."""
     with torch.no_grad():
         for name, p in lm.named_parameters():
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.3 * torch.randn_like(p))
+
+
+def build(seed, d=DIMS, scale=True):
+    llm, Qwen2Config, Qwen2ForCausalLM = import_reference()
+    torch.manual_seed(seed)
+    encoder = tiny_qwen2(llm, Qwen2Config, Qwen2ForCausalLM, d)
+    lm = llm.Qwen2LM(llm_input_size=d["hidden"], llm_output_size=d["hidden"], speech_token_size=d["speech_tokens"],
+                     llm=encoder, sampling=None)
+    if not scale:
+        return lm.eval()
+    scale_weights(lm)
+    with torch.no_grad():
         # Random weights rarely end speech (end-of-speech is one id in 67): lean the tiny model
         # towards it, so that tests decoding real texts end near min_len instead of at max_len.
         lm.llm_decoder.bias[d["speech_tokens"]] += 1.0
@@ -91,10 +106,12 @@ SAMPLER_CASES = 48  # per setting
 HISTORY = 16
 
 
-def sampler_cases(fx, g):
-    """The reference's ras_sampling on the teacher-forced log-probabilities, its multinomial
-    replaced by an inverse-CDF draw from given uniforms, so that the port can be given the same."""
-    from cosyvoice.utils import common
+def sampler_cases(rows, g, pick, settings=SAMPLER_SETTINGS):
+    """Sampler cases from log-probability `rows`: per setting (top_p, top_k, win_size, tau_r),
+    SAMPLER_CASES of a row, a history drawn from the row's likely tokens, two uniforms, and
+    `pick(row, history, setting, case)` — the reference's sampler — with its multinomial replaced by
+    an inverse-CDF draw from those uniforms (nucleus first, full distribution second), so that the
+    port can be given the same. `pick` gets a copy of the row (ras_sampling writes into it)."""
     draws = []
 
     def inverse_cdf_multinomial(probs, num_samples, replacement=False):
@@ -105,10 +122,9 @@ def sampler_cases(fx, g):
     original = torch.Tensor.multinomial
     torch.Tensor.multinomial = inverse_cdf_multinomial
     try:
-        rows = torch.cat([fx[f"item{i}.logp"] for i in range(len(ITEMS))])
         out = {}
-        for s, (top_p, top_k, win, tau) in enumerate(SAMPLER_SETTINGS):
-            logp, hist, hist_len, uni, pick = [], [], [], [], []
+        for s, setting in enumerate(settings):
+            logp, hist, hist_len, uni, picks = [], [], [], [], []
             for c in range(SAMPLER_CASES):
                 row = rows[int(torch.randint(0, len(rows), (1,), generator=g))]
                 n = int(torch.randint(0, HISTORY + 1, (1,), generator=g))
@@ -117,20 +133,26 @@ def sampler_cases(fx, g):
                 h = likely[torch.randint(0, 4, (n,), generator=g)].tolist()
                 u = torch.rand(2, generator=g, dtype=torch.float64).tolist()
                 draws[:] = list(u)
-                top = common.ras_sampling(row, h, None, top_p=top_p, top_k=top_k, win_size=win, tau_r=tau)
+                picks.append(int(pick(row.clone(), h, setting, c)))
                 logp.append(row)
                 hist.append(h + [-1] * (HISTORY - n))
                 hist_len.append(n)
                 uni.append(u)
-                pick.append(int(top))
             out[f"sampler{s}.logp"] = torch.stack(logp).contiguous()
             out[f"sampler{s}.history"] = torch.tensor(hist, dtype=torch.int64)
             out[f"sampler{s}.history_len"] = torch.tensor(hist_len, dtype=torch.int64)
             out[f"sampler{s}.uniforms"] = torch.tensor(uni, dtype=torch.float64)
-            out[f"sampler{s}.pick"] = torch.tensor(pick, dtype=torch.int64)
+            out[f"sampler{s}.pick"] = torch.tensor(picks, dtype=torch.int64)
         return out
     finally:
         torch.Tensor.multinomial = original
+
+
+def ras_pick(row, history, setting, case):
+    """CosyVoice2's sampler: the reference's ras_sampling with `setting`."""
+    from cosyvoice.utils import common
+    top_p, top_k, win, tau = setting
+    return common.ras_sampling(row, history, None, top_p=top_p, top_k=top_k, win_size=win, tau_r=tau)
 
 
 def write_official(lm, official):
@@ -140,8 +162,6 @@ def write_official(lm, official):
     lm.llm.model.config.to_json_file(os.path.join(official, "CosyVoice-BlankEN", "config.json"))
 
 
-# Qwen2's pre-tokenizer pattern (transformers' Qwen2Converter).
-QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 TOKENIZER_CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "tokenizer_cases.txt")
 
 
@@ -150,42 +170,55 @@ def tokenizer_cases():
         return [line.rstrip("\n") for line in f if line.strip() and not line.startswith("#")]
 
 
-def write_tokenizer(blank_en, out):
+def write_standin_tokenizer(blank_en):
     """A stand-in for CosyVoice-BlankEN's Qwen2 tokenizer (no real vocabulary can be downloaded): a
     byte-level BPE with Qwen2's pre-tokenizer, trained on the parity cases, saved as the checkpoint
-    ships its own (vocab.json, merges.txt, tokenizer_config.json; no tokenizer.json). Then the
-    reference's QwenTokenizer (cosyvoice/tokenizer/tokenizer.py, CosyVoice2's special tokens added)
-    tokenizes every case: OUT/tokenizer_parity.json."""
+    ships its own (vocab.json, merges.txt, tokenizer_config.json; no tokenizer.json)."""
+    import shutil
+    import tempfile
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
-    cases = tokenizer_cases()
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(convert_cosyvoice.QWEN2_PATTERN), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=420, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
                                   special_tokens=["<|endoftext|>"])
-    bpe.train_from_iterator(cases * 3, trainer)
-    tmp = os.path.join(out, "tokenizer-build")
-    Qwen2TokenizerFast(tokenizer_object=bpe, unk_token=None, bos_token=None, eos_token="<|endoftext|>",
-                       pad_token="<|endoftext|>").save_pretrained(tmp)
-    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-        os.replace(os.path.join(tmp, name), os.path.join(blank_en, name))
-    import shutil
-    shutil.rmtree(tmp)
+    bpe.train_from_iterator(tokenizer_cases() * 3, trainer)
+    tmp = tempfile.mkdtemp()
+    try:
+        Qwen2TokenizerFast(tokenizer_object=bpe, unk_token=None, bos_token=None, eos_token="<|endoftext|>",
+                           pad_token="<|endoftext|>").save_pretrained(tmp)
+        os.makedirs(blank_en, exist_ok=True)
+        for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            os.replace(os.path.join(tmp, name), os.path.join(blank_en, name))
+    finally:
+        shutil.rmtree(tmp)
+
+
+def write_tokenizer_parity(tokenizer, cases, vocab, path, **extra):
+    """The reference tokenizer's ids for `cases` -> `path` (JSON: vocab_size, cases [{text, ids}],
+    and `extra`); exits when an id falls outside the tiny Qwen2's `vocab`."""
+    rows = [{"text": t, "ids": tokenizer.encode(t)} for t in cases]
+    top = max(i for r in rows for i in r["ids"])
+    if top >= vocab:
+        sys.exit(f"the stand-in tokenizer makes id {top}: raise the tiny Qwen2's vocab above it")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"vocab_size": len(tokenizer.tokenizer), **extra, "cases": rows}, f, ensure_ascii=False, indent=1)
+
+
+def write_tokenizer(blank_en, out):
+    """The stand-in tokenizer into `blank_en`; then the reference's QwenTokenizer (cosyvoice/tokenizer/
+    tokenizer.py, CosyVoice2's special tokens added) tokenizes every case: OUT/tokenizer_parity.json."""
+    write_standin_tokenizer(blank_en)
     # The reference class, its unused whisper/tiktoken imports stubbed.
     for name in ("whisper", "whisper.tokenizer", "tiktoken"):
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.modules["whisper.tokenizer"].Tokenizer = object
     from cosyvoice.tokenizer.tokenizer import QwenTokenizer
     ref = QwenTokenizer(blank_en, skip_special_tokens=True)
-    rows = [{"text": t, "ids": ref.encode(t)} for t in cases]
-    top = max(i for r in rows for i in r["ids"])
-    if top >= DIMS["vocab"]:
-        sys.exit(f"the stand-in tokenizer makes id {top}: raise DIMS['vocab'] above it")
-    with open(os.path.join(out, "tokenizer_parity.json"), "w", encoding="utf-8") as f:
-        json.dump({"vocab_size": len(ref.tokenizer), "cases": rows}, f, ensure_ascii=False, indent=1)
+    write_tokenizer_parity(ref, tokenizer_cases(), DIMS["vocab"], os.path.join(out, "tokenizer_parity.json"))
 
 
 def main():
@@ -197,7 +230,7 @@ def main():
     args = ap.parse_args()
     from safetensors.torch import save_file
     if args.full:
-        lm = build(args.seed, FULL, scale_weights=False)
+        lm = build(args.seed, FULL, scale=False)
         write_official(lm, os.path.join(args.out, "official"))
         print(f"wrote {args.out}/official: CosyVoice2-0.5B-shaped LLM, random weights")
         return
@@ -237,7 +270,7 @@ def main():
             for k, v in dict(text=text[0], prompt_text=ptext[0], prompt_speech=pspeech[0], fed=fed, lm_input=lm_input[0],
                              hidden=hidden, logp=torch.stack(logps)).items():
                 fx[f"item{i}.{k}"] = v.contiguous()
-    fx.update(sampler_cases(fx, g))
+    fx.update(sampler_cases(torch.cat([fx[f"item{i}.logp"] for i in range(len(ITEMS))]), g, ras_pick))
     save_file(fx, os.path.join(args.out, "parity.safetensors"))
     with open(os.path.join(args.out, "parity.json"), "w") as f:
         json.dump({"dims": DIMS, "items": ITEMS, "seed": args.seed, "sampler": SAMPLER_SETTINGS}, f, indent=2)

@@ -118,13 +118,13 @@ pub fn requests(n: usize, vocab: i64, speech_tokens: i64, seed: u64) -> Vec<LmRe
 
 pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<LlmReport, ModelError> {
     let manifest = Manifest::load(&opts.model_dir)?;
-    let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm).ok_or_else(|| {
+    let (family, dims) = manifest.llm().map(|(f, d)| (f, d.clone())).ok_or_else(|| {
         ModelError::Manifest {
             dir: opts.model_dir.display().to_string(),
-            reason: "model.toml has no [cosyvoice2.llm] (convert llm.pt with tools/convert_cosyvoice.py)".into(),
+            reason: "model.toml has no [cosyvoice2.llm] or [cosyvoice3.llm] (convert llm.pt with tools/convert_cosyvoice.py)".into(),
         }
     })?;
-    let (lm, params, ratios) = SpeechLm::load(&opts.model_dir, &dims, opts.device.to_tch())?;
+    let (lm, params, ratios) = SpeechLm::load(&opts.model_dir, family, &dims, opts.device.to_tch())?;
     let gpu = crate::gpu::memory_info(opts.device).map(|i| i.name).unwrap_or_else(|_| opts.device.to_string());
     let probe = MemoryProbe::new(opts.device);
     let worker_plan = default_plan(opts.device, &dims, &lm, &opts.model_dir);

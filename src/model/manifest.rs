@@ -28,6 +28,13 @@ pub enum ModelKind {
     /// CosyVoice3 directory. Jobs carry speech tokens.
     #[serde(rename = "cosyvoice3-token2wav")]
     Cosyvoice3Token2Wav,
+    /// CosyVoice3 whole: the token2wav files plus its speech-token LM (`llm.safetensors`,
+    /// `[cosyvoice3.llm]`), the text tokenizer with CosyVoice3's added tokens (`tokenizer.json`)
+    /// and the normalisation grammars (`fsts/`). The LM is at parity with the reference; text jobs
+    /// are not yet wired into the worker (issue 44): its jobs carry speech tokens, as for
+    /// `cosyvoice3-token2wav`.
+    #[serde(rename = "cosyvoice3")]
+    Cosyvoice3,
 }
 
 impl ModelKind {
@@ -38,6 +45,7 @@ impl ModelKind {
             ModelKind::Cosyvoice2Token2Wav => "cosyvoice2-token2wav",
             ModelKind::Cosyvoice2 => "cosyvoice2",
             ModelKind::Cosyvoice3Token2Wav => "cosyvoice3-token2wav",
+            ModelKind::Cosyvoice3 => "cosyvoice3",
         }
     }
 
@@ -45,7 +53,7 @@ impl ModelKind {
     /// Postgres's `voices` per model, the directory's own imported there), as opposed to speaker
     /// indices fixed by the directory. Such models also take a job's `speed`.
     pub fn has_prompt_voices(self) -> bool {
-        matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav)
+        matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3)
     }
 
     /// Whether `voice add` makes this kind's voices from recordings (CosyVoice2's frontend: its
@@ -70,7 +78,7 @@ pub enum TokenizerSpec {
 }
 
 /// `[cosyvoice2]`: the dimensions of a `cosyvoice2-token2wav` model (`full` or `tiny`).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cosyvoice2Dims {
     pub vocab_size: i64,
@@ -116,7 +124,7 @@ impl Cosyvoice2Dims {
 
 /// `[cosyvoice3]`: the dimensions of a `cosyvoice3-token2wav` model, as `tools/convert_cosyvoice.py`
 /// reads them from `cosyvoice3.yaml` (checked against the weights).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cosyvoice3Dims {
     pub vocab_size: i64,
@@ -143,6 +151,9 @@ pub struct Cosyvoice3Dims {
     /// the flow's autocast (its F0 predictor in float64 whatever this says).
     #[serde(default)]
     pub vocoder_precision: Option<super::Precision>,
+    /// The speech-token LM (`llm.safetensors`, kind `cosyvoice3`).
+    #[serde(default)]
+    pub llm: Option<LlmDims>,
 }
 
 impl Cosyvoice3Dims {
@@ -167,9 +178,10 @@ impl Cosyvoice3Dims {
     }
 }
 
-/// `[cosyvoice2.llm]`: the speech-token LM's Qwen2 dimensions, sampling and length ratios
-/// (tools/convert_cosyvoice.py writes them from `CosyVoice-BlankEN/config.json`).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+/// `[cosyvoice2.llm]` or `[cosyvoice3.llm]`: the speech-token LM's Qwen2 dimensions, sampling and
+/// length ratios (tools/convert_cosyvoice.py writes them from `CosyVoice-BlankEN/config.json` and
+/// the model's yaml); the last three are CosyVoice3's.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmDims {
     pub layers: usize,
@@ -189,6 +201,16 @@ pub struct LlmDims {
     pub tau_r: f64,
     pub min_token_text_ratio: f64,
     pub max_token_text_ratio: f64,
+    /// The tokenizer's id of `<|endofprompt|>`, which CosyVoice3's LM input must hold (151646 in
+    /// the released model).
+    #[serde(default)]
+    pub end_of_prompt: Option<i64>,
+    /// CosyVoice3's "silent" speech tokens: at most `max_silent_tokens` of them in a row are kept
+    /// in the output (`CosyVoice3Model.llm_job`); empty: none dropped.
+    #[serde(default)]
+    pub silent_tokens: Vec<i64>,
+    #[serde(default)]
+    pub max_silent_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -277,7 +299,7 @@ impl Manifest {
                         "kind cosyvoice2-token2wav needs signature inputs {TOKEN2WAV_INPUTS:?} and outputs {TOKEN2WAV_OUTPUTS:?}"
                     )));
                 }
-                let Some(dims) = m.cosyvoice2 else {
+                let Some(dims) = &m.cosyvoice2 else {
                     return Err(err("kind cosyvoice2-token2wav needs a [cosyvoice2] section (tools/convert_cosyvoice.py writes it)".into()));
                 };
                 if !matches!(m.tokenizer, TokenizerSpec::SpeechTokens { .. }) || dims.vocab_size != m.vocab_size() {
@@ -302,13 +324,13 @@ impl Manifest {
                     }
                 }
             }
-            ModelKind::Cosyvoice3Token2Wav => {
+            ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => {
                 if m.signature.inputs != TOKEN2WAV_INPUTS || m.signature.outputs != TOKEN2WAV_OUTPUTS {
                     return Err(err(format!(
                         "kind cosyvoice3-token2wav needs signature inputs {TOKEN2WAV_INPUTS:?} and outputs {TOKEN2WAV_OUTPUTS:?}"
                     )));
                 }
-                let Some(dims) = m.cosyvoice3 else {
+                let Some(dims) = &m.cosyvoice3 else {
                     return Err(err("kind cosyvoice3-token2wav needs a [cosyvoice3] section (tools/convert_cosyvoice.py writes it)".into()));
                 };
                 dims.check().map_err(&err)?;
@@ -318,7 +340,20 @@ impl Manifest {
                 if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
                     return Err(err("CosyVoice3 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
                 }
-                for f in [super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE] {
+                let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
+                if m.kind == ModelKind::Cosyvoice3 {
+                    let Some(llm) = &dims.llm else {
+                        return Err(err("kind cosyvoice3 needs a [cosyvoice3.llm] section (convert a directory with llm.pt)".into()));
+                    };
+                    if llm.end_of_prompt.is_none() {
+                        return Err(err("[cosyvoice3.llm] needs end_of_prompt (the tokenizer's id of <|endofprompt|>)".into()));
+                    }
+                    files.extend([super::cosyvoice2::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
+                    if !dir.join(crate::frontend::normalize::FST_DIR).is_dir() {
+                        return Err(err(format!("{}/ (the normalisation grammars) is missing (tools/convert_cosyvoice.py copies it)", crate::frontend::normalize::FST_DIR)));
+                    }
+                }
+                for f in files {
                     if !dir.join(f).is_file() {
                         return Err(err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")));
                     }
@@ -328,11 +363,22 @@ impl Manifest {
         Ok(m)
     }
 
+    /// The speech-token LM this model has, and whose layout it follows (`[cosyvoice2.llm]` or
+    /// `[cosyvoice3.llm]`).
+    pub fn llm(&self) -> Option<(super::cosyvoice2::llm::speech_lm::LmFamily, &LlmDims)> {
+        use super::cosyvoice2::llm::speech_lm::LmFamily;
+        match (&self.cosyvoice2, &self.cosyvoice3) {
+            (Some(d), _) => d.llm.as_ref().map(|l| (LmFamily::Cosyvoice2, l)),
+            (None, Some(d)) => d.llm.as_ref().map(|l| (LmFamily::Cosyvoice3, l)),
+            (None, None) => None,
+        }
+    }
+
     /// Bytes of the weights on disk.
     pub fn weights_bytes(&self) -> u64 {
         let file = match self.kind {
             ModelKind::TorchScript => "model.pt",
-            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav => super::token2wav::WEIGHTS_FILE,
+            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => super::token2wav::WEIGHTS_FILE,
         };
         std::fs::metadata(self.dir.join(file)).map(|m| m.len()).unwrap_or(0)
     }

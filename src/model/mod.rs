@@ -254,7 +254,9 @@ pub fn load(
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
-        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav => {
+        // Kind cosyvoice3's LM is not yet wired into the worker (issue 44): its token2wav serves
+        // speech-token jobs.
+        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => {
             let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
             Ok(model)
         }
@@ -279,11 +281,11 @@ pub fn load_token2wav(
 ) -> Result<Box<dyn token2wav::Token2WavModel>, ModelError> {
     let mut model: Box<dyn token2wav::Token2WavModel> = match manifest.kind {
         ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?),
-        ModelKind::Cosyvoice3Token2Wav => Box::new(cosyvoice3::Token2Wav::load(dir, manifest, device, precision)?),
+        ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => Box::new(cosyvoice3::Token2Wav::load(dir, manifest, device, precision)?),
         kind => {
             return Err(ModelError::Manifest {
                 dir: dir.display().to_string(),
-                reason: format!("kind {} has no token2wav (kinds cosyvoice2-token2wav, cosyvoice2, cosyvoice3-token2wav)", kind.as_str()),
+                reason: format!("kind {} has no token2wav (kinds cosyvoice2-token2wav, cosyvoice2, cosyvoice3-token2wav, cosyvoice3)", kind.as_str()),
             })
         }
     };
@@ -297,7 +299,7 @@ pub fn load_token2wav(
 pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), String> {
     match manifest.kind {
         ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => cosyvoice2::check_voice(manifest, prompt),
-        ModelKind::Cosyvoice3Token2Wav => cosyvoice3::check_voice(manifest, prompt),
+        ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => cosyvoice3::check_voice(manifest, prompt),
         kind => Err(format!("a {} model's voices are fixed by its directory", kind.as_str())),
     }
 }

@@ -103,6 +103,9 @@ mod tests {
             tau_r: 0.1,
             min_token_text_ratio: 2.0,
             max_token_text_ratio: 20.0,
+            end_of_prompt: None,
+            silent_tokens: Vec::new(),
+            max_silent_tokens: 0,
         }
     }
 

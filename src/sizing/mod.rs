@@ -133,7 +133,7 @@ pub fn text_batch_tokens(slots: usize, max_hold: std::time::Duration, audio_seco
 /// `llm.token2wav_max_bucket` segments a bucket. With `memory.policy = "tokens"`: `llm.slots` (else
 /// `llm.max_slots` on a GPU, 8 on CPU) and `batching.max_batch_tokens`. Reads NVML and files: off the async runtime.
 pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<TextPlan, SizingError> {
-    let dims = manifest.cosyvoice2.and_then(|c| c.llm).ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
+    let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm.clone()).ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
     let b = &cfg.batching;
     match cfg.memory.policy {
         SizingPolicy::Tokens => {

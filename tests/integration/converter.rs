@@ -140,14 +140,19 @@ fn no_voices_registers_none_and_an_unreadable_voice_is_refused_by_name() {
 }
 
 #[test]
-fn a_cosyvoice3_directory_converts_to_its_token2wav_kind_and_misshapen_weights_are_named() {
+fn a_cosyvoice3_directory_converts_whole_or_to_its_token2wav_kind_and_misshapen_weights_are_named() {
     let src = root().join("tests/data/cosyvoice3/official");
     let out = tempfile::tempdir().unwrap();
     let (ok, e) = convert_with(&src, out.path(), &["--name", "cv3-test", "--noise-seconds", "2"]);
     assert!(ok, "{e}");
     let m = Manifest::load(out.path()).unwrap();
-    assert_eq!((m.kind, m.name.as_str()), (voxbatch::model::ModelKind::Cosyvoice3Token2Wav, "cv3-test"));
-    let dims = m.cosyvoice3.expect("a [cosyvoice3] section");
+    // With llm.pt and CosyVoice-BlankEN/: the whole model (its LM, tokenizer and grammars).
+    assert_eq!((m.kind, m.name.as_str()), (voxbatch::model::ModelKind::Cosyvoice3, "cv3-test"));
+    for f in ["llm.safetensors", "tokenizer.json", "fsts"] {
+        assert!(out.path().join(f).exists(), "{f} written");
+    }
+    let dims = m.cosyvoice3.clone().expect("a [cosyvoice3] section");
+    assert!(dims.llm.as_ref().is_some_and(|l| l.end_of_prompt.is_some() && l.speech_tokens == dims.vocab_size), "[cosyvoice3.llm]");
     assert_eq!((dims.dit_dim, dims.dit_depth, dims.dit_heads, dims.dit_head_dim, dims.noise_samples), (48, 2, 2, 24, 2 * 24000));
     assert_eq!(dims.vocoder_precision, None, "the vocoder follows the flow's precision, as upstream runs it");
     assert_eq!((m.voices.as_slice(), m.voice_prompt_tokens.as_slice()), (&["voice0".to_string(), "voice1".to_string()][..], &[0, 4][..]));
@@ -161,6 +166,14 @@ fn a_cosyvoice3_directory_converts_to_its_token2wav_kind_and_misshapen_weights_a
     }
     let model = voxbatch::model::cosyvoice3::Token2Wav::load(out.path(), m, Device::Cpu, Precision::Fp32).unwrap();
     assert_eq!(model.hift.max_frames(), 100, "2 s of source noise");
+
+    // Without llm.pt: its token2wav alone.
+    let no_llm = variant_of(&src, "import os\nos.remove(d + '/llm.pt')");
+    let (ok, e) = convert_with(no_llm.path(), &out.path().join("t2w"), &["--noise-seconds", "1"]);
+    assert!(ok, "{e}");
+    let t2w = Manifest::load(&out.path().join("t2w")).unwrap();
+    assert_eq!(t2w.kind, voxbatch::model::ModelKind::Cosyvoice3Token2Wav);
+    assert!(t2w.cosyvoice3.is_some_and(|d| d.llm.is_none()) && !out.path().join("t2w/llm.safetensors").exists());
 
     // A hift.pt with a tensor of the wrong shape and one missing (flow.pt is linked: never edited):
     // both named in one error.

@@ -12,7 +12,7 @@ use voxbatch::model::cosyvoice2::layers::relative_error;
 use voxbatch::model::cosyvoice2::llm::qwen2::Qwen2Dims;
 use voxbatch::model::cosyvoice2::llm::batch::BatchDecoder;
 use voxbatch::model::cosyvoice2::llm::sampler::{ras_sample, SamplingParams};
-use voxbatch::model::cosyvoice2::llm::speech_lm::{LmRequest, SpeechLm};
+use voxbatch::model::cosyvoice2::llm::speech_lm::{LmFamily, LmRequest, SpeechLm};
 use voxbatch::model::cosyvoice2::Weights;
 
 const TOLERANCE: f64 = 1e-4;
@@ -79,7 +79,7 @@ impl Fixtures {
 
 fn load(fx: &Fixtures) -> SpeechLm {
     let w = Weights::load(&dir().join("llm.safetensors"), device()).unwrap();
-    let lm = SpeechLm::new(&w, fx.dims, fx.speech_tokens).unwrap();
+    let lm = SpeechLm::new(&w, fx.dims, fx.speech_tokens, LmFamily::Cosyvoice2).unwrap();
     w.finish().expect("every tensor of the reference's state dict is used, with its shape");
     lm
 }
@@ -138,7 +138,7 @@ fn the_converted_model_carries_the_llm_and_decodes_like_the_reference() {
     assert_eq!((dims.layers, dims.hidden, dims.heads, dims.kv_heads, dims.speech_tokens), (fx.dims.layers, fx.dims.hidden, fx.dims.heads, fx.dims.kv_heads, fx.speech_tokens));
     assert_eq!((dims.top_p, dims.top_k, dims.win_size, dims.min_token_text_ratio, dims.max_token_text_ratio), (0.8, 25, 10, 2.0, 20.0));
     // fp32 on any device: this checks the conversion (bf16 is checked below).
-    let (lm, _, _) = SpeechLm::load_as(&model_dir, &dims, device(), tch::Kind::Float).unwrap();
+    let (lm, _, _) = SpeechLm::load_as(&model_dir, LmFamily::Cosyvoice2, &dims, device(), tch::Kind::Float).unwrap();
     tch::no_grad(|| {
         let r = fx.request(1);
         let fed = fx.ids(1, "fed");
@@ -152,7 +152,7 @@ fn bf16_weights_stay_close_to_the_fp32_reference() {
     // CUDA runs the LM in bf16; the CPU can too, which this checks without a GPU.
     let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
     let dims = voxbatch::model::Manifest::load(&model_dir).unwrap().cosyvoice2.and_then(|c| c.llm).unwrap();
-    let (lm, _, _) = SpeechLm::load_as(&model_dir, &dims, device(), tch::Kind::BFloat16).unwrap();
+    let (lm, _, _) = SpeechLm::load_as(&model_dir, LmFamily::Cosyvoice2, &dims, device(), tch::Kind::BFloat16).unwrap();
     let fx = Fixtures::load();
     tch::no_grad(|| {
         for i in 0..fx.items {
@@ -201,7 +201,7 @@ fn cuda_graph_decoding_gives_the_tokens_of_eager_decoding() {
     assert!(device().is_cuda(), "set VOXBATCH_TEST_DEVICE=cuda:0");
     let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-tiny");
     let dims = voxbatch::model::Manifest::load(&model_dir).unwrap().cosyvoice2.and_then(|c| c.llm).unwrap();
-    let (lm, params, ratios) = SpeechLm::load(&model_dir, &dims, device()).unwrap();
+    let (lm, params, ratios) = SpeechLm::load(&model_dir, LmFamily::Cosyvoice2, &dims, device()).unwrap();
     let fx = Fixtures::load();
     let requests: Vec<LmRequest> = (0..24).map(|k| LmRequest { seed: k as u64, ..fx.request(k % fx.items) }).collect();
     let run = |graphs: bool| {

@@ -19,6 +19,7 @@ mod cosyvoice2_text_worker;
 mod cosyvoice2_tts;
 mod cosyvoice2_worker;
 mod cosyvoice3_compiled;
+mod cosyvoice3_llm_parity;
 mod cosyvoice3_parity;
 mod cosyvoice3_worker;
 mod dead_letters;

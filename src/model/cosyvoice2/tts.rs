@@ -26,7 +26,7 @@ use std::time::Instant;
 use super::llm::batch::BatchDecoder;
 use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
 use super::llm::sampler::SamplingParams;
-use super::llm::speech_lm::{LengthRatios, LmError, LmRequest, SpeechLm};
+use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use super::buckets::{cut_segments, vocode, BucketCap, BucketStats, Ready};
 use super::{HostWaves, Token2Wav};
 use crate::audio::Waveform;
@@ -152,7 +152,7 @@ impl TextToSpeech {
     pub fn load(dir: &Path, device: Device, precision: Precision, plan: TextPlan) -> Result<TextToSpeech, ModelError> {
         let manifest = Manifest::load(dir)?;
         let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
-        let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm).ok_or_else(|| err("model.toml has no [cosyvoice2.llm] (convert llm.pt)".into()))?;
+        let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm.clone()).ok_or_else(|| err("model.toml has no [cosyvoice2.llm] (convert llm.pt)".into()))?;
         // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the
         // model before loading its weights.
         let tokenizer = TextTokenizer::load(&dir.join(TOKENIZER_FILE)).map_err(|e| err(e.to_string()))?;
@@ -167,7 +167,7 @@ impl TextToSpeech {
             fits_llm(&voice.name, &voice.llm_prompt_tokens, &voice.prompt_text, &dims).map_err(err)?;
         }
         let token2wav_s = started.elapsed().as_secs_f64();
-        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, &dims, device.to_tch())?;
+        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, LmFamily::Cosyvoice2, &dims, device.to_tch())?;
         let llm_s = started.elapsed().as_secs_f64() - token2wav_s;
         let positions = super::llm::request::max_positions(&plan.llm, &dims);
         let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;

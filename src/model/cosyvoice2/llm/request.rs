@@ -60,6 +60,8 @@ pub enum LmError {
     TooLong { needed: i64, limit: i64 },
     #[error("sampling drew only end-of-speech {MAX_TRIALS} times before min_len")]
     OnlyEndOfSpeech,
+    #[error("CosyVoice3's LM input must hold <|endofprompt|> (in the prompt text or the text), as the reference asserts")]
+    NoEndOfPrompt,
 }
 
 /// The reference's `max_len`: 20× (`ratios.max`) the text's tokens, or the forced length.

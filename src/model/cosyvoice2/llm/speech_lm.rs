@@ -1,6 +1,7 @@
 //! CosyVoice2's `Qwen2LM.inference` (the Hugging Face path of `cosyvoice/llm/llm.py`), batched with
 //! continuous refill: text tokens (and a voice's prompt text and prompt speech tokens) → speech
-//! tokens, many sequences at once.
+//! tokens, many sequences at once. CosyVoice3's `CosyVoice3LM` is the same decoder with another
+//! layout ([`LmFamily`]): one decoder, two heads.
 //!
 //! Input layout as the reference: `[sos, embed(prompt_text ++ text), task_id,
 //! speech_embed(prompt_speech)]`; each step feeds `speech_embed` of the sampled token. As the
@@ -18,6 +19,15 @@
 //! `max_len` from the text's length), so the batch's tail is short and sequences end in waves of
 //! like length. Each sequence samples from its own seeded stream, so it gets the same tokens
 //! batched or alone, in any order.
+//!
+//! CosyVoice3 ([`LmFamily::Cosyvoice3`], reference FunAudioLLM/CosyVoice `ace7c47`): sos and task
+//! id are rows 6561 and 6563 of `speech_embedding` (no `llm_embedding`), the output layer has
+//! 6561 + 200 rows and no bias, and every id from 6561 on ends the sequence. Before `min_len` the
+//! reference masks only column 6561 (`sampling_ids`' `ignore_eos`, whose index is CosyVoice3's sos):
+//! here a draw of 6561 before `min_len` is drawn again from the distribution without it, and the
+//! other stop ids end the sequence as they do upstream. Its output drops each "silent" token after
+//! `max_silent_tokens` of them in a row (`CosyVoice3Model.llm_job`); the decoder and the repetition
+//! window still see them. Its text must hold `<|endofprompt|>` (the reference asserts it).
 //!
 //! Neighbours: `qwen2` (the decoder), `sampler`, `batch` (cache, step buffers, graphs);
 //! `weights` loads `llm.safetensors`.
@@ -42,14 +52,44 @@ pub const LLM_FILE: &str = "llm.safetensors";
 /// Positions prefilled in one call at most (a call's attention reads its rows' slots whole).
 const PREFILL_POSITIONS: i64 = 4096;
 
-/// CosyVoice2's speech-token LM: Qwen2 plus its embeddings and output layer.
+/// Whose speech-token LM: where sos and the task id come from, the output layer, what ends a
+/// sequence (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmFamily {
+    /// `Qwen2LM`: sos and task id in `llm_embedding`; outputs `speech_tokens + 3` (with bias);
+    /// `speech_tokens` ends a sequence, the two ids above it are skipped.
+    Cosyvoice2,
+    /// `CosyVoice3LM`: sos and task id rows `speech_tokens` and `speech_tokens + 2` of
+    /// `speech_embedding`; outputs `speech_tokens + 200` (no bias), each of them from
+    /// `speech_tokens` on ends a sequence.
+    Cosyvoice3,
+}
+
+impl LmFamily {
+    /// Output rows above the speech tokens.
+    pub fn extra_outputs(self) -> i64 {
+        match self {
+            LmFamily::Cosyvoice2 => 3,
+            LmFamily::Cosyvoice3 => 200,
+        }
+    }
+}
+
+/// A CosyVoice speech-token LM: Qwen2 plus its embeddings and output layer.
 pub struct SpeechLm {
     qwen: Qwen2,
-    llm_embedding: Tensor,
+    family: LmFamily,
+    /// The sos and task-id embeddings `[2, hidden]`.
+    specials: Tensor,
     speech_embedding: Tensor,
     decoder: Linear,
-    /// 6561: the end-of-speech id; ids above it are skipped.
+    /// 6561: the first id that is not a speech token (CosyVoice2's end of speech).
     speech_tokens: i64,
+    /// CosyVoice3: the id the input must hold (`<|endofprompt|>`), if checked.
+    end_of_prompt: Option<i64>,
+    /// CosyVoice3: silent tokens and how many in a row the output keeps.
+    silent_tokens: Vec<i64>,
+    max_silent_tokens: usize,
 }
 
 /// What a sequence is fed next.
@@ -77,25 +117,51 @@ enum Next {
 }
 
 impl SpeechLm {
-    /// The LM of `llm.safetensors` (`llm.model.model.*` Qwen2, `llm_embedding`, `speech_embedding`,
-    /// `llm_decoder`).
-    pub fn new(w: &Weights, qwen: Qwen2Dims, speech_tokens: i64) -> R<SpeechLm> {
+    /// The LM of `llm.safetensors` (`llm.model.model.*` Qwen2, `speech_embedding`, `llm_decoder`,
+    /// and CosyVoice2's `llm_embedding`), laid out as `family`'s.
+    pub fn new(w: &Weights, qwen: Qwen2Dims, speech_tokens: i64, family: LmFamily) -> R<SpeechLm> {
         let h = qwen.hidden;
+        let outputs = speech_tokens + family.extra_outputs();
+        let speech_embedding = w.get("speech_embedding.weight", &[outputs, h]);
+        let specials = match family {
+            LmFamily::Cosyvoice2 => w.get("llm_embedding.weight", &[2, h]),
+            LmFamily::Cosyvoice3 => {
+                let rows = Tensor::f_from_slice(&[speech_tokens, speech_tokens + 2])?.f_to_device(speech_embedding.device())?;
+                speech_embedding.f_index_select(0, &rows)?
+            }
+        };
         Ok(SpeechLm {
             qwen: Qwen2::new(w, "llm.model.model", qwen)?,
-            llm_embedding: w.get("llm_embedding.weight", &[2, h]),
-            speech_embedding: w.get("speech_embedding.weight", &[speech_tokens + 3, h]),
-            decoder: Linear::new(w, "llm_decoder", h, speech_tokens + 3, true),
+            family,
+            specials,
+            speech_embedding,
+            decoder: Linear::new(w, "llm_decoder", h, outputs, family == LmFamily::Cosyvoice2),
             speech_tokens,
+            end_of_prompt: None,
+            silent_tokens: Vec::new(),
+            max_silent_tokens: 0,
         })
+    }
+
+    /// CosyVoice3's input check and output filter (`[cosyvoice3.llm]`'s `end_of_prompt`,
+    /// `silent_tokens`, `max_silent_tokens`).
+    pub fn with_rules(mut self, dims: &crate::model::LlmDims) -> SpeechLm {
+        self.end_of_prompt = dims.end_of_prompt;
+        self.silent_tokens = dims.silent_tokens.clone();
+        self.max_silent_tokens = dims.max_silent_tokens;
+        self
+    }
+
+    pub fn family(&self) -> LmFamily {
+        self.family
     }
 
     /// Loads `dir/llm.safetensors` as `[cosyvoice2.llm]` of the manifest describes it (checked by
     /// name and shape), with weights and KV cache in bf16 on CUDA (never fp16: upstream reports
     /// NaNs) and fp32 on the CPU; log-probabilities and sampling are fp32 either way. Also returns
     /// the sampling settings and length ratios it names.
-    pub fn load(dir: &std::path::Path, dims: &crate::model::LlmDims, device: tch::Device) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
-        SpeechLm::load_as(dir, dims, device, SpeechLm::weights_kind(device))
+    pub fn load(dir: &std::path::Path, family: LmFamily, dims: &crate::model::LlmDims, device: tch::Device) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
+        SpeechLm::load_as(dir, family, dims, device, SpeechLm::weights_kind(device))
     }
 
     /// What [`SpeechLm::load`] keeps the weights in on `device`: bf16 on CUDA, fp32 elsewhere.
@@ -110,12 +176,13 @@ impl SpeechLm {
     /// [`SpeechLm::load`] with the weights in `kind`.
     pub fn load_as(
         dir: &std::path::Path,
+        family: LmFamily,
         dims: &crate::model::LlmDims,
         device: tch::Device,
         kind: Kind,
     ) -> Result<(SpeechLm, SamplingParams, LengthRatios), crate::model::ModelError> {
         let w = Weights::load_as(&dir.join(LLM_FILE), device, kind)?;
-        let lm = SpeechLm::new(&w, Qwen2Dims::from(dims), dims.speech_tokens).map_err(crate::model::ModelError::Inference)?;
+        let lm = SpeechLm::new(&w, Qwen2Dims::from(dims), dims.speech_tokens, family).map_err(crate::model::ModelError::Inference)?.with_rules(dims);
         w.finish()?;
         let sampling = SamplingParams { top_p: dims.top_p, top_k: dims.top_k, win_size: dims.win_size, tau_r: dims.tau_r };
         Ok((lm, sampling, LengthRatios { min: dims.min_token_text_ratio, max: dims.max_token_text_ratio }))
@@ -133,7 +200,7 @@ impl SpeechLm {
 
     /// The inputs of several requests laid end to end (`[ΣT, hidden]`) and each one's length,
     /// built with one copy of ids to the device per table: every position is a row of
-    /// `[llm_embedding (sos, task); embed(all text ids); speech_embed(all prompt speech ids)]`.
+    /// `[sos, task id; embed(all text ids); speech_embed(all prompt speech ids)]`.
     pub fn inputs(&self, reqs: &[&LmRequest]) -> R<(Tensor, Vec<i64>)> {
         let device = self.device();
         let text: Vec<i64> = reqs.iter().flat_map(|r| r.prompt_text.iter().chain(&r.text)).copied().collect();
@@ -154,7 +221,7 @@ impl SpeechLm {
             }
         }
         let ids = |v: &[i64]| -> R<Tensor> { Tensor::f_from_slice(v)?.f_to_device(device) };
-        let pool = Tensor::f_cat(&[self.llm_embedding.shallow_clone(), self.qwen.embed_ids(&ids(&text)?)?, self.speech_embedding.f_index_select(0, &ids(&speech)?)?], 0)?;
+        let pool = Tensor::f_cat(&[self.specials.shallow_clone(), self.qwen.embed_ids(&ids(&text)?)?, self.speech_embedding.f_index_select(0, &ids(&speech)?)?], 0)?;
         Ok((pool.f_index_select(0, &ids(&gather)?)?, reqs.iter().map(|r| Self::input_len(r)).collect()))
     }
 
@@ -194,6 +261,8 @@ impl SpeechLm {
             let needed = self.positions_needed(r, ratios);
             if r.text.is_empty() {
                 done.push((i, Err(LmError::EmptyText)));
+            } else if self.end_of_prompt.is_some_and(|e| !r.prompt_text.contains(&e) && !r.text.contains(&e)) {
+                done.push((i, Err(LmError::NoEndOfPrompt)));
             } else if needed > max_positions {
                 done.push((i, Err(LmError::TooLong { needed, limit: max_positions })));
             } else {
@@ -386,7 +455,7 @@ impl SpeechLm {
         hidden.into_iter().zip(logps).map(|(h, lp)| Ok((h, Tensor::f_stack(&lp, 0)?))).collect()
     }
 
-    /// `log_softmax(llm_decoder(hidden))` in fp32: `[N, speech_tokens + 3]`.
+    /// `log_softmax(llm_decoder(hidden))` in fp32: `[N, speech_tokens + extra outputs]`.
     fn log_probs(&self, hidden: &Tensor) -> R<Tensor> {
         self.decoder.forward(hidden)?.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float)
     }
@@ -396,7 +465,16 @@ impl SpeechLm {
     fn advance(&self, seqs: &mut [&mut Sequence], logp: &Tensor, logp_rows: &[i64], drawn: &[(i64, i64)], params: &SamplingParams) -> R<Vec<Next>> {
         let eos = self.speech_tokens;
         let mut picks: Vec<i64> = seqs.iter().zip(drawn).map(|(s, &(nucleus, full))| choose(nucleus, full, &s.out, params)).collect();
-        // Before min_len an end-of-speech is drawn again, row by row, as the reference does.
+        // Before min_len an end-of-speech is drawn again, row by row, as the reference does
+        // (CosyVoice3: once, from the distribution without it, as its mask leaves it).
+        let masked;
+        let logp = match self.family {
+            LmFamily::Cosyvoice2 => logp,
+            LmFamily::Cosyvoice3 => {
+                masked = without_column(logp, eos)?;
+                &masked
+            }
+        };
         for _ in 0..MAX_TRIALS {
             let again: Vec<usize> = (0..seqs.len()).filter(|&i| picks[i] == eos && seqs[i].step < seqs[i].min_len).collect();
             if again.is_empty() {
@@ -406,6 +484,10 @@ impl SpeechLm {
                 picks[*i] = p;
             }
         }
+        let ends = |pick: i64| match self.family {
+            LmFamily::Cosyvoice2 => pick == eos,
+            LmFamily::Cosyvoice3 => pick >= eos,
+        };
         let mut nexts = Vec::with_capacity(seqs.len());
         for (i, seq) in seqs.iter_mut().enumerate() {
             let pick = picks[i];
@@ -413,8 +495,8 @@ impl SpeechLm {
             seq.step += 1;
             let next = if refused {
                 Next::Done(Err(LmError::OnlyEndOfSpeech))
-            } else if pick == eos {
-                Next::Done(Ok(LmOutput { tokens: std::mem::take(&mut seq.out), hit_max_len: false }))
+            } else if ends(pick) {
+                Next::Done(Ok(LmOutput { tokens: self.kept(std::mem::take(&mut seq.out)), hit_max_len: false }))
             } else {
                 // A skipped id (above end-of-speech) leaves the input as it was: fed again.
                 if pick < eos {
@@ -422,7 +504,7 @@ impl SpeechLm {
                     seq.next_input = Input::Token(pick);
                 }
                 if seq.step >= seq.max_len {
-                    Next::Done(Ok(LmOutput { tokens: std::mem::take(&mut seq.out), hit_max_len: true }))
+                    Next::Done(Ok(LmOutput { tokens: self.kept(std::mem::take(&mut seq.out)), hit_max_len: true }))
                 } else {
                     Next::Continue
                 }
@@ -430,6 +512,27 @@ impl SpeechLm {
             nexts.push(next);
         }
         Ok(nexts)
+    }
+
+    /// A finished sequence's output: CosyVoice3 drops each silent token after `max_silent_tokens`
+    /// of them in a row (`CosyVoice3Model.llm_job`); CosyVoice2 keeps every token.
+    pub fn kept(&self, tokens: Vec<i64>) -> Vec<i64> {
+        if self.silent_tokens.is_empty() {
+            return tokens;
+        }
+        let mut run = 0;
+        tokens
+            .into_iter()
+            .filter(|t| {
+                if self.silent_tokens.contains(t) {
+                    run += 1;
+                    run <= self.max_silent_tokens
+                } else {
+                    run = 0;
+                    true
+                }
+            })
+            .collect()
     }
 
     /// One draw for each of `rows` (indices into `seqs`; sequence `r` reads row `logp_rows[r]`).
@@ -466,6 +569,12 @@ impl SpeechLm {
         let picks = draw(&logp, uniforms, params)?;
         Ok(StepOutputs { logp, picks })
     }
+}
+
+/// `logp` `[N, V]` with column `column` at −∞: the reference's `ignore_eos` mask.
+pub fn without_column(logp: &Tensor, column: i64) -> R<Tensor> {
+    let index = Tensor::f_from_slice(&[column])?.f_to_device(logp.device())?;
+    logp.f_index_fill(1, &index, f64::NEG_INFINITY)
 }
 
 impl DecodingLm for SpeechLm {

@@ -24,7 +24,7 @@ fn random_lm(dir: &std::path::Path) -> SpeechLm {
     let path = dir.join("llm.safetensors");
     Tensor::write_safetensors(&t, &path).unwrap();
     let w = Weights::load(&path, tch::Device::Cpu).unwrap();
-    let lm = SpeechLm::new(&w, d, SPEECH).unwrap();
+    let lm = SpeechLm::new(&w, d, SPEECH, LmFamily::Cosyvoice2).unwrap();
     w.finish().unwrap();
     lm
 }
