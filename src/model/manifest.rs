@@ -399,7 +399,7 @@ impl Manifest {
     /// batch — scores, their masked and softmaxed copies in fp32 per head, and the mask's bias:
     /// `2 · (3 · heads + 1) · 4`. Zero for the others (CosyVoice2's sizing is unchanged).
     pub fn attention_bytes_per_frame_squared(&self) -> f64 {
-        self.cosyvoice3.map_or(0.0, |d| 2.0 * (3.0 * d.dit_heads as f64 + 1.0) * 4.0)
+        self.cosyvoice3.as_ref().map_or(0.0, |d| 2.0 * (3.0 * d.dit_heads as f64 + 1.0) * 4.0)
     }
 
     /// Size of the token vocabulary (ids are 1..vocab_size; 0 pads).

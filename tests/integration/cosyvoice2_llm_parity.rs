@@ -62,6 +62,7 @@ impl Fixtures {
                 top_k: s[1].as_i64().unwrap(),
                 win_size: s[2].as_u64().unwrap() as usize,
                 tau_r: s[3].as_f64().unwrap(),
+                full_excludes_nucleus: false,
             })
             .collect();
         Fixtures { tensors, items: json["items"].as_array().unwrap().len(), dims, speech_tokens: i("speech_tokens"), sampler_settings }

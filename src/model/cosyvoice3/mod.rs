@@ -79,7 +79,7 @@ impl Token2Wav {
     pub fn load(dir: &Path, manifest: Manifest, device: Device, precision: Precision) -> Result<Token2Wav, ModelError> {
         prepare_device(device, precision)?;
         let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
-        let dims = manifest.cosyvoice3.ok_or_else(|| err("kind cosyvoice3-token2wav needs a [cosyvoice3] section".into()))?;
+        let dims = manifest.cosyvoice3.clone().ok_or_else(|| err("kind cosyvoice3-token2wav needs a [cosyvoice3] section".into()))?;
         let dev = device.to_tch();
         let w = Weights::load(&dir.join(WEIGHTS_FILE), dev)?;
         let mut flow = Flow::new(

@@ -1,7 +1,9 @@
 //! The reference's repetition-aware sampling (`ras_sampling` in `cosyvoice/utils/common.py`),
 //! vectorised over a batch: nucleus sampling (top-p 0.8, at most top-k 25, in probability order);
 //! if the pick already occurs ≥ `win_size · tau_r` times among the sequence's last `win_size`
-//! tokens, a draw from the full distribution instead. Probabilities in fp32.
+//! tokens, a draw from the full distribution instead — CosyVoice3's reference (FunAudioLLM/CosyVoice
+//! `ace7c47`) leaves the repeated pick out of that draw, CosyVoice2's (PyPI `token2wav-cosyvoice`)
+//! does not ([`SamplingParams::full_excludes_nucleus`]). Probabilities in fp32.
 //!
 //! The draws are inverse-CDF picks from uniforms the caller supplies, one pair per row, so each
 //! sequence has its own seeded stream ([`SequenceRng`]) and a batched run picks what a solo run
@@ -21,11 +23,14 @@ pub struct SamplingParams {
     pub top_k: i64,
     pub win_size: usize,
     pub tau_r: f64,
+    /// The full-distribution draw leaves the nucleus pick out (its score set to −∞ first, as
+    /// CosyVoice3's reference does).
+    pub full_excludes_nucleus: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { top_p: 0.8, top_k: 25, win_size: 10, tau_r: 0.1 }
+        SamplingParams { top_p: 0.8, top_k: 25, win_size: 10, tau_r: 0.1, full_excludes_nucleus: false }
     }
 }
 
@@ -82,7 +87,8 @@ pub fn draw(logp: &Tensor, uniforms: &Tensor, p: &SamplingParams) -> R<Tensor> {
     let kept = top.f_mul(&before.f_lt(p.top_p)?.f_to_kind(Kind::Float)?)?;
     let nucleus_cdf = kept.f_cumsum(-1, Kind::Float)?.f_div(&kept.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
     let nucleus = top_ids.f_gather(1, &inverse_cdf(&nucleus_cdf, &uniforms.f_select(1, 0)?)?.f_unsqueeze(1)?, false)?;
-    let full_cdf = probs.f_cumsum(-1, Kind::Float)?.f_div(&probs.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
+    let full = if p.full_excludes_nucleus { probs.f_scatter_value(1, &nucleus, 0.0)? } else { probs };
+    let full_cdf = full.f_cumsum(-1, Kind::Float)?.f_div(&full.f_sum_dim_intlist(Some([-1i64].as_slice()), true, Kind::Float)?)?;
     let full = inverse_cdf(&full_cdf, &uniforms.f_select(1, 1)?)?.f_unsqueeze(1)?;
     Tensor::f_cat(&[nucleus, full], 1)
 }
@@ -155,6 +161,19 @@ mod tests {
         // Outside the window it does not count.
         let old: Vec<i64> = std::iter::once(2).chain(std::iter::repeat_n(7, 10)).collect();
         assert_eq!(ras_sample(&lp, &[&old], &[(0.1, 0.25)], &p).unwrap()[0], 2);
+    }
+
+    #[test]
+    fn cosyvoice3s_full_draw_leaves_the_repeated_pick_out() {
+        let lp = logp(&[0.2, 0.1, 0.5, 0.15, 0.05]);
+        let p = SamplingParams { full_excludes_nucleus: true, ..SamplingParams::default() };
+        // Nucleus pick id 2 repeated: the full draw is over 0.2, 0.1, 0.15, 0.05 renormalised
+        // (cumulative 0.4, 0.6, 0.9, 1.0): u = 0.55 → id 1; u = 0.7 → id 3, where CosyVoice2's
+        // draw over the whole distribution gives id 2 (cumulative 0.2, 0.3, 0.8).
+        let history: &[i64] = &[2];
+        assert_eq!(ras_sample(&lp, &[history], &[(0.1, 0.55)], &p).unwrap()[0], 1);
+        assert_eq!(ras_sample(&lp, &[history], &[(0.1, 0.7)], &p).unwrap()[0], 3);
+        assert_eq!(ras_sample(&lp, &[history], &[(0.1, 0.7)], &SamplingParams::default()).unwrap()[0], 2);
     }
 
     #[test]

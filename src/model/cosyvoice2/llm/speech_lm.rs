@@ -184,7 +184,13 @@ impl SpeechLm {
         let w = Weights::load_as(&dir.join(LLM_FILE), device, kind)?;
         let lm = SpeechLm::new(&w, Qwen2Dims::from(dims), dims.speech_tokens, family).map_err(crate::model::ModelError::Inference)?.with_rules(dims);
         w.finish()?;
-        let sampling = SamplingParams { top_p: dims.top_p, top_k: dims.top_k, win_size: dims.win_size, tau_r: dims.tau_r };
+        let sampling = SamplingParams {
+            top_p: dims.top_p,
+            top_k: dims.top_k,
+            win_size: dims.win_size,
+            tau_r: dims.tau_r,
+            full_excludes_nucleus: family == LmFamily::Cosyvoice3,
+        };
         Ok((lm, sampling, LengthRatios { min: dims.min_token_text_ratio, max: dims.max_token_text_ratio }))
     }
 
@@ -571,10 +577,11 @@ impl SpeechLm {
     }
 }
 
-/// `logp` `[N, V]` with column `column` at −∞: the reference's `ignore_eos` mask.
+/// `logp` `[N, V]` with column `column` at −∞, normalised again: the reference's `ignore_eos`
+/// mask, after which its sampling softmaxes the scores (the nucleus is taken from what is left).
 pub fn without_column(logp: &Tensor, column: i64) -> R<Tensor> {
     let index = Tensor::f_from_slice(&[column])?.f_to_device(logp.device())?;
-    logp.f_index_fill(1, &index, f64::NEG_INFINITY)
+    logp.f_index_fill(1, &index, f64::NEG_INFINITY)?.f_log_softmax(-1, Kind::Float)
 }
 
 impl DecodingLm for SpeechLm {
