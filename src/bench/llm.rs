@@ -98,8 +98,9 @@ pub struct LlmReport {
 /// The stated length distribution.
 const LENGTHS: &str = "text U[20,120] tokens; prompt speech U[0,250] tokens, prompt text = prompt/6; output forced U[100,750] tokens";
 
-/// `n` requests of the stated lengths (fixed seed).
-pub fn requests(n: usize, vocab: i64, speech_tokens: i64, seed: u64) -> Vec<LmRequest> {
+/// `n` requests of the stated lengths (fixed seed); with `end_of_prompt` (CosyVoice3, whose input
+/// must hold it) each prompt text ends with it.
+pub fn requests(n: usize, vocab: i64, speech_tokens: i64, end_of_prompt: Option<i64>, seed: u64) -> Vec<LmRequest> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..n)
         .map(|i| {
@@ -107,7 +108,7 @@ pub fn requests(n: usize, vocab: i64, speech_tokens: i64, seed: u64) -> Vec<LmRe
             let prompt = rng.gen_range(0..=250);
             LmRequest {
                 text: (0..text).map(|_| rng.gen_range(0..vocab)).collect(),
-                prompt_text: (0..prompt / 6).map(|_| rng.gen_range(0..vocab)).collect(),
+                prompt_text: (0..prompt / 6).map(|_| rng.gen_range(0..vocab)).chain(end_of_prompt).collect(),
                 prompt_speech: (0..prompt).map(|_| rng.gen_range(0..speech_tokens)).collect(),
                 seed: seed ^ i as u64,
                 forced_len: Some(rng.gen_range(100..=750)),
@@ -131,7 +132,7 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
     let mut points = Vec::new();
     for &slots in &opts.slots {
         let n = (slots * opts.requests_per_slot).max(opts.min_requests);
-        let reqs = requests(n, dims.vocab, dims.speech_tokens, opts.seed);
+        let reqs = requests(n, dims.vocab, dims.speech_tokens, dims.end_of_prompt, opts.seed);
         let max_positions = reqs.iter().map(|r| lm.positions_needed(r, ratios)).max().unwrap_or(1);
         probe.reset();
         let point = tch::no_grad(|| -> Result<Point, tch::TchError> {

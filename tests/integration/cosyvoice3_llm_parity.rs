@@ -222,3 +222,23 @@ fn the_tokenizer_with_cosyvoice3s_added_tokens_gives_the_reference_ids() {
     assert_eq!(tok.encode("<|endofprompt|>").unwrap(), vec![fx["end_of_prompt"].as_i64().unwrap()]);
     println!("PARITY tokenizer: {} cases, {} special tokens", cases.len(), fx["special_tokens"].as_object().unwrap().len());
 }
+
+#[test]
+fn a_forced_length_refuses_every_stop_id_until_it_is_reached() {
+    // Benchmarks with random weights force each sequence's length ([llm] force_lengths): for
+    // CosyVoice3, whose 200 stop ids the reference leaves drawable before min_len, all are refused.
+    let fx = Fixtures::load();
+    let lm = load();
+    let d = dims();
+    let (_, params, ratios) = SpeechLm::load_as(&model_dir(), LmFamily::Cosyvoice3, &d, device(), tch::Kind::Float).unwrap();
+    let requests: Vec<LmRequest> = (0..fx.items()).map(|i| LmRequest { forced_len: Some(60 + 20 * i), ..fx.request(i) }).collect();
+    tch::no_grad(|| {
+        let mut dec = BatchDecoder::new(&lm, 4, 2048, params, false).unwrap();
+        for (i, out) in lm.generate(&mut dec, &requests, ratios).unwrap().into_iter().enumerate() {
+            let out = out.unwrap_or_else(|e| panic!("item{i}: {e}"));
+            assert!(out.hit_max_len, "item{i} ran to its forced length");
+            // (Silent tokens past five in a row leave the output: at most the forced length.)
+            assert!(out.tokens.len() <= 60 + 20 * i && out.tokens.iter().all(|&t| t < d.speech_tokens), "item{i}: {:?}", out.tokens);
+        }
+    });
+}

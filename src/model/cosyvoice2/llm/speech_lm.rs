@@ -108,6 +108,8 @@ struct Sequence {
     out: Vec<i64>,
     next_input: Input,
     rng: SequenceRng,
+    /// A benchmark's forced length: CosyVoice3 refuses every stop id before it, not only 6561.
+    forced: bool,
 }
 
 /// What one sampled token did to its sequence.
@@ -409,6 +411,7 @@ impl SpeechLm {
                         // Fed again if the first draw is skipped (see the module doc).
                         next_input: Input::Embedding(x.f_get(end)?),
                         rng: SequenceRng::new(r.seed),
+                        forced: r.forced_len.is_some(),
                     })
                 })
                 .collect::<R<_>>()?;
@@ -472,22 +475,30 @@ impl SpeechLm {
         let eos = self.speech_tokens;
         let mut picks: Vec<i64> = seqs.iter().zip(drawn).map(|(s, &(nucleus, full))| choose(nucleus, full, &s.out, params)).collect();
         // Before min_len an end-of-speech is drawn again, row by row, as the reference does
-        // (CosyVoice3: once, from the distribution without it, as its mask leaves it).
-        let masked;
-        let logp = match self.family {
-            LmFamily::Cosyvoice2 => logp,
-            LmFamily::Cosyvoice3 => {
-                masked = without_column(logp, eos)?;
-                &masked
-            }
-        };
+        // (CosyVoice3: once, from the distribution without it, as its mask leaves it; with a forced
+        // length, without any stop id).
+        let early: Vec<bool> = seqs.iter().map(|s| s.step < s.min_len).collect();
+        let all_stops: Vec<bool> = seqs.iter().map(|s| self.family == LmFamily::Cosyvoice3 && s.forced).collect();
+        let refused = |i: usize, pick: i64| early[i] && (pick == eos || (all_stops[i] && pick > eos));
+        let (mut without_sos, mut without_stops): (Option<Tensor>, Option<Tensor>) = (None, None);
         for _ in 0..MAX_TRIALS {
-            let again: Vec<usize> = (0..seqs.len()).filter(|&i| picks[i] == eos && seqs[i].step < seqs[i].min_len).collect();
+            let again: Vec<usize> = (0..seqs.len()).filter(|&i| refused(i, picks[i])).collect();
             if again.is_empty() {
                 break;
             }
-            for (i, p) in again.iter().zip(self.sample_rows(seqs, logp, logp_rows, params, &again)?) {
-                picks[*i] = p;
+            let (plain, stops): (Vec<usize>, Vec<usize>) = again.iter().partition(|&&i| !all_stops[i]);
+            for (rows, forced) in [(plain, false), (stops, true)] {
+                if rows.is_empty() {
+                    continue;
+                }
+                let table = match (self.family, forced) {
+                    (LmFamily::Cosyvoice2, _) => logp,
+                    (LmFamily::Cosyvoice3, false) => &*without_sos.get_or_insert(without_column(logp, eos)?),
+                    (LmFamily::Cosyvoice3, true) => &*without_stops.get_or_insert(without_columns_from(logp, eos)?),
+                };
+                for (i, p) in rows.iter().zip(self.sample_rows(seqs, table, logp_rows, params, &rows)?) {
+                    picks[*i] = p;
+                }
             }
         }
         let ends = |pick: i64| match self.family {
@@ -497,7 +508,7 @@ impl SpeechLm {
         let mut nexts = Vec::with_capacity(seqs.len());
         for (i, seq) in seqs.iter_mut().enumerate() {
             let pick = picks[i];
-            let refused = pick == eos && seq.step < seq.min_len;
+            let refused = refused(i, pick);
             seq.step += 1;
             let next = if refused {
                 Next::Done(Err(LmError::OnlyEndOfSpeech))
@@ -581,6 +592,14 @@ impl SpeechLm {
 /// mask, after which its sampling softmaxes the scores (the nucleus is taken from what is left).
 pub fn without_column(logp: &Tensor, column: i64) -> R<Tensor> {
     let index = Tensor::f_from_slice(&[column])?.f_to_device(logp.device())?;
+    logp.f_index_fill(1, &index, f64::NEG_INFINITY)?.f_log_softmax(-1, Kind::Float)
+}
+
+/// `logp` `[N, V]` without columns `from..V` (every stop id), normalised again: a forced length's
+/// draws (benchmarks with random weights).
+fn without_columns_from(logp: &Tensor, from: i64) -> R<Tensor> {
+    let (_, v) = logp.size2()?;
+    let index = Tensor::f_arange_start(from, v, (Kind::Int64, logp.device()))?;
     logp.f_index_fill(1, &index, f64::NEG_INFINITY)?.f_log_softmax(-1, Kind::Float)
 }
 
