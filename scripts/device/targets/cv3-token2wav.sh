@@ -14,10 +14,14 @@
 #   too; the DiT's compile time on a GPU is not yet known: on a fresh machine run STAGE=model, then
 #   STAGE=bench COMPILE=1 as a second call on the warm machine), COMPILE_LIMIT (420 s), PRECISION (bf16:
 #   both packages' unless model.toml names the vocoder's), MAX_BATCH (512 rows: CFG doubles a batch),
-#   MAX_FRAMES (1000), CHECK (set: each package against the eager module after compiling), PY.
-# Not yet run on a GPU (2026-12-06: no device time left after the CosyVoice2 runs).
+#   MAX_FRAMES (1000), CHECK (set: each package against the eager module after compiling; on an
+#   H100 the estimator's check crashed loading it in Python, signal 11, while the worker's C++ loader
+#   serves it), CALIBRATE (set: `voxbatch calibrate` of the compiled directory, else the eager one;
+#   CAL_MAX_BATCH 256, CAL_MAX_TOKENS 512, CAL_SECONDS 120), PY.
+# First run on an H100 on 2026-12-06 (docs/PERFORMANCE.md#2026-12-06-h100b): the DiT compiled in
+# 174.5 s, the vocoder body in 121.9 s; run STAGE=model then STAGE=bench COMPILE=1 on one warm machine.
 # Output: OUT/gpu.txt, build.log, bench-<name>.log (summary lines and profile tables), bench JSON
-#   files, reference.json.
+#   files, reference.json, calibrate.log and calibration/ (CALIBRATE).
 M3=/tmp/cv3full
 STAGE=${STAGE:-all}
 case $STAGE in all|model|bench) ;; *) log "STAGE=$STAGE: all, model or bench"; exit 2 ;; esac
@@ -66,6 +70,17 @@ for d in $DIRS; do
   grep -E "audio-s/s|compiled|eager|failed|peak|^\| " "$OUT/bench-$name.full.log" | tee "$OUT/bench-$name.log"
   [ $rc = 0 ] || { log "bench exited $rc; its last lines:"; tail -25 "$OUT/bench-$name.full.log"; }
 done
+
+# CALIBRATE=1: `voxbatch calibrate` of the compiled directory (else the eager one), the memory
+# profile issue 43 asks for, written under OUT/calibration.
+if [ -n "${CALIBRATE:-}" ]; then
+  C=/tmp/cv3full-compiled; ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1 || C=$M3/model
+  log "calibrate $C"
+  VOXBATCH_MEMORY__CALIBRATION_DIR=$OUT/calibration RUST_LOG=voxbatch=info $BIN calibrate --model "$C" --device cuda:0 \
+    --precision "${PRECISION:-bf16}" --no-db --max-batch "${CAL_MAX_BATCH:-256}" --max-tokens "${CAL_MAX_TOKENS:-512}" \
+    --max-seconds "${CAL_SECONDS:-120}" > "$OUT/calibrate.log" 2>&1
+  log "calibrate exited $?"; grep -v " INFO " "$OUT/calibrate.log" | tail -6
+fi
 
 if [ "${REFERENCE:-1}" = 1 ]; then
   log "reference token2wav at batch 1 (CosyVoice3Model.token2wav's way)"
