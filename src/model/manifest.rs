@@ -250,6 +250,23 @@ pub struct Manifest {
     pub dir: PathBuf,
 }
 
+/// The files a converted CosyVoice directory must hold: token2wav's weights and voices, and for a
+/// whole model (`text`) its LM, tokenizer and normalisation grammars.
+fn cosyvoice_files(dir: &Path, text: bool) -> Result<(), String> {
+    let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
+    if text {
+        files.extend([super::cosyvoice2::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
+        let fsts = crate::frontend::normalize::FST_DIR;
+        if !dir.join(fsts).is_dir() {
+            return Err(format!("{fsts}/ (the normalisation grammars) is missing (tools/convert_cosyvoice.py copies it)"));
+        }
+    }
+    match files.into_iter().find(|f| !dir.join(f).is_file()) {
+        Some(f) => Err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")),
+        None => Ok(()),
+    }
+}
+
 const TORCHSCRIPT_INPUTS: [&str; 3] = ["tokens:int64[B,T]", "lengths:int64[B]", "speakers:int64[B]"];
 const TORCHSCRIPT_OUTPUTS: [&str; 2] = ["audio:float32[B,S]", "audio_lengths:int64[B]"];
 const TOKEN2WAV_INPUTS: [&str; 1] = ["speech_tokens:int64[B,T]"];
@@ -308,21 +325,11 @@ impl Manifest {
                 if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
                     return Err(err("CosyVoice2 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
                 }
-                let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
-                if m.kind == ModelKind::Cosyvoice2 {
-                    if dims.llm.is_none() {
-                        return Err(err("kind cosyvoice2 needs a [cosyvoice2.llm] section (convert a directory with llm.pt)".into()));
-                    }
-                    files.extend([super::cosyvoice2::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
-                    if !dir.join(crate::frontend::normalize::FST_DIR).is_dir() {
-                        return Err(err(format!("{}/ (the normalisation grammars) is missing (tools/convert_cosyvoice.py copies it)", crate::frontend::normalize::FST_DIR)));
-                    }
+                let whole = m.kind == ModelKind::Cosyvoice2;
+                if whole && dims.llm.is_none() {
+                    return Err(err("kind cosyvoice2 needs a [cosyvoice2.llm] section (convert a directory with llm.pt)".into()));
                 }
-                for f in files {
-                    if !dir.join(f).is_file() {
-                        return Err(err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")));
-                    }
-                }
+                cosyvoice_files(dir, whole).map_err(&err)?;
             }
             ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => {
                 if m.signature.inputs != TOKEN2WAV_INPUTS || m.signature.outputs != TOKEN2WAV_OUTPUTS {
@@ -340,24 +347,16 @@ impl Manifest {
                 if (m.sample_rate, m.frames_per_token, m.samples_per_frame) != (24000, 2, 480) {
                     return Err(err("CosyVoice3 token2wav is 24000 Hz, 2 frames per token, 480 samples per frame".into()));
                 }
-                let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
-                if m.kind == ModelKind::Cosyvoice3 {
+                let whole = m.kind == ModelKind::Cosyvoice3;
+                if whole {
                     let Some(llm) = &dims.llm else {
                         return Err(err("kind cosyvoice3 needs a [cosyvoice3.llm] section (convert a directory with llm.pt)".into()));
                     };
                     if llm.end_of_prompt.is_none() {
                         return Err(err("[cosyvoice3.llm] needs end_of_prompt (the tokenizer's id of <|endofprompt|>)".into()));
                     }
-                    files.extend([super::cosyvoice2::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
-                    if !dir.join(crate::frontend::normalize::FST_DIR).is_dir() {
-                        return Err(err(format!("{}/ (the normalisation grammars) is missing (tools/convert_cosyvoice.py copies it)", crate::frontend::normalize::FST_DIR)));
-                    }
                 }
-                for f in files {
-                    if !dir.join(f).is_file() {
-                        return Err(err(format!("{f} is missing (tools/convert_cosyvoice.py writes it)")));
-                    }
-                }
+                cosyvoice_files(dir, whole).map_err(&err)?;
             }
         }
         Ok(m)

@@ -15,7 +15,8 @@ use voxbatch::model::cosyvoice2::llm::sampler::{ras_sample, SamplingParams};
 use voxbatch::model::cosyvoice2::llm::speech_lm::{LmFamily, LmRequest, SpeechLm};
 use voxbatch::model::cosyvoice2::Weights;
 
-const TOLERANCE: f64 = 1e-4;
+/// Relative error the LM's stages keep to the reference in fp32 (CosyVoice3's tests too).
+pub(crate) const TOLERANCE: f64 = 1e-4;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cosyvoice2-llm-parity")
@@ -85,7 +86,7 @@ fn load(fx: &Fixtures) -> SpeechLm {
     lm
 }
 
-fn assert_close(what: &str, actual: &Tensor, reference: &Tensor) {
+pub(crate) fn assert_close(what: &str, actual: &Tensor, reference: &Tensor) {
     assert_eq!(actual.size(), reference.size(), "{what}: shape");
     let err = relative_error(actual, reference);
     println!("PARITY {what}: {err:.3e}");

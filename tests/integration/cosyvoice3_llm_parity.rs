@@ -11,14 +11,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use tch::{Device, Tensor};
+use crate::cosyvoice2_llm_parity::assert_close;
 use voxbatch::frontend::tokenizer::TextTokenizer;
-use voxbatch::model::cosyvoice2::layers::relative_error;
 use voxbatch::model::cosyvoice2::llm::batch::BatchDecoder;
 use voxbatch::model::cosyvoice2::llm::sampler::{ras_sample, SamplingParams};
 use voxbatch::model::cosyvoice2::llm::speech_lm::{without_column, LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use voxbatch::model::{LlmDims, Manifest, ModelKind};
-
-const TOLERANCE: f64 = 1e-4;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -73,13 +71,6 @@ fn dims() -> LlmDims {
 fn load() -> SpeechLm {
     let (lm, _, _) = SpeechLm::load_as(&model_dir(), LmFamily::Cosyvoice3, &dims(), device(), tch::Kind::Float).unwrap();
     lm
-}
-
-fn assert_close(what: &str, actual: &Tensor, reference: &Tensor) {
-    assert_eq!(actual.size(), reference.size(), "{what}: shape");
-    let err = relative_error(actual, reference);
-    println!("PARITY {what}: {err:.3e}");
-    assert!(err <= TOLERANCE, "{what}: relative error {err:.3e} over {TOLERANCE:e}");
 }
 
 #[test]

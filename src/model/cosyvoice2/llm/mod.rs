@@ -10,6 +10,8 @@
 //!   continuous refill; each sequence gets the same tokens batched or alone.
 //! - [`request`]: what the LM is asked and answers per sequence (`LmRequest`, `LmOutput`,
 //!   `LmError`, the length ratios).
+//! - [`family`]: whose LM (CosyVoice2's `Qwen2LM` or CosyVoice3's `CosyVoice3LM`) and the rules
+//!   in which they differ: the masks before `min_len`, CosyVoice3's silent-token filter.
 //! - [`prompt`]: a job's segments as LLM requests per CosyVoice2 mode (zero-shot, cross-lingual,
 //!   instruct), each segment seeded by job id and index.
 //!
@@ -21,6 +23,7 @@
 
 pub mod batch;
 pub mod cache;
+pub mod family;
 pub mod prompt;
 pub mod qwen2;
 pub mod request;

@@ -1,7 +1,7 @@
 //! CosyVoice2's `Qwen2LM.inference` (the Hugging Face path of `cosyvoice/llm/llm.py`), batched with
 //! continuous refill: text tokens (and a voice's prompt text and prompt speech tokens) → speech
 //! tokens, many sequences at once. CosyVoice3's `CosyVoice3LM` is the same decoder with another
-//! layout ([`LmFamily`]): one decoder, two heads.
+//! layout ([`LmFamily`], `family`): one decoder, two heads.
 //!
 //! Input layout as the reference: `[sos, embed(prompt_text ++ text), task_id,
 //! speech_embed(prompt_speech)]`; each step feeds `speech_embed` of the sampled token. As the
@@ -44,6 +44,8 @@ use super::cache::SlotCache;
 use super::qwen2::{span_for, Qwen2, Qwen2Dims, Rows};
 use super::request::{max_steps, MAX_TRIALS};
 pub use super::request::{LengthRatios, LmError, LmOutput, LmRequest};
+use super::family::{drop_long_silences, without_columns_from};
+pub use super::family::{without_column, LmFamily};
 use super::sampler::{choose, draw, ras_sample, uniforms_tensor, SamplingParams, SequenceRng};
 
 /// The LM's weights in a converted model directory.
@@ -51,29 +53,6 @@ pub const LLM_FILE: &str = "llm.safetensors";
 
 /// Positions prefilled in one call at most (a call's attention reads its rows' slots whole).
 const PREFILL_POSITIONS: i64 = 4096;
-
-/// Whose speech-token LM: where sos and the task id come from, the output layer, what ends a
-/// sequence (module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LmFamily {
-    /// `Qwen2LM`: sos and task id in `llm_embedding`; outputs `speech_tokens + 3` (with bias);
-    /// `speech_tokens` ends a sequence, the two ids above it are skipped.
-    Cosyvoice2,
-    /// `CosyVoice3LM`: sos and task id rows `speech_tokens` and `speech_tokens + 2` of
-    /// `speech_embedding`; outputs `speech_tokens + 200` (no bias), each of them from
-    /// `speech_tokens` on ends a sequence.
-    Cosyvoice3,
-}
-
-impl LmFamily {
-    /// Output rows above the speech tokens.
-    pub fn extra_outputs(self) -> i64 {
-        match self {
-            LmFamily::Cosyvoice2 => 3,
-            LmFamily::Cosyvoice3 => 200,
-        }
-    }
-}
 
 /// A CosyVoice speech-token LM: Qwen2 plus its embeddings and output layer.
 pub struct SpeechLm {
@@ -534,22 +513,7 @@ impl SpeechLm {
     /// A finished sequence's output: CosyVoice3 drops each silent token after `max_silent_tokens`
     /// of them in a row (`CosyVoice3Model.llm_job`); CosyVoice2 keeps every token.
     pub fn kept(&self, tokens: Vec<i64>) -> Vec<i64> {
-        if self.silent_tokens.is_empty() {
-            return tokens;
-        }
-        let mut run = 0;
-        tokens
-            .into_iter()
-            .filter(|t| {
-                if self.silent_tokens.contains(t) {
-                    run += 1;
-                    run <= self.max_silent_tokens
-                } else {
-                    run = 0;
-                    true
-                }
-            })
-            .collect()
+        drop_long_silences(tokens, &self.silent_tokens, self.max_silent_tokens)
     }
 
     /// One draw for each of `rows` (indices into `seqs`; sequence `r` reads row `logp_rows[r]`).
@@ -586,21 +550,6 @@ impl SpeechLm {
         let picks = draw(&logp, uniforms, params)?;
         Ok(StepOutputs { logp, picks })
     }
-}
-
-/// `logp` `[N, V]` with column `column` at −∞, normalised again: the reference's `ignore_eos`
-/// mask, after which its sampling softmaxes the scores (the nucleus is taken from what is left).
-pub fn without_column(logp: &Tensor, column: i64) -> R<Tensor> {
-    let index = Tensor::f_from_slice(&[column])?.f_to_device(logp.device())?;
-    logp.f_index_fill(1, &index, f64::NEG_INFINITY)?.f_log_softmax(-1, Kind::Float)
-}
-
-/// `logp` `[N, V]` without columns `from..V` (every stop id), normalised again: a forced length's
-/// draws (benchmarks with random weights).
-fn without_columns_from(logp: &Tensor, from: i64) -> R<Tensor> {
-    let (_, v) = logp.size2()?;
-    let index = Tensor::f_arange_start(from, v, (Kind::Int64, logp.device()))?;
-    logp.f_index_fill(1, &index, f64::NEG_INFINITY)?.f_log_softmax(-1, Kind::Float)
 }
 
 impl DecodingLm for SpeechLm {
