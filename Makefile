@@ -6,7 +6,7 @@ ENV := source scripts/env.sh &&
 
 # What the demo needs (the binary alone); `make test` bootstraps the rest.
 bootstrap:
-	scripts/bootstrap.sh demo
+	MODEL=$(MODEL) scripts/bootstrap.sh demo
 
 build: bootstrap
 
@@ -15,11 +15,13 @@ build: bootstrap
 ## the audio is, the per-stage report and the cost. Its weights are random (bootstrap converts it
 ## from the reference code): the audio is noise of the right length, and each segment's length is
 ## forced ([llm] force_lengths), since random weights end speech at random.
-## `make demo MODEL=reference-tiny`: the CNN reference model on the plain sample corpus instead.
+## `make demo MODEL=cosyvoice3-tiny`: the same corpus through the tiny CosyVoice3 (its LLM and DiT
+## token2wav; random weights too). `make demo MODEL=reference-tiny`: the CNN reference model on the
+## plain sample corpus instead.
 MODEL ?= cosyvoice2-tiny
 demo: bootstrap
-ifeq ($(MODEL),cosyvoice2-tiny)
-	$(ENV) RUST_LOG=$${RUST_LOG:-info,flacenc=warn} VOXBATCH_LLM__FORCE_LENGTHS=true target/debug/voxbatch demo --model models/cosyvoice2-tiny --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-cosyvoice2-tiny
+ifneq ($(filter $(MODEL),cosyvoice2-tiny cosyvoice3-tiny),)
+	$(ENV) RUST_LOG=$${RUST_LOG:-info,flacenc=warn} VOXBATCH_LLM__FORCE_LENGTHS=true target/debug/voxbatch demo --model models/$(MODEL) --corpus corpus/cosyvoice2-sample.jsonl --campaign demo-$(MODEL)
 else
 	$(ENV) target/debug/voxbatch demo --model models/$(MODEL) --campaign demo-$(MODEL)
 endif

@@ -7,6 +7,8 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 #include "guarded.h"
@@ -30,6 +32,27 @@ int64_t cuda_oom_count(const std::vector<at::Tensor>& tensors) {
   return -1;
 }
 
+// Freeing a package once the process has begun to exit: AOTInductor's model container destroys
+// its CUDA events in a destructor that throws ("driver shutting down") when CUDA's teardown has
+// begun, and a throwing destructor ends the process (std::terminate: `voxbatch calibrate` aborted
+// at exit on an H100 on 2026-12-06, its inference thread freeing the model as the main thread
+// returned). An exit handler registered after the first load (so after CUDA's own, and run
+// before them) waits for a free in progress and marks the exit; frees after it leave the package
+// to the process's end. The lock is never destroyed: it is used during exit.
+std::mutex& free_lock() {
+  static auto* lock = new std::mutex();
+  return *lock;
+}
+bool exiting = false;
+void mark_exit() {
+  std::lock_guard<std::mutex> guard(free_lock());
+  exiting = true;
+}
+void register_exit_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(mark_exit); });
+}
+
 }  // namespace
 
 extern "C" {
@@ -45,6 +68,7 @@ int voxbatch_aoti_load(const char* path, int device_index, void** out, char* err
   return guarded([&] {
     *out = new AOTIModelPackageLoader(std::string(path), "model", /* run_single_threaded = */ true, 1,
                                       static_cast<c10::DeviceIndex>(device_index));
+    register_exit_handler();
   }, err, err_len);
 }
 
@@ -87,6 +111,8 @@ int voxbatch_aoti_run(void* handle, void** inputs, int n_inputs, void** outputs,
 }
 
 void voxbatch_aoti_free(void* handle) {
+  std::lock_guard<std::mutex> guard(free_lock());
+  if (exiting) return;
   try {
     delete static_cast<AOTIModelPackageLoader*>(handle);
   } catch (...) {

@@ -186,14 +186,18 @@ if [ "$FOR" = test ] && { [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -
     --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
 fi
 
-# [test] The tiny CosyVoice3 (random weights; tests/data/cosyvoice3 holds its official-format files and
-# parity fixtures, made by tools/make_cv3_fixtures.py from the reference repository) as a voxbatch model.
+# [test, and `make demo MODEL=cosyvoice3-tiny`] The tiny CosyVoice3 (random weights; tests/data/cosyvoice3
+# holds its official-format files and parity fixtures, made by tools/make_cv3_fixtures.py from the reference
+# repository) as a voxbatch model, with the speech tokenizer's and CAM++'s random stand-ins (the v3 file's
+# name) so that its voices can be added from recordings.
 CV3=models/cosyvoice3-tiny/token2wav.safetensors
-if [ "$FOR" = test ] && { [ ! -f "$CV3" ] || [ tools/convert_cosyvoice.py -nt "$CV3" ] \
-   || [ tests/data/cosyvoice3/official/flow.pt -nt "$CV3" ] || [ tests/data/cosyvoice3/official/hift.pt -nt "$CV3" ]; }; then
+if { [ "$FOR" = test ] || [ "${MODEL:-}" = cosyvoice3-tiny ]; } && { [ ! -f "$CV3" ] || [ tools/convert_cosyvoice.py -nt "$CV3" ] \
+   || [ tests/data/cosyvoice3/official/flow.pt -nt "$CV3" ] || [ tests/data/cosyvoice3/official/hift.pt -nt "$CV3" ] \
+   || [ ! -f models/cosyvoice3-tiny/speech_tokenizer_v3.onnx ] || [ models/voice-parity/speech_tokenizer_v3.onnx -nt "$CV3" ]; }; then
   log "converting the tiny CosyVoice3 model"
   .venv/bin/python tools/convert_cosyvoice.py tests/data/cosyvoice3/official models/cosyvoice3-tiny \
     --name cosyvoice3-tiny --noise-seconds 30 > /dev/null
+  cp models/voice-parity/speech_tokenizer_v3.onnx models/voice-parity/campplus.onnx models/cosyvoice3-tiny/
 fi
 # [test] Its DiT and vocoder body compiled for this CPU (`--family cosyvoice3`, ≈ 1 minute: small limits,
 # 256 frames and 16 rows, what the tests run), in a directory of its own (links to its files), as the

@@ -36,7 +36,8 @@ campplus.onnx and speech_tokenizer_v3.onnx if present, llm.pt with CosyVoice-Bla
                           `llm.sampling`, speech_tokens = the yaml's speech_token_size, checked
                           against the weights) plus end_of_prompt (tokenizer.json's id of
                           <|endofprompt|>), silent_tokens and max_silent_tokens (CosyVoice3Model's);
-  llm.safetensors         CosyVoice3LM's weights in fp32 under llm.pt's names: `llm.model.model.*`
+  llm.safetensors         CosyVoice3LM's weights (llm.pt, or the file --llm names: llm.rl.pt is
+                          the RL-tuned LM Fun-CosyVoice3-0.5B ships beside it) in fp32 under llm.pt's names: `llm.model.model.*`
                           (Qwen2), `speech_embedding.weight` and `llm_decoder.weight` [speech_tokens
                           + 200, hidden] (no decoder bias, no llm_embedding: sos and task_id are
                           speech_embedding rows); lm_head dropped; one error lists every missing,
@@ -616,11 +617,14 @@ def cosyvoice3_llm_expected(dims, speech_tokens):
     return e
 
 
-def convert_cosyvoice3_llm(src, out_dir, yaml_path):
-    """llm.pt + CosyVoice-BlankEN/config.json (+ cosyvoice3.yaml's `llm:` section) -> llm.safetensors;
-    returns the [cosyvoice3.llm] keys but for end_of_prompt, or None when the directory has no llm.pt."""
-    path = os.path.join(src, "llm.pt")
+def convert_cosyvoice3_llm(src, out_dir, yaml_path, llm_file="llm.pt"):
+    """llm.pt (or `llm_file`: Fun-CosyVoice3-0.5B also ships llm.rl.pt, its RL-tuned LM) +
+    CosyVoice-BlankEN/config.json (+ cosyvoice3.yaml's `llm:` section) -> llm.safetensors; returns the
+    [cosyvoice3.llm] keys but for end_of_prompt, or None when the directory has no such file."""
+    path = os.path.join(src, llm_file)
     if not os.path.exists(path):
+        if llm_file != "llm.pt":
+            sys.exit(f"{src} has no {llm_file} (--llm names the LM checkpoint to convert)")
         return None
     dims = qwen2_dims(src)
     llm = read_tagged_yaml(yaml_path).get("llm") or {}
@@ -676,12 +680,12 @@ def convert_cosyvoice3(args):
     if not names:
         print(f"no voices in {spk_path}: none registered (jobs are refused until a voice is added)", file=sys.stderr)
     os.makedirs(args.out_dir, exist_ok=True)
-    llm_dims = convert_cosyvoice3_llm(src, args.out_dir, os.path.join(src, "cosyvoice3.yaml"))
+    llm_dims = convert_cosyvoice3_llm(src, args.out_dir, os.path.join(src, "cosyvoice3.yaml"), args.llm)
     tokenizer, token_ids = convert_tokenizer(src, args.out_dir, COSYVOICE3_SPECIAL_TOKENS) if llm_dims else (None, {})
     grammars = copy_grammars(args.out_dir) if tokenizer else None
     whole = bool(llm_dims and tokenizer and grammars)
     if llm_dims and not whole:
-        print(f"{src}/llm.pt converted, but without {'a tokenizer (CosyVoice-BlankEN/vocab.json)' if not tokenizer else 'grammars'} "
+        print(f"{src}/{args.llm} converted, but without {'a tokenizer (CosyVoice-BlankEN/vocab.json)' if not tokenizer else 'grammars'} "
               "the model takes speech tokens only (kind cosyvoice3-token2wav)", file=sys.stderr)
     for stale in ([] if llm_dims else ["llm.safetensors"]) + ([] if tokenizer else ["tokenizer.json"]):
         if os.path.exists(os.path.join(args.out_dir, stale)):
@@ -744,6 +748,9 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("out_dir")
     ap.add_argument("--name", default=None, help="model name in the manifest (default: the output folder's name)")
+    ap.add_argument("--llm", default="llm.pt",
+                    help="CosyVoice3: the LM checkpoint of the directory to convert (llm.pt; Fun-CosyVoice3-0.5B's "
+                         "RL-tuned one is llm.rl.pt)")
     ap.add_argument("--noise-seconds", type=int, default=300,
                     help="CosyVoice3: seconds of the causal source's fixed noise kept (upstream's buffer: 300); "
                          "the longest item the model can vocode")

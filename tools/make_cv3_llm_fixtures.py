@@ -32,6 +32,11 @@ say which id it is. To run the reference's own `inference` on it, the assert's `
 answered with the stand-in's id (torch.Tensor.__contains__ wrapped during the call); nothing else of
 the reference is changed.
 
+`--full` (no --snapshot needed): official/llm.pt at Fun-CosyVoice3-0.5B's dimensions (Hugging Face's
+random init, seeded) and the stand-in tokenizer beside its config.json, no fixtures — what the device
+targets bench (scripts/device/targets/cv3-token2wav.sh TEXT=1, then text-e2e.sh FAMILY=cosyvoice3).
+Random weights: nothing speaks.
+
 The tiny model's weights are make_llm_fixtures.py's scaled random ones, then the output layer's rows
 rescaled: with random weights 200 of its 264 outputs would end speech at nearly every step (about
 one step in two), so the rows of the speech tokens and of eos are made larger (SPEECH_ROW_SCALE) and
@@ -120,12 +125,14 @@ def import_reference(snapshot):
                                  CosyVoice3Tokenizer=CosyVoice3Tokenizer, CosyVoice3Model=CosyVoice3Model, common=common)
 
 
-def build(ref, seed, yaml_llm):
+def build(ref, seed, yaml_llm, dims=DIMS, scale=True):
     torch.manual_seed(seed)
-    encoder = make_llm_fixtures.tiny_qwen2(ref.llm, ref.Qwen2Config, ref.Qwen2ForCausalLM, DIMS)
+    encoder = make_llm_fixtures.tiny_qwen2(ref.llm, ref.Qwen2Config, ref.Qwen2ForCausalLM, dims)
     lm = ref.llm.CosyVoice3LM(llm_input_size=int(yaml_llm["llm_input_size"]), llm_output_size=int(yaml_llm["llm_output_size"]),
                               speech_token_size=int(yaml_llm["speech_token_size"]), llm=encoder, sampling=None,
                               mix_ratio=yaml_llm.get("mix_ratio", [5, 15]))
+    if not scale:
+        return lm.eval()
     make_llm_fixtures.scale_weights(lm)
     with torch.no_grad():
         scale = torch.full((lm.llm_decoder.weight.shape[0], 1), STOP_ROW_SCALE)
@@ -186,11 +193,48 @@ def silent_filter(ref_model_cls, tokens):
     return model.tts_speech_token_dict["u"]
 
 
+def write_full(official, yaml_path, yaml_llm, seed):
+    """`--full`: OFFICIAL/llm.pt holding what CosyVoice3LM.state_dict() holds (the tiny reference-built
+    llm.pt's names: `llm.model.*` a Qwen2ForCausalLM, `speech_embedding.weight` and `llm_decoder.weight`
+    of speech tokens + 200 rows, no decoder bias) at Fun-CosyVoice3-0.5B's dimensions, Hugging Face's
+    random init under `seed`, and the stand-in tokenizer with the Qwen2 config.json beside it. Needs
+    transformers (4.51.3, as CosyVoice pins), not the reference repository: the layout is plain."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    full = make_llm_fixtures.FULL
+    hidden, speech = int(yaml_llm["llm_input_size"]), int(yaml_llm["speech_token_size"])
+    if (hidden, speech) != (full["hidden"], full["speech_tokens"]):
+        sys.exit(f"{yaml_path}'s llm section is not the full one: run make_cv3_fixtures.py --config full first")
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=full["vocab"], hidden_size=hidden, intermediate_size=full["intermediate"],
+                         num_hidden_layers=full["layers"], num_attention_heads=full["heads"], num_key_value_heads=full["kv_heads"],
+                         rope_theta=full["rope_theta"], rms_norm_eps=full["eps"], max_position_embeddings=32768,
+                         tie_word_embeddings=False, use_sliding_window=False, sliding_window=None, torch_dtype="float32")
+    state = {f"llm.model.{k}": v for k, v in Qwen2ForCausalLM(config).state_dict().items()}
+    state["speech_embedding.weight"] = torch.nn.Embedding(speech + 200, hidden).weight.detach()
+    state["llm_decoder.weight"] = torch.nn.Linear(hidden, speech + 200, bias=False).weight.detach()
+    # The names the reference's CosyVoice3LM gives (the committed tiny llm.pt was built with it).
+    tiny = torch.load(os.path.join(os.path.dirname(__file__), "..", "tests", "data", "cosyvoice3", "official", "llm.pt"),
+                      map_location="cpu", weights_only=True)
+    generic = lambda keys: {k.split(".layers.")[0] + ".layers.N." + k.split(".layers.")[1].split(".", 1)[1] if ".layers." in k else k for k in keys}
+    if generic(state) != generic(tiny):
+        sys.exit(f"the full llm.pt's names differ from the reference-built tiny one's: {sorted(generic(state) ^ generic(tiny))[:6]}")
+    blank_en = os.path.join(official, "CosyVoice-BlankEN")
+    make_llm_fixtures.write_standin_tokenizer(blank_en)
+    config.to_json_file(os.path.join(blank_en, "config.json"))
+    torch.save(state, os.path.join(official, "llm.pt"))
+    print(f"wrote {official}/llm.pt: a Fun-CosyVoice3-0.5B-shaped LM ({sum(v.numel() for v in state.values()) / 1e6:.0f} M parameters), "
+          "random weights, and the stand-in tokenizer")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--snapshot", required=True, help="a FunAudioLLM/CosyVoice checkout")
+    ap.add_argument("--snapshot", help="a FunAudioLLM/CosyVoice checkout (not needed with --full)")
     ap.add_argument("--out", required=True, help="the directory make_cv3_fixtures.py wrote (its official/cosyvoice3.yaml is read)")
     ap.add_argument("--seed", type=int, default=4343)
+    ap.add_argument("--full", action="store_true",
+                    help="Fun-CosyVoice3-0.5B's dimensions (Hugging Face's random init) beside the stand-in tokenizer, "
+                         "official files only (llm.pt, CosyVoice-BlankEN/): for benchmarks; OUT's cosyvoice3.yaml is "
+                         "make_cv3_fixtures.py --config full's")
     args = ap.parse_args()
     from safetensors.torch import save_file
 
@@ -199,6 +243,11 @@ def main():
     if not os.path.isfile(yaml_path):
         sys.exit(f"{yaml_path} is missing: run tools/make_cv3_fixtures.py --out {args.out} first")
     yaml_llm = convert_cosyvoice.read_tagged_yaml(yaml_path)["llm"]
+    if not args.full and not args.snapshot:
+        sys.exit("--snapshot is needed for the fixtures")
+    if args.full:
+        write_full(official, yaml_path, yaml_llm, args.seed)
+        return
     if int(yaml_llm["llm_input_size"]) != DIMS["hidden"] or int(yaml_llm["speech_token_size"]) != DIMS["speech_tokens"]:
         sys.exit(f"{yaml_path}'s llm section is not the tiny one (hidden {DIMS['hidden']}, {DIMS['speech_tokens']} speech tokens)")
     ref = import_reference(args.snapshot)

@@ -7,11 +7,13 @@ resamples with it) at the rates prompts arrive in, and the speaker embedding's i
 tests/voice.rs; deterministic for a seed.
 
 Also writes small random stand-ins for the checkpoint's two ONNX models with the official files'
-names, inputs and outputs — OUT/speech_tokenizer_v2.onnx (feats float[1,128,T], feats_length
+names, inputs and outputs — OUT/speech_tokenizer_v2.onnx (and a copy as CosyVoice3's
+speech_tokenizer_v3.onnx, whose inputs and outputs are the same) (feats float[1,128,T], feats_length
 int32[1] -> int32[1,ceil(T/4)] tokens below --vocab, 25 Hz as v2's two stride-2 convolutions make
 them) and OUT/campplus.onnx (float[1,T,80] fbank -> float[1,192]) — and what the reference frontend
 (`frontend_zero_shot`'s prompt half, run with onnxruntime as the reference runs them) makes of a
-22.05 kHz recording: speech tokens, x-vector and prompt mel, trimmed to two frames per token.
+22.05 kHz recording: speech tokens, x-vector and prompt mel, trimmed to two frames per token —
+CosyVoice2's (`prompt.*`) and CosyVoice3's (`prompt3.*`: the v3 file, a mel without fmax).
 Random weights: the tokens and x-vector mean nothing; they check the plumbing. Needs onnx and
 onnxruntime (bootstrap installs both).
 
@@ -62,6 +64,8 @@ def reference_mel_spectrogram():
     filters = types.ModuleType("librosa.filters")
 
     def mel(sr, n_fft, n_mels, fmin, fmax):
+        # librosa's default: no fmax is half the sampling rate (CosyVoice3's feat_extractor).
+        fmax = sr / 2 if fmax is None else fmax
         fb = torchaudio.functional.melscale_fbanks(n_fft // 2 + 1, float(fmin), float(fmax), n_mels, sr, norm="slaney", mel_scale="slaney")
         return fb.T.numpy()
 
@@ -121,17 +125,18 @@ def write_prompt_models(out, vocab, seed):
     onnx.save(model, os.path.join(out, "campplus.onnx"))
 
 
-def reference_prompt(out, speech, rate, log_mel_spectrogram, mel_spectrogram):
+def reference_prompt(out, speech, rate, log_mel_spectrogram, mel_spectrogram, tokenizer_file="speech_tokenizer_v2.onnx", fmax=8000, key="prompt"):
     """frontend_zero_shot's prompt half on `speech` (mono, `rate` Hz): load_wav's resampling,
     _extract_speech_token, _extract_spk_embedding, _extract_speech_feat and the 2-frames-per-token
-    trim, with onnxruntime as the reference configures it."""
+    trim, with onnxruntime as the reference configures it. CosyVoice2's speech tokenizer and mel
+    (fmax 8000) by default; CosyVoice3's: speech_tokenizer_v3.onnx, fmax None."""
     import numpy as np
     import onnxruntime
     import torchaudio.compliance.kaldi as kaldi
     option = onnxruntime.SessionOptions()
     option.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     option.intra_op_num_threads = 1
-    tokenizer = onnxruntime.InferenceSession(os.path.join(out, "speech_tokenizer_v2.onnx"), sess_options=option, providers=["CPUExecutionProvider"])
+    tokenizer = onnxruntime.InferenceSession(os.path.join(out, tokenizer_file), sess_options=option, providers=["CPUExecutionProvider"])
     campplus = onnxruntime.InferenceSession(os.path.join(out, "campplus.onnx"), sess_options=option, providers=["CPUExecutionProvider"])
     speech16 = torchaudio.transforms.Resample(orig_freq=rate, new_freq=16000)(speech[None])
     speech24 = torchaudio.transforms.Resample(orig_freq=rate, new_freq=24000)(speech[None])
@@ -141,14 +146,14 @@ def reference_prompt(out, speech, rate, log_mel_spectrogram, mel_spectrogram):
     fbank = kaldi.fbank(speech16, num_mel_bins=80, dither=0, sample_frequency=16000)
     fbank = fbank - fbank.mean(dim=0, keepdim=True)
     embedding = campplus.run(None, {campplus.get_inputs()[0].name: fbank.unsqueeze(dim=0).cpu().numpy()})[0].flatten().tolist()
-    args = dict(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0, fmax=8000, center=False)
+    args = dict(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0, fmax=fmax, center=False)
     speech_feat = mel_spectrogram(speech24, **args).squeeze(dim=0).transpose(0, 1)
     token_len = min(int(speech_feat.shape[0] / 2), len(tokens))
     return {
-        "prompt.in": speech.contiguous(),
-        "prompt.tokens": torch.tensor(tokens[:token_len], dtype=torch.int64),
-        "prompt.embedding": torch.tensor(embedding, dtype=torch.float32),
-        "prompt.mel": speech_feat[: 2 * token_len].contiguous(),
+        f"{key}.in": speech.clone().contiguous(),
+        f"{key}.tokens": torch.tensor(tokens[:token_len], dtype=torch.int64),
+        f"{key}.embedding": torch.tensor(embedding, dtype=torch.float32),
+        f"{key}.mel": speech_feat[: 2 * token_len].contiguous(),
     }
 
 
@@ -185,6 +190,7 @@ def main():
     args = dict(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0, fmax=8000, center=False)
     tensors["mel.in"] = speech24[0].contiguous()
     tensors["mel.out"] = mel_spectrogram(speech24, **args).squeeze(0).transpose(0, 1).contiguous()
+    tensors["mel.cv3.out"] = mel_spectrogram(speech24, **dict(args, fmax=None)).squeeze(0).transpose(0, 1).contiguous()
     # The speech tokenizer's input (frontend._extract_speech_token): whisper.log_mel_spectrogram,
     # 128 bins — s3tokenizer's copy, with its librosa-made filter bank (mel_filters.npz).
     log_mel_spectrogram = reference_log_mel_spectrogram()
@@ -193,7 +199,14 @@ def main():
     tensors["whisper.out"] = log_mel_spectrogram(speech16, n_mels=128).transpose(0, 1).contiguous()
     os.makedirs(a.out, exist_ok=True)
     write_prompt_models(a.out, a.vocab, a.seed)
-    tensors.update(reference_prompt(a.out, signal(22050, 2.61, gen), 22050, log_mel_spectrogram, mel_spectrogram))
+    prompt_speech = signal(22050, 2.61, gen)
+    tensors.update(reference_prompt(a.out, prompt_speech, 22050, log_mel_spectrogram, mel_spectrogram))
+    # CosyVoice3's prompt half: its speech tokenizer's file (the stand-in: the same random model,
+    # since v3's inputs and outputs are v2's) and its mel without fmax.
+    import shutil
+    shutil.copyfile(os.path.join(a.out, "speech_tokenizer_v2.onnx"), os.path.join(a.out, "speech_tokenizer_v3.onnx"))
+    tensors.update(reference_prompt(a.out, prompt_speech, 22050, log_mel_spectrogram, mel_spectrogram,
+                                    tokenizer_file="speech_tokenizer_v3.onnx", fmax=None, key="prompt3"))
     save_file(tensors, os.path.join(a.out, "voice_parity.safetensors"))
     print(f"wrote {a.out}/voice_parity.safetensors: {len(RESAMPLES)} resamplings (torchaudio {torchaudio.__version__})")
 

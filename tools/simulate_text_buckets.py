@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Simulates how a corpus's text batches go through the LLM's slots and token2wav's buckets
 (issue 14), to compare scheduling rules on the CPU before spending GPU time on them. A model, not
-the product: it mirrors src/model/cosyvoice2/buckets.rs (`MIN_FILL`, the batch-end split with
+the product: it mirrors src/model/tts/buckets.rs (`MIN_FILL`, the batch-end split with
 `BUCKET_OVERHEAD_TOKENS` per call and each call's padded tokens counted as at least
 `CALL_FLOOR_TOKENS`) and llm/speech_lm.rs's admission (FIFO as before 2026-12-04,
 or longest first as now), with each segment decoding its forced length (`[llm] force_lengths`:

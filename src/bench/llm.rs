@@ -214,7 +214,9 @@ fn default_plan(device: Device, dims: &crate::model::LlmDims, lm: &SpeechLm, dir
     let info = crate::gpu::memory_info(device).ok()?;
     let budget = cfg.memory.vram_fraction * info.total_bytes as f64 - info.used_by_others_bytes as f64 - cfg.memory.safety_margin_bytes as f64;
     let weights = std::fs::metadata(dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).ok()?.len() / 4 * lm.kind().elt_size_in_bytes() as u64;
-    crate::sizing::llm::plan(&cfg.llm, dims, lm.kind(), weights, budget.max(0.0) as u64).ok()
+    let manifest = crate::model::Manifest::load(dir).ok()?;
+    let system = crate::model::tts::system_prompt_tokens(&manifest).ok()?;
+    crate::sizing::llm::plan(&cfg.llm, dims, system, lm.kind(), weights, budget.max(0.0) as u64).ok()
 }
 
 /// The Markdown table (one row per slot count, then the reference).

@@ -59,8 +59,9 @@ impl std::fmt::Display for DemoSummary {
             writeln!(f, "  … (`voxbatch audit --campaign` checks each against its row; Postgres `jobs.s3_key` names each job's)")?;
         }
         // The bundled models have random weights (no weights can be downloaded): say so.
-        if self.model_dir.ends_with("cosyvoice2-tiny") {
-            writeln!(f, "(cosyvoice2-tiny has random weights: its audio is noise of the right length, not speech; convert your CosyVoice2 checkpoint for speech)")?;
+        if let Some(family) = ["cosyvoice2", "cosyvoice3"].into_iter().find(|m| self.model_dir.ends_with(format!("{m}-tiny"))) {
+            let checkpoint = if family == "cosyvoice2" { "CosyVoice2" } else { "Fun-CosyVoice3-0.5B" };
+            writeln!(f, "({family}-tiny has random weights: its audio is noise of the right length, not speech; convert your {checkpoint} checkpoint for speech)")?;
         } else if self.model_dir.file_name().is_some_and(|n| n.to_string_lossy().starts_with("reference-")) {
             writeln!(f, "(the reference model's audio is not speech: it has the compute shape of a TTS network, random weights)")?;
         }

@@ -155,9 +155,9 @@ async fn start_model(cfg: &Config, device: Device) -> Result<ModelHandle, Comman
     tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
         let m = &sized.model;
         let manifest = crate::model::Manifest::load(&m.dir)?;
-        let text = match manifest.kind {
-            crate::model::ModelKind::Cosyvoice2 => Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?),
-            _ => None,
+        let text = match manifest.kind.takes_text() {
+            true => Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?),
+            false => None,
         };
         let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text, flow_graphs: m.flow_graphs, cudnn_benchmark: m.cudnn_benchmark };
         Ok(ModelHandle::start(&m.dir, device, m.precision, options)?)

@@ -23,8 +23,8 @@ use crate::job::escape_controls;
 use crate::report::{Render, Table};
 use crate::frontend::segment::SegmentLimits;
 use crate::frontend::Frontend;
-use crate::model::{Manifest, ModelError, ModelKind};
-use crate::voice::onnx::PromptModels;
+use crate::model::{Manifest, ModelError};
+use crate::voice::onnx::{PromptModels, PromptRecipe};
 use crate::voice::prompt::PromptError;
 use crate::voice::recording::Recording;
 use crate::voice::VoicePrompt;
@@ -79,17 +79,16 @@ pub async fn voice_add(cfg: &Config, add: &VoiceAdd) -> Result<AddedVoice, Comma
     // Files, grammars and ONNX models: blocking, off the async runtime.
     let (manifest, models, normalized, text_tokens, recording, sha256) = tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
         let manifest = voice_model(&add2.model_dir)?;
-        if !manifest.kind.makes_voices_from_recordings() {
+        let Some(recipe) = PromptRecipe::for_kind(manifest.kind) else {
             return Err(CommandError::Usage(format!(
-                "model {} is of kind {}: voices from recordings are made for CosyVoice2 models only so far (a CosyVoice3 \
-                 prompt needs speech_tokenizer_v3 and a mel without fmax); its directory's voices serve its jobs",
+                "model {} is of kind {}: its voices are fixed by its directory (voices from recordings are made for CosyVoice models)",
                 manifest.name,
                 manifest.kind.as_str()
             )));
-        }
-        let models = PromptModels::load(&add2.model_dir, library.as_deref()).map_err(PromptError::from)?;
+        };
+        let models = PromptModels::load(&add2.model_dir, recipe, library.as_deref()).map_err(PromptError::from)?;
         // The LLM's prompt: the transcript as the text frontend gives it (models with an LLM).
-        let (normalized, text_tokens) = if manifest.kind == ModelKind::Cosyvoice2 {
+        let (normalized, text_tokens) = if manifest.kind.takes_text() {
             let frontend = Frontend::load(&add2.model_dir, segment_limits)?;
             match frontend.prompt_tokens(&add2.text) {
                 Ok((n, t)) => (Some(n), t),

@@ -1,5 +1,6 @@
-//! The text frontend of CosyVoice2 jobs: a job's text → normalised text → segments (the LLM's units)
-//! with their token ids, as CosyVoice's `frontend.text_normalize` + `tokenizer.encode` do it.
+//! The text frontend of CosyVoice2 and CosyVoice3 jobs: a job's text → normalised text → segments
+//! (the LLM's units) with their token ids, as CosyVoice's `frontend.text_normalize` +
+//! `tokenizer.encode` do it (text with `<|…|>` markup is not normalised, as there).
 //!
 //! Stages, a file each: `normalize` (WeTextProcessing's grammars and the reference's clean-ups,
 //! prices read right; its grammars in `pool`s of copies for parallel callers), `segment` (the reference's `split_paragraph`, plus a hard cap), `tokenizer`
@@ -7,7 +8,7 @@
 //! grammars misread: St., phone numbers, versions, long digit strings). Pieces that hold
 //! only punctuation and symbols are dropped, as the reference drops them.
 //!
-//! Neighbours: `commands::text` (the dry run) and `model::cosyvoice2::tts::TextInput::prepare`
+//! Neighbours: `commands::text` (the dry run) and `model::tts::TextInput::prepare`
 //! (which the worker's intake runs on each text job) call [`Frontend::prepare`];
 //! `model::cosyvoice2::llm::prompt` turns the segments' tokens into LLM requests.
 
@@ -87,7 +88,7 @@ impl Frontend {
     /// A voice prompt's transcript as the LLM is given it: normalised as one piece (the
     /// reference's `text_normalize(prompt_text, split=False)`) and tokenized. Blocking.
     pub fn prompt_tokens(&self, text: &str) -> Result<(String, Vec<i64>), FrontendError> {
-        let (normalized, _) = self.normalizer.normalize(text)?;
+        let (normalized, _) = self.normalize(text)?;
         if only_punctuation(&normalized) {
             return Err(FrontendError::Empty);
         }
@@ -100,7 +101,7 @@ impl Frontend {
 
     /// `text` normalised, segmented and tokenized. Blocking (grammars): off the async runtime.
     pub fn prepare(&self, text: &str) -> Result<Prepared, FrontendError> {
-        let (normalized, lang) = self.normalizer.normalize(text)?;
+        let (normalized, lang) = self.normalize(text)?;
         let count = |s: &str| self.tokenizer.count(s);
         let mut segments = Vec::new();
         for piece in segment::split(&normalized, lang, &self.limits, &count) {
@@ -116,6 +117,17 @@ impl Frontend {
             return Err(FrontendError::Empty);
         }
         Ok(Prepared { normalized, lang, segments })
+    }
+
+    /// `text` normalised, and its language; text with `<|…|>` markup ([`has_markup`]) as it is,
+    /// as the reference's `text_normalize` leaves it (its language: Chinese if it holds any).
+    fn normalize(&self, text: &str) -> Result<(String, Lang), FrontendError> {
+        if has_markup(text) {
+            let text = spoken_part(text);
+            let lang = if normalize::contains_chinese(text) { Lang::Zh } else { Lang::En };
+            return Ok((text.trim().to_string(), lang));
+        }
+        Ok(self.normalizer.normalize(text)?)
     }
 
     /// [`Frontend::prepare`] over `texts` on `threads` threads (each takes the next text; load the
@@ -175,6 +187,27 @@ impl SpeakingRates {
     }
 }
 
+/// Whether `text` holds `<|…|>` markup (language tags such as `<|en|>`, `<|endofprompt|>`): the
+/// reference skips text normalisation for such text (`text_normalize`: "skip text_frontend when
+/// ssml symbol in text"), and so does [`Frontend::prepare`]; it still segments it.
+pub fn has_markup(text: &str) -> bool {
+    match text.find("<|") {
+        Some(start) => text[start..].contains("|>"),
+        None => false,
+    }
+}
+
+/// What of `text` is to be spoken: all of it, or what follows a prompt the text writes itself
+/// (`"You are a helpful assistant.<|endofprompt|>…"`, as the reference's CosyVoice3 examples
+/// write cross-lingual text) — the model puts its own prompt before each segment.
+fn spoken_part(text: &str) -> &str {
+    const END_OF_PROMPT: &str = "<|endofprompt|>";
+    match text.rfind(END_OF_PROMPT) {
+        Some(at) => &text[at + END_OF_PROMPT.len()..],
+        None => text,
+    }
+}
+
 /// The reference's `is_only_punctuation`: nothing but punctuation and symbols (or whitespace,
 /// which the reference's pattern does not list but which says nothing either).
 pub fn only_punctuation(text: &str) -> bool {
@@ -194,6 +227,16 @@ fn is_punctuation_or_symbol(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn markup_is_a_tag_opened_before_it_closes() {
+        assert!(has_markup("<|en|>Hello there."));
+        assert!(has_markup("You are a helpful assistant.<|endofprompt|>[breath]因为"));
+        assert!(!has_markup("a |> b <| c"), "closed before it opens");
+        assert!(!has_markup("x < y | z > w"));
+        assert_eq!(spoken_part("You are a helpful assistant.<|endofprompt|>[breath]因为"), "[breath]因为");
+        assert_eq!(spoken_part("<|en|>Hello."), "<|en|>Hello.");
+    }
 
     #[test]
     fn punctuation_only_pieces_are_recognised() {

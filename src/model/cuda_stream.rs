@@ -2,7 +2,7 @@
 //! makes its current one, so that its kernels run beside the kernels other threads queue on
 //! theirs, and [`synchronize`], which waits for the calling thread's current stream alone.
 //! Kind `cosyvoice2` runs token2wav's buckets on a side stream beside the LLM's decode steps
-//! (`cosyvoice2::tts`, `[llm] overlap_token2wav`).
+//! (`tts`, `[llm] overlap_token2wav`).
 //!
 //! Without the CUDA runtime headers at build time (build.rs) there is no side stream (a thread
 //! keeps the default stream) and [`synchronize`] waits for the whole device.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
-use super::{check_voice, load, text_plan_or_default, Device, LoadOptions, Manifest, ModelError, ModelKind, Precision, SynthItem, SynthOutput, VoicePrompt};
+use super::{check_voice, load, text_plan_or_default, Device, LoadOptions, Manifest, ModelError, Precision, SynthItem, SynthOutput, VoicePrompt};
 
 /// A batch for the inference thread and where its result goes.
 struct BatchRequest(Vec<SynthItem>, oneshot::Sender<Result<SynthOutput, ModelError>>);
@@ -51,7 +51,7 @@ impl ModelHandle {
         let manifest = Manifest::load(dir)?;
         // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
         let text = match manifest.kind {
-            ModelKind::Cosyvoice2 => Some(text_plan_or_default(dir, text)?),
+            kind if kind.takes_text() => Some(text_plan_or_default(dir, text)?),
             _ => None,
         };
         let llm_slots = text.as_ref().map(|plan| plan.slots.max(1));

@@ -4,7 +4,7 @@
 //!
 //! Neighbours: `worker::intake` asks it for each job it receives; `manifest` describes the model.
 
-use super::{Manifest, ModelKind};
+use super::Manifest;
 use crate::job::{Job, RejectionKind};
 
 /// What a job gives `manifest`'s model.
@@ -25,7 +25,7 @@ pub fn model_input(job: &Job, manifest: &Manifest) -> Result<ModelInput, Rejecti
         let reason = format!("a {} model speaks at one speed; only CosyVoice models take `speed`", manifest.kind.as_str());
         return Err(RejectionKind::InvalidField { field: "speed", reason });
     }
-    if manifest.kind == ModelKind::Cosyvoice2 && job.speech_tokens.is_none() {
+    if manifest.kind.takes_text() && job.speech_tokens.is_none() {
         return if crate::job::is_blank(&job.text) { Err(RejectionKind::EmptyText) } else { Ok(ModelInput::Text) };
     }
     model_tokens(job, manifest).map(ModelInput::Tokens)

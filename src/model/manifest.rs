@@ -30,9 +30,8 @@ pub enum ModelKind {
     Cosyvoice3Token2Wav,
     /// CosyVoice3 whole: the token2wav files plus its speech-token LM (`llm.safetensors`,
     /// `[cosyvoice3.llm]`), the text tokenizer with CosyVoice3's added tokens (`tokenizer.json`)
-    /// and the normalisation grammars (`fsts/`). The LM is at parity with the reference; text jobs
-    /// are not yet wired into the worker (issue 44): its jobs carry speech tokens, as for
-    /// `cosyvoice3-token2wav`.
+    /// and the normalisation grammars (`fsts/`). Jobs carry text (or speech tokens), as for
+    /// `cosyvoice2`.
     #[serde(rename = "cosyvoice3")]
     Cosyvoice3,
 }
@@ -56,11 +55,10 @@ impl ModelKind {
         matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3)
     }
 
-    /// Whether `voice add` makes this kind's voices from recordings (CosyVoice2's frontend: its
-    /// speech tokenizer and prompt mel). CosyVoice3's prompts need its own (speech_tokenizer_v3,
-    /// a mel without fmax), which is not there yet: its voices are its directory's.
-    pub fn makes_voices_from_recordings(self) -> bool {
-        matches!(self, ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2)
+    /// Whether jobs of this kind carry text (the frontend, the LLM and token2wav: `model::tts`),
+    /// or speech tokens only.
+    pub fn takes_text(self) -> bool {
+        matches!(self, ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3)
     }
 }
 

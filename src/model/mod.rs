@@ -32,6 +32,7 @@ pub mod pre_lookahead;
 pub mod profiler;
 pub(crate) use crate::torch_shim as shim;
 pub mod token2wav;
+pub mod tts;
 mod torchscript;
 pub mod vocoder;
 pub mod voice_prompt;
@@ -44,7 +45,7 @@ pub use crate::device::{Device, ParseError, Precision};
 pub use handle::ModelHandle;
 pub use input::{model_input, ModelInput};
 pub use voice_prompt::VoicePrompt;
-pub use cosyvoice2::tts::TextInput;
+pub use tts::TextInput;
 pub use manifest::{Cosyvoice2Dims, Cosyvoice3Dims, LlmDims, Manifest, ModelKind, TokenizerSpec};
 pub use torchscript::TorchScriptModel;
 
@@ -233,8 +234,8 @@ pub struct LoadOptions {
     /// libtorch's CPU threads (0: its default).
     pub cpu_threads: usize,
     /// Kind `cosyvoice2`: the LLM's slots and token2wav's batches (`sizing::text_plan`); `None`
-    /// gives `cosyvoice2::tts::TextPlan::small` over the built-in `[llm]` settings.
-    pub text: Option<cosyvoice2::tts::TextPlan>,
+    /// gives `tts::TextPlan::small` over the built-in `[llm]` settings.
+    pub text: Option<tts::TextPlan>,
     /// CosyVoice2 and CosyVoice3 kinds: small batches' compiled flow steps as CUDA graphs
     /// (`[model] flow_graphs`; default none).
     pub flow_graphs: flow_graphs::FlowGraphSettings,
@@ -249,21 +250,19 @@ pub fn load(
     manifest: Manifest,
     device: Device,
     precision: Precision,
-    text: Option<cosyvoice2::tts::TextPlan>,
+    text: Option<tts::TextPlan>,
     flow_graphs: flow_graphs::FlowGraphSettings,
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
-        // Kind cosyvoice3's LM is not yet wired into the worker (issue 44): its token2wav serves
-        // speech-token jobs.
-        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => {
+        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav => {
             let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
             Ok(model)
         }
-        ModelKind::Cosyvoice2 => {
+        ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 => {
             let plan = text_plan_or_default(dir, text)?;
-            let mut model = cosyvoice2::tts::TextToSpeech::load(dir, device, precision, plan)?;
-            model.token2wav.flow.set_graphs(flow_graphs, device);
+            let mut model = tts::TextToSpeech::load(dir, device, precision, plan)?;
+            model.token2wav.set_flow_graphs(flow_graphs, device);
             Ok(Box::new(model))
         }
     }
@@ -304,14 +303,14 @@ pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), Stri
     }
 }
 
-/// `text`, or `cosyvoice2::tts::TextPlan::small` over the built-in `[llm]` settings.
-fn text_plan_or_default(dir: &std::path::Path, text: Option<cosyvoice2::tts::TextPlan>) -> Result<cosyvoice2::tts::TextPlan, ModelError> {
+/// `text`, or `tts::TextPlan::small` over the built-in `[llm]` settings.
+fn text_plan_or_default(dir: &std::path::Path, text: Option<tts::TextPlan>) -> Result<tts::TextPlan, ModelError> {
     match text {
         Some(plan) => Ok(plan),
         None => {
             let defaults = crate::config::Config::defaults()
                 .map_err(|e| ModelError::Manifest { dir: dir.display().to_string(), reason: format!("built-in [llm] settings: {e}") })?;
-            Ok(cosyvoice2::tts::TextPlan::small(defaults.llm))
+            Ok(tts::TextPlan::small(defaults.llm))
         }
     }
 }

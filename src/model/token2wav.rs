@@ -4,10 +4,11 @@
 //! voice book), the checks that keep a job's input from making libtorch fail, the mel stretch of a
 //! job's `speed` ([`at_speed`]), the padded mel batch the vocoder takes ([`pack_mels`]), the
 //! waveforms' way back to the host ([`HostWaves`]), where a batch's time went ([`StageTiming`]),
-//! and what `voxbatch bench token2wav` drives ([`Token2WavModel`]).
+//! what `voxbatch bench token2wav` drives ([`Token2WavModel`]) and what the text pipeline drives
+//! beside the LLM ([`TextToken2Wav`]).
 //!
 //! Neighbours: [`super`] (the model seam: `Synthesizer`, the one loader), `voice_prompt` (a voice
-//! as data), `weights` (the voices file), `bench::token2wav`.
+//! as data), `weights` (the voices file), `bench::token2wav`, `tts` (the text pipeline).
 
 use std::path::Path;
 use std::time::Duration;
@@ -261,6 +262,19 @@ pub trait Token2WavModel: Synthesizer {
     fn flow_graph_stats(&self) -> FlowGraphStats {
         FlowGraphStats::default()
     }
+}
+
+/// A token2wav model as the text pipeline (`model::tts`) drives it beside the LLM: both families'
+/// token2wav halves, whichever the model directory holds.
+pub trait TextToken2Wav: Token2WavModel + Send {
+    /// The voice table, by index.
+    fn voices(&self) -> &[Voice];
+    /// Runs a batch up to its waveforms on the host, uncut: per item the mel, and the
+    /// [`HostWaves`] the caller cuts where it chooses (the text pipeline: on a thread of its own).
+    /// Records the batch's [`StageTiming`] (its `audio_out` zero) and its work.
+    fn run_to_host(&mut self, items: &[SynthItem]) -> Result<(Vec<Tensor>, HostWaves), ModelError>;
+    /// Device seconds of the batches run since the last [`Synthesizer::take_stages`].
+    fn work_seconds(&self) -> f64;
 }
 
 #[cfg(test)]

@@ -63,8 +63,9 @@ pub enum LlmSizingError {
 /// The slot count for `budget_bytes` (the worker's memory budget): a fixed `llm.slots`, or as many
 /// as `llm.memory_share` of the budget holds after the weights and workspace, at most
 /// `llm.max_slots`.
-pub fn plan(c: &LlmConfig, dims: &LlmDims, kind: Kind, weights_bytes: u64, budget_bytes: u64) -> Result<LlmPlan, LlmSizingError> {
-    let max_positions = max_positions(c, dims);
+/// `system_tokens`: the LM's system prompt (`model::tts::system_prompt_tokens`).
+pub fn plan(c: &LlmConfig, dims: &LlmDims, system_tokens: usize, kind: Kind, weights_bytes: u64, budget_bytes: u64) -> Result<LlmPlan, LlmSizingError> {
+    let max_positions = max_positions(c, dims, system_tokens);
     let per_slot = max_positions as u64 * kv_bytes_per_position(dims, kind) + step_bytes_per_row(dims);
     let share = (budget_bytes as f64 * c.memory_share) as u64;
     let slots = match c.slots {
@@ -118,7 +119,10 @@ mod tests {
         let c = config();
         assert_eq!(kv_bytes_per_position(&dims(), Kind::BFloat16), 12 * 1024);
         // 2 + 60 + 80 + 300 + 20 × 80.
-        assert_eq!(max_positions(&c, &dims()), 2042);
+        assert_eq!(max_positions(&c, &dims(), 0), 2042);
+        // CosyVoice3's system prompt (say 7 tokens) before a cross-lingual segment: 7 more input
+        // positions and 20 × 7 more of max_len.
+        assert_eq!(max_positions(&c, &dims(), 7), 2042 + 7 + 140);
     }
 
     #[test]
@@ -126,20 +130,20 @@ mod tests {
         let c = config();
         let weights = 1_000_000_000;
         // An H200's budget (~110 GB): 30 % is 33 GB, ~24.7 MB a slot: capped at max_slots.
-        let big = plan(&c, &dims(), Kind::BFloat16, weights, 110_000_000_000).unwrap();
+        let big = plan(&c, &dims(), 0, Kind::BFloat16, weights, 110_000_000_000).unwrap();
         assert_eq!(big.slots, c.max_slots);
         // A 16 GB budget: 4.8 GB share, minus weights and workspace, over the per-slot bytes.
-        let small = plan(&c, &dims(), Kind::BFloat16, weights, 16_000_000_000).unwrap();
+        let small = plan(&c, &dims(), 0, Kind::BFloat16, weights, 16_000_000_000).unwrap();
         let expected = (4_800_000_000 - weights - WORKSPACE_BYTES) / small.bytes_per_slot;
         assert_eq!(small.slots as u64, expected);
         assert!(small.slots_bytes + weights + WORKSPACE_BYTES <= small.share_bytes);
-        let fixed = plan(&LlmConfig { slots: Some(7), ..c.clone() }, &dims(), Kind::BFloat16, weights, 16_000_000_000).unwrap();
+        let fixed = plan(&LlmConfig { slots: Some(7), ..c.clone() }, &dims(), 0, Kind::BFloat16, weights, 16_000_000_000).unwrap();
         assert_eq!(fixed.slots, 7);
     }
 
     #[test]
     fn a_share_that_holds_no_slot_is_an_error_that_says_what_to_change() {
-        let e = plan(&config(), &dims(), Kind::BFloat16, 1_000_000_000, 4_000_000_000).unwrap_err();
+        let e = plan(&config(), &dims(), 0, Kind::BFloat16, 1_000_000_000, 4_000_000_000).unwrap_err();
         assert!(matches!(e, LlmSizingError::NoSlot { .. }));
         assert!(e.to_string().contains("llm.memory_share"), "{e}");
     }

@@ -18,8 +18,8 @@ use crate::batch::memory::{MemoryBudget, Profile};
 use crate::batch::{BatchPolicy, LengthBucketing, TokenBudget, WorkBudget};
 use crate::config::{Config, SizingPolicy};
 use crate::frontend::SpeakingRates;
-use crate::model::cosyvoice2::tts::TextPlan;
-use crate::model::{Device, Manifest, ModelKind, Precision};
+use crate::model::tts::TextPlan;
+use crate::model::{Device, Manifest, Precision};
 pub use profile::ProfileError;
 
 /// Errors choosing a batch size.
@@ -34,7 +34,9 @@ pub enum SizingError {
     Profile(#[from] ProfileError),
     #[error(transparent)]
     Llm(#[from] llm::LlmSizingError),
-    #[error("model {model} has no [cosyvoice2.llm] section: kind cosyvoice2 needs the LLM (convert a directory with llm.pt)")]
+    #[error("model {model}: {reason}")]
+    Model { model: String, reason: String },
+    #[error("model {model} has no LLM section ([cosyvoice2.llm] or [cosyvoice3.llm]): kinds cosyvoice2 and cosyvoice3 need the LLM (convert a directory with llm.pt)")]
     NoLlm { model: String },
 }
 
@@ -75,7 +77,7 @@ pub fn worker_policy<T: Send + 'static>(
     llm_slots: Option<usize>,
 ) -> Result<Sizing<T>, SizingError> {
     let b = &cfg.batching;
-    if manifest.kind == ModelKind::Cosyvoice2 {
+    if manifest.kind.takes_text() {
         // Memory is the model thread's business (LLM slots allocated once, token2wav buckets
         // admitted by the memory model): jobs are batched by the work they bring, a job's length
         // being its estimated speech tokens (both stages' work). A batch holds at most
@@ -133,7 +135,7 @@ pub fn text_batch_tokens(slots: usize, max_hold: std::time::Duration, audio_seco
 /// `llm.token2wav_max_bucket` segments a bucket. With `memory.policy = "tokens"`: `llm.slots` (else
 /// `llm.max_slots` on a GPU, 8 on CPU) and `batching.max_batch_tokens`. Reads NVML and files: off the async runtime.
 pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: Precision) -> Result<TextPlan, SizingError> {
-    let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm.clone()).ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
+    let dims = manifest.llm().map(|(_, d)| d.clone()).ok_or_else(|| SizingError::NoLlm { model: manifest.name.clone() })?;
     let b = &cfg.batching;
     match cfg.memory.policy {
         SizingPolicy::Tokens => {
@@ -147,7 +149,8 @@ pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: P
             let kind = crate::model::cosyvoice2::llm::speech_lm::SpeechLm::weights_kind(device.to_tch());
             let file = std::fs::metadata(manifest.dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).map(|m| m.len()).unwrap_or(0);
             let weights = if kind == tch::Kind::Float { file } else { file / 2 };
-            let mut llm = llm::plan(&cfg.llm, &dims, kind, weights, budget as u64)?;
+            let system = crate::model::tts::system_prompt_tokens(manifest).map_err(|e| SizingError::Model { model: manifest.name.clone(), reason: e.to_string() })?;
+            let mut llm = llm::plan(&cfg.llm, &dims, system, kind, weights, budget as u64)?;
             if device == Device::Cpu && cfg.llm.slots.is_none() {
                 llm.slots = llm.slots.min(CPU_SLOTS);
             }

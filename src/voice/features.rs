@@ -154,10 +154,11 @@ fn slaney_banks(sample_rate: f64, n_fft: usize, n_mels: usize, fmin: f64, fmax: 
 }
 
 /// The flow's prompt mel of 24 kHz samples, as the reference's `_extract_speech_feat`: one row of
-/// 80 log-mel values per 20 ms frame. Empty when too short for one frame.
-pub fn prompt_mel(samples_24k: &[f32]) -> Vec<Vec<f32>> {
+/// 80 log-mel values (bands up to `fmax` Hz: CosyVoice2's 8,000, CosyVoice3's 12,000) per 20 ms
+/// frame. Empty when too short for one frame.
+pub fn prompt_mel(samples_24k: &[f32], fmax: f64) -> Vec<Vec<f32>> {
     let Some(x) = reflect_pad(samples_24k, (MEL_FFT - MEL_HOP) / 2) else { return Vec::new() };
-    let banks = slaney_banks(24_000.0, MEL_FFT, 80, 0.0, 8_000.0);
+    let banks = slaney_banks(24_000.0, MEL_FFT, 80, 0.0, fmax);
     stft_power(&x, MEL_FFT, MEL_HOP)
         .into_iter()
         .map(|power| {

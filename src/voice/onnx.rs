@@ -1,6 +1,7 @@
 //! The prompt's two ONNX models, run with onnxruntime as the reference runs them: the speech
-//! tokenizer (`speech_tokenizer_v2.onnx`: Whisper log-mel `[1, 128, T]` and its length → 25 Hz
-//! speech tokens) and the speaker model (`campplus.onnx`: Kaldi fbank `[1, T, 80]` → 192-d
+//! tokenizer (CosyVoice2's `speech_tokenizer_v2.onnx`, CosyVoice3's `speech_tokenizer_v3.onnx`:
+//! Whisper log-mel `[1, 128, T]` and its length → 25 Hz speech tokens; [`PromptRecipe`] says
+//! which) and the speaker model (`campplus.onnx`: Kaldi fbank `[1, T, 80]` → 192-d
 //! x-vector). Inputs are passed by position, as `cosyvoice/cli/frontend.py` does, so the files'
 //! own input names do not matter.
 //!
@@ -20,8 +21,34 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::{Tensor, TensorElementType};
 
-/// The speech tokenizer's file in a model directory (the checkpoint's name).
+/// CosyVoice2's speech tokenizer's file in a model directory (the checkpoint's name).
 pub const SPEECH_TOKENIZER_FILE: &str = "speech_tokenizer_v2.onnx";
+/// CosyVoice3's.
+pub const SPEECH_TOKENIZER_V3_FILE: &str = "speech_tokenizer_v3.onnx";
+
+/// How a family makes a voice's prompt from a recording: its speech tokenizer's file and the top
+/// frequency of its flow's prompt mel (the reference's `feat_extractor` `fmax`: CosyVoice2's
+/// 8,000 Hz, CosyVoice3's none — half of 24 kHz).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptRecipe {
+    pub speech_tokenizer: &'static str,
+    pub mel_fmax: f64,
+}
+
+impl PromptRecipe {
+    pub const COSYVOICE2: PromptRecipe = PromptRecipe { speech_tokenizer: SPEECH_TOKENIZER_FILE, mel_fmax: 8_000.0 };
+    pub const COSYVOICE3: PromptRecipe = PromptRecipe { speech_tokenizer: SPEECH_TOKENIZER_V3_FILE, mel_fmax: 12_000.0 };
+
+    /// `kind`'s recipe, or `None` for a kind whose voices are fixed by its directory.
+    pub fn for_kind(kind: crate::model::ModelKind) -> Option<PromptRecipe> {
+        use crate::model::ModelKind;
+        match kind {
+            ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => Some(PromptRecipe::COSYVOICE2),
+            ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => Some(PromptRecipe::COSYVOICE3),
+            ModelKind::TorchScript => None,
+        }
+    }
+}
 /// The speaker model's file in a model directory (the checkpoint's name).
 pub const CAMPPLUS_FILE: &str = "campplus.onnx";
 /// Width of the speaker embedding.
@@ -39,7 +66,7 @@ pub enum OnnxError {
     Load { path: String, reason: String },
     #[error(
         "the model directory {dir} has no {file}: voices from recordings need the checkpoint's speech tokenizer and \
-         speaker model (tools/convert_cosyvoice.py copies speech_tokenizer_v2.onnx and campplus.onnx)"
+         speaker model (tools/convert_cosyvoice.py copies the checkpoint's speech_tokenizer_v2.onnx or _v3.onnx and campplus.onnx)"
     )]
     MissingModel { dir: String, file: &'static str },
     #[error("{file}: {reason}")]
@@ -92,13 +119,14 @@ fn runtime(library: &Path) -> Result<&'static ort::environment::Environment, Onn
 pub struct PromptModels {
     tokenizer: Session,
     campplus: Session,
+    recipe: PromptRecipe,
 }
 
 impl PromptModels {
-    /// Loads `dir`'s two ONNX files with onnxruntime (`library`, else as [`runtime_library`]
-    /// finds it). Blocking: off the async runtime.
-    pub fn load(dir: &Path, library: Option<&Path>) -> Result<PromptModels, OnnxError> {
-        for file in [SPEECH_TOKENIZER_FILE, CAMPPLUS_FILE] {
+    /// Loads `dir`'s two ONNX files (`recipe`'s speech tokenizer) with onnxruntime (`library`,
+    /// else as [`runtime_library`] finds it). Blocking: off the async runtime.
+    pub fn load(dir: &Path, recipe: PromptRecipe, library: Option<&Path>) -> Result<PromptModels, OnnxError> {
+        for file in [recipe.speech_tokenizer, CAMPPLUS_FILE] {
             if !dir.join(file).is_file() {
                 return Err(OnnxError::MissingModel { dir: dir.display().to_string(), file });
             }
@@ -116,8 +144,8 @@ impl PromptModels {
                 .commit_from_file(dir.join(file))
                 .map_err(model)
         };
-        let models = PromptModels { tokenizer: open(SPEECH_TOKENIZER_FILE)?, campplus: open(CAMPPLUS_FILE)? };
-        for (file, session, inputs) in [(SPEECH_TOKENIZER_FILE, &models.tokenizer, 2), (CAMPPLUS_FILE, &models.campplus, 1)] {
+        let models = PromptModels { tokenizer: open(recipe.speech_tokenizer)?, campplus: open(CAMPPLUS_FILE)?, recipe };
+        for (file, session, inputs) in [(recipe.speech_tokenizer, &models.tokenizer, 2), (CAMPPLUS_FILE, &models.campplus, 1)] {
             if session.inputs().len() != inputs || session.outputs().is_empty() {
                 return Err(OnnxError::Model {
                     file,
@@ -128,10 +156,15 @@ impl PromptModels {
         Ok(models)
     }
 
+    /// The recipe the models were loaded for.
+    pub fn recipe(&self) -> PromptRecipe {
+        self.recipe
+    }
+
     /// Speech tokens of a 128-bin log-mel (`mel[frame][bin]`), as
     /// `frontend._extract_speech_token`: `feats [1, 128, T]`, `feats_length [T]` (int32).
     pub fn speech_tokens(&mut self, mel: &[Vec<f32>]) -> Result<Vec<i64>, OnnxError> {
-        let file = SPEECH_TOKENIZER_FILE;
+        let file = self.recipe.speech_tokenizer;
         let fail = |e: ort::Error| OnnxError::Model { file, reason: e.to_string() };
         let (frames, bins) = (mel.len(), mel.first().map_or(0, Vec::len));
         let mut data = vec![0f32; frames * bins];

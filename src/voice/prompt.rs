@@ -3,7 +3,7 @@
 //! ([`checkpoint_voices`], its `spk2info.pt`), are the model's (`model::voice_prompt`).
 //!
 //! Neighbours: `recording`, `features` and `onnx` (the recording's way in); `db::voices` (the
-//! table); `model::cosyvoice2` (the tensors); `book` (the worker's cache).
+//! table); `model::token2wav` (the tensors); `book` (the worker's cache).
 
 use super::features::{prompt_mel, speaker_fbank, whisper_log_mel};
 use super::onnx::{OnnxError, PromptModels};
@@ -26,7 +26,8 @@ pub enum PromptError {
 impl VoicePrompt {
     /// A zero-shot voice from a prompt recording, as `frontend_zero_shot` makes its prompt: speech
     /// tokens of the 16 kHz audio's Whisper log-mel, the embedding of its Kaldi fbank (mean
-    /// removed), the mel of the 24 kHz audio; tokens and mel trimmed to two frames per token.
+    /// removed), the mel of the 24 kHz audio (as `models`' recipe says: the family's tokenizer
+    /// and mel); tokens and mel trimmed to two frames per token.
     /// `text_tokens` are the transcript's ids (see `Frontend::prompt_tokens`). Blocking.
     pub fn from_recording(
         name: &str,
@@ -38,7 +39,7 @@ impl VoicePrompt {
         recording.check_prompt()?;
         let at16 = recording.resampled(16_000)?;
         let at24 = recording.resampled(24_000)?;
-        let mel = prompt_mel(&at24.samples);
+        let mel = prompt_mel(&at24.samples, models.recipe().mel_fmax);
         let tokens = models.speech_tokens(&whisper_log_mel(&at16.samples))?;
         let embedding = models.embedding(&speaker_fbank(&at16.samples))?;
         // CosyVoice2 forces mel frames = 2 × tokens by trimming both to the shorter.

@@ -62,7 +62,7 @@ pub(super) async fn prepare(cfg: &Config, model: &ModelHandle, db: &Db, worker_i
     // Text models: the text frontend (grammars, tokenizer) runs at the intake, `[frontend]
     // threads` jobs at a time on the blocking pool, so bad text is refused before it takes a place
     // in a batch.
-    let frontend = if manifest.kind == crate::model::ModelKind::Cosyvoice2 {
+    let frontend = if manifest.kind.takes_text() {
         let (dir, limits) = (manifest.dir.clone(), crate::frontend::segment::SegmentLimits::from_config(cfg));
         let frontend_cfg = cfg.frontend.clone();
         let (loaded, threads) = tokio::task::spawn_blocking(move || {

@@ -247,7 +247,9 @@ pub async fn run(
         counters: counters.clone(),
         settler: settler.clone(),
     };
-    let text = frontend.map(|(frontend, threads)| text_prep::TextPrep::new(frontend, threads, &cfg, settler.clone(), stop.clone(), return_tx.clone()));
+    // A text model's manifest has its LM (`Manifest::load` refuses one without).
+    let family = manifest.llm().map_or(crate::model::cosyvoice2::llm::family::LmFamily::Cosyvoice2, |(f, _)| f);
+    let text = frontend.map(|(frontend, threads)| text_prep::TextPrep::new(frontend, family, threads, &cfg, settler.clone(), stop.clone(), return_tx.clone()));
     let intake = intake::Intake {
         amqp: cfg.amqp.clone(),
         limits: cfg.limits.clone(),

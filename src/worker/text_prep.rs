@@ -15,12 +15,15 @@ use super::delivery::{Delivery, Settler};
 use super::intake::Received;
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::{Job, Rejection, RejectionKind};
+use crate::model::cosyvoice2::llm::family::LmFamily;
 use crate::model::TextInput;
 
 /// How a text job is prepared: the text frontend on the blocking pool, a few jobs at a time.
 #[derive(Clone)]
 pub struct TextPrep {
     pub frontend: Arc<Frontend>,
+    /// Whose LM the jobs are prepared for (how an instruction is written).
+    pub family: LmFamily,
     /// Jobs prepared at once (blocking threads; the grammars are one lock per language).
     pub slots: Arc<tokio::sync::Semaphore>,
     /// `[frontend]` speaking rates (a text job's estimated speech tokens are its length), and
@@ -37,11 +40,20 @@ pub struct TextPrep {
 }
 
 impl TextPrep {
-    /// The worker's text preparation: `frontend` with `threads` jobs at once, `cfg`'s speaking
-    /// rates and `[llm] force_lengths`; prepared jobs go to `returns`.
-    pub(super) fn new(frontend: Arc<Frontend>, threads: usize, cfg: &crate::config::Config, settler: Arc<Settler>, stop: CancellationToken, returns: mpsc::UnboundedSender<Received>) -> TextPrep {
+    /// The worker's text preparation: `frontend` with `threads` jobs at once for `family`'s LM,
+    /// `cfg`'s speaking rates and `[llm] force_lengths`; prepared jobs go to `returns`.
+    pub(super) fn new(
+        frontend: Arc<Frontend>,
+        family: LmFamily,
+        threads: usize,
+        cfg: &crate::config::Config,
+        settler: Arc<Settler>,
+        stop: CancellationToken,
+        returns: mpsc::UnboundedSender<Received>,
+    ) -> TextPrep {
         TextPrep {
             frontend,
+            family,
             slots: Arc::new(tokio::sync::Semaphore::new(threads)),
             rates: SpeakingRates::from_config(&cfg.frontend),
             force_lengths: cfg.llm.force_lengths,
@@ -67,8 +79,8 @@ impl TextPrep {
             let _slot = prep.slots.clone().acquire_owned().await;
             let (id, text, mode, instruction) = (job.job_id, job.text.clone(), job.mode, job.instruction.clone());
             let campaign = job.campaign.clone();
-            let (frontend, rates, forced) = (prep.frontend.clone(), prep.rates, prep.force_lengths);
-            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
+            let (frontend, family, rates, forced) = (prep.frontend.clone(), prep.family, prep.rates, prep.force_lengths);
+            let result = tokio::task::spawn_blocking(move || TextInput::prepare(&frontend, family, id, &text, mode, instruction.as_deref(), &rates, forced)).await;
             let settler = &prep.settler;
             match result {
                 Ok(Ok(input)) => {

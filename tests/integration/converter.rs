@@ -175,6 +175,17 @@ fn a_cosyvoice3_directory_converts_whole_or_to_its_token2wav_kind_and_misshapen_
     assert_eq!(t2w.kind, voxbatch::model::ModelKind::Cosyvoice3Token2Wav);
     assert!(t2w.cosyvoice3.is_some_and(|d| d.llm.is_none()) && !out.path().join("t2w/llm.safetensors").exists());
 
+    // `--llm llm.rl.pt`: the RL-tuned LM the release ships beside llm.pt, converted in its place;
+    // asked for and not there, an error naming it.
+    let rl = variant_of(&src, "import os, shutil\nshutil.copyfile(d + '/llm.pt', d + '/llm.rl.pt')\nos.remove(d + '/llm.pt')");
+    let (ok, e) = convert_with(rl.path(), &out.path().join("rl"), &["--noise-seconds", "1", "--llm", "llm.rl.pt"]);
+    assert!(ok, "{e}");
+    assert_eq!(Manifest::load(&out.path().join("rl")).unwrap().kind, voxbatch::model::ModelKind::Cosyvoice3);
+    let (rl_llm, llm) = (tensors(&out.path().join("rl/llm.safetensors")), tensors(&out.path().join("llm.safetensors")));
+    assert!(rl_llm.len() == llm.len() && rl_llm.iter().all(|(k, t)| t.equal(&llm[k])), "the same LM's weights");
+    let (ok, e) = convert_with(&src, &out.path().join("norl"), &["--noise-seconds", "1", "--llm", "llm.rl.pt"]);
+    assert!(!ok && e.contains("no llm.rl.pt"), "{e}");
+
     // A hift.pt with a tensor of the wrong shape and one missing (flow.pt is linked: never edited):
     // both named in one error.
     let bad = variant_of(

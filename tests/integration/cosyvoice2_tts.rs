@@ -13,7 +13,8 @@ use voxbatch::frontend::segment::SegmentLimits;
 use voxbatch::frontend::{Frontend, FrontendError, SpeakingRates};
 use voxbatch::job::Mode;
 use voxbatch::model::cosyvoice2::llm::prompt::PromptError;
-use voxbatch::model::cosyvoice2::tts::{TextJobError, TextPlan, TextToSpeech};
+use voxbatch::model::cosyvoice2::llm::family::LmFamily;
+use voxbatch::model::tts::{TextJobError, TextPlan, TextToSpeech};
 use voxbatch::model::{Device, Precision, Stage, SynthItem, Synthesizer, TextInput};
 
 fn rates() -> SpeakingRates {
@@ -21,7 +22,7 @@ fn rates() -> SpeakingRates {
 }
 
 fn job(frontend: &Frontend, n: u128, text: &str, voice: i64, mode: Option<Mode>, instruction: Option<&str>) -> SynthItem {
-    let input = TextInput::prepare(frontend, uuid::Uuid::from_u128(n), text, mode, instruction, &rates(), false).unwrap();
+    let input = TextInput::prepare(frontend, LmFamily::Cosyvoice2, uuid::Uuid::from_u128(n), text, mode, instruction, &rates(), false).unwrap();
     SynthItem { tokens: Vec::new(), voice, text: Some(Arc::new(input)), speed: None }
 }
 
@@ -44,7 +45,7 @@ fn text_jobs_become_audio_each_mode_and_bad_ones_fail_alone() {
     let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, plan).unwrap();
     let chapter = "第一章。".to_string() + &"今天天气很好，我们去公园散步。价格是¥1,299.00。".repeat(6);
     // Text that says nothing never becomes a job: the frontend refuses it (the worker rejects it).
-    let nothing = TextInput::prepare(&frontend, uuid::Uuid::from_u128(3), "。。。！！", None, None, &rates(), false);
+    let nothing = TextInput::prepare(&frontend, LmFamily::Cosyvoice2, uuid::Uuid::from_u128(3), "。。。！！", None, None, &rates(), false);
     assert!(matches!(nothing, Err(FrontendError::Empty)), "{nothing:?}");
     let items = vec![
         // voice1 has a whole prompt (text and speech tokens): zero-shot by default.
@@ -100,7 +101,7 @@ fn each_segment_is_stretched_to_its_frames_over_the_jobs_speed() {
     let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();
     // Forced lengths, and one job id: every item's segments get the same speech tokens.
     let text = "今天天气很好，我们去公园散步。The price was $1,299.50, paid on 2024-01-15.";
-    let input = Arc::new(TextInput::prepare(&frontend, uuid::Uuid::from_u128(7), text, Some(Mode::CrossLingual), None, &rates(), true).unwrap());
+    let input = Arc::new(TextInput::prepare(&frontend, LmFamily::Cosyvoice2, uuid::Uuid::from_u128(7), text, Some(Mode::CrossLingual), None, &rates(), true).unwrap());
     assert!(input.segments.len() >= 2, "several segments: {}", input.segments.len());
     let speeds = [None, Some(0.5), Some(0.8), Some(1.5), Some(2.0)];
     let mut items: Vec<SynthItem> = speeds.iter().map(|&speed| SynthItem { tokens: Vec::new(), voice: 0, text: Some(input.clone()), speed }).collect();

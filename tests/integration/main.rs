@@ -21,6 +21,7 @@ mod cosyvoice2_worker;
 mod cosyvoice3_compiled;
 mod cosyvoice3_llm_parity;
 mod cosyvoice3_parity;
+mod cosyvoice3_tts;
 mod cosyvoice3_worker;
 mod dead_letters;
 mod events;

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use voxbatch::voice::features::{kaldi_fbank, prompt_mel, speaker_fbank, whisper_log_mel};
-use voxbatch::voice::onnx::PromptModels;
+use voxbatch::voice::onnx::{PromptModels, PromptRecipe};
 use voxbatch::voice::recording::Recording;
 use voxbatch::voice::VoicePrompt;
 
@@ -80,12 +80,12 @@ fn resampling_matches_the_reference_resampler_at_every_common_rate() {
 fn the_prompt_mel_matches_the_reference_mel_spectrogram() {
     let fx = Fixtures::load();
     let input = fx.get("mel.in");
-    let mel = prompt_mel(&input);
+    let mel = prompt_mel(&input, PromptRecipe::COSYVOICE2.mel_fmax);
     assert_eq!(vec![mel.len() as i64, 80], fx.shape("mel.out"));
     let mel: Vec<f32> = mel.into_iter().flatten().collect();
     let w = worst(&mel, &fx.get("mel.out"));
     assert!(w <= 1e-4, "prompt mel: worst difference {w}");
-    assert!(prompt_mel(&input[..700]).is_empty(), "too short for one frame: no rows");
+    assert!(prompt_mel(&input[..700], 8_000.0).is_empty(), "too short for one frame: no rows");
 }
 
 #[test]
@@ -103,7 +103,7 @@ fn the_speech_tokenizer_log_mel_matches_whisper_log_mel_spectrogram() {
 fn a_prompt_from_a_recording_matches_the_reference_frontend_through_onnxruntime() {
     let fx = Fixtures::load();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/voice-parity");
-    let mut models = PromptModels::load(&dir, None).expect("the stand-in ONNX models and the venv's onnxruntime (run scripts/bootstrap.sh)");
+    let mut models = PromptModels::load(&dir, PromptRecipe::COSYVOICE2, None).expect("the stand-in ONNX models and the venv's onnxruntime (run scripts/bootstrap.sh)");
     let recording = Recording { samples: fx.get("prompt.in"), sample_rate: 22050 };
     let voice = VoicePrompt::from_recording("v", &recording, "transcript", vec![5, 6], &mut models).unwrap();
     let tokens: Vec<i64> = fx.get("prompt.tokens").iter().map(|&t| t as i64).collect();
@@ -118,4 +118,27 @@ fn a_prompt_from_a_recording_matches_the_reference_frontend_through_onnxruntime(
     assert!(off < 1e-4, "prompt mel off by {off}");
     assert_eq!((voice.prompt_text.as_deref(), &voice.prompt_text_tokens[..]), (Some("transcript"), &[5i64, 6][..]));
     voice.check().unwrap();
+}
+
+#[test]
+fn a_cosyvoice3_prompt_uses_its_own_speech_tokenizer_and_a_mel_without_fmax() {
+    let fx = Fixtures::load();
+    // The matcha mel with fmax None (librosa's half the rate): CosyVoice3's feat_extractor.
+    let input = fx.get("mel.in");
+    let mel: Vec<f32> = prompt_mel(&input, PromptRecipe::COSYVOICE3.mel_fmax).into_iter().flatten().collect();
+    let w = worst(&mel, &fx.get("mel.cv3.out"));
+    assert!(w <= 1e-4, "CosyVoice3's prompt mel: worst difference {w}");
+    assert!(worst(&mel, &fx.get("mel.out")) > 0.1, "and not CosyVoice2's");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/voice-parity");
+    let mut models = PromptModels::load(&dir, PromptRecipe::COSYVOICE3, None).expect("the stand-in ONNX models (run scripts/bootstrap.sh)");
+    let recording = Recording { samples: fx.get("prompt3.in"), sample_rate: 22050 };
+    let voice = VoicePrompt::from_recording("v", &recording, "transcript", vec![5, 6], &mut models).unwrap();
+    let tokens: Vec<i64> = fx.get("prompt3.tokens").iter().map(|&t| t as i64).collect();
+    assert_eq!(voice.speech_tokens, tokens);
+    let off = worst(&voice.prompt_mel, &fx.get("prompt3.mel"));
+    assert!(off < 1e-4, "prompt mel off by {off}");
+    // A CosyVoice3 directory without its v3 tokenizer says which file is missing.
+    let empty = tempfile::tempdir().unwrap();
+    let e = PromptModels::load(empty.path(), PromptRecipe::COSYVOICE3, None).err().expect("no files");
+    assert!(e.to_string().contains("speech_tokenizer_v3.onnx"), "{e}");
 }

@@ -6,8 +6,12 @@
 # COMPILE is set (tools/compile_token2wav.py --family cosyvoice3), and the reference token2wav at batch 1 the way
 # CosyVoice3Model.token2wav runs it (flow and HiFT under fp16 autocast, or fp32) — same weights, same
 # call. Random weights: nothing speaks; the figures are speed and memory.
+# TEXT=1 (issue 44): the model is a whole Fun-CosyVoice3-0.5B-shaped one, kind cosyvoice3 — the same
+#   token2wav weights, plus a full-size random LM (tools/make_cv3_llm_fixtures.py --full, seed 4343), the
+#   stand-in tokenizer and the wetext grammars — what text-e2e.sh FAMILY=cosyvoice3 then runs on the warm
+#   machine (with the packages COMPILE=1 leaves in /tmp/cv3full-compiled).
 # Carry: .whl .cv3 .t2w/voxbatch.xz (pack.sh wheels cv3 binaries).
-# Env: STAGE (all | model | bench), BATCHES (1,64,128,256), PRECISIONS (bf16), VOCODERS (fp16,bf16:
+# Env: STAGE (all | model | bench), TEXT, BATCHES (1,64,128,256), PRECISIONS (bf16), VOCODERS (fp16,bf16:
 #   the vocoder's precision; upstream's is the flow's autocast, fp16), UTTERANCE_SECONDS (10), REPEATS (3),
 #   PROFILE (1: the largest batch once under libtorch's profiler), REFERENCE (1), REF_PRECISIONS
 #   (fp16,fp32), COMPILE (unset; set: compile the packages into /tmp/cv3full-compiled and bench them
@@ -27,7 +31,7 @@ STAGE=${STAGE:-all}
 case $STAGE in all|model|bench) ;; *) log "STAGE=$STAGE: all, model or bench"; exit 2 ;; esac
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 use_libtorch
-install_wheels
+if [ -n "${TEXT:-}" ]; then install_wheels llm; else install_wheels; fi
 SNAP=/tmp/cv3-reference/CosyVoice
 CV3_SITE=/tmp/cv3-site
 if [ ! -d "$SNAP/cosyvoice" ]; then
@@ -36,12 +40,16 @@ if [ ! -d "$SNAP/cosyvoice" ]; then
 fi
 rm -rf "$CV3_SITE"; pip_into "$CV3_SITE" .cv3/wheels/*.whl || exit 1
 
-if [ "$STAGE" != bench ] && [ ! -f "$M3/model/token2wav.safetensors" ]; then
-  log "building the full-size random CosyVoice3 token2wav (reference classes) and converting it"
+NEED=token2wav.safetensors; [ -n "${TEXT:-}" ] && NEED=llm.safetensors
+if [ "$STAGE" != bench ] && [ ! -f "$M3/model/$NEED" ]; then
+  log "building the full-size random CosyVoice3 ${TEXT:+(with its LM) }(reference classes) and converting it"
+  # (The tokenizer's conversion needs transformers 4.x: the LLM site's.)
   { $PY tools/make_cv3_fixtures.py --snapshot "$SNAP" --site "$CV3_SITE" --config full --no-fixtures --out "$M3" \
-      && $PY tools/convert_cosyvoice.py "$M3/official" "$M3/model" --name cosyvoice3-full-random --noise-seconds 60; } \
+      && if [ -n "${TEXT:-}" ]; then $LLM_PY tools/make_cv3_llm_fixtures.py --full --out "$M3"; fi \
+      && ${LLM_PY:-$PY} tools/convert_cosyvoice.py "$M3/official" "$M3/model" --name cosyvoice3-full-random --noise-seconds 60; } \
     > "$OUT/build.log" 2>&1 || { log "build failed:"; tail -20 "$OUT/build.log"; exit 1; }
   tail -2 "$OUT/build.log"
+  grep '^kind' "$M3/model/model.toml"
 fi
 [ "$STAGE" = model ] && exit 0
 

@@ -32,10 +32,20 @@
 # Output: OUT/reference-fp32.json, simulated.json, nvml.csv, worker.log, report-campaign.json,
 # report-stage.json, text-e2e-summary.json (the dry run stays on the machine, in E: the device tool
 # returns at most 8 files from OUT).
+# FAMILY=cosyvoice3 (issue 44): the e2e stage on the whole full-size random CosyVoice3 that
+# cv3-token2wav.sh TEXT=1 COMPILE=1 left on this warm machine (/tmp/cv3full, its packages in
+# /tmp/cv3full-compiled/compiled): STAGE=e2e only; the reference's batch-1 figures are that target's
+# (its reference.json: token2wav; no CosyVoice3 LM reference runs here).
 E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
 STAGE=${STAGE:-all}
 case $STAGE in all|model|e2e) ;; *) log "STAGE=$STAGE: all, model or e2e"; exit 2 ;; esac
 source "$DEVICE_DIR/lib/cv2full.sh"
+FAMILY=${FAMILY:-cosyvoice2}
+if [ "$FAMILY" = cosyvoice3 ]; then
+  [ "$STAGE" = e2e ] || { log "FAMILY=cosyvoice3 runs STAGE=e2e, after cv3-token2wav.sh TEXT=1 COMPILE=1 on this warm machine"; exit 2; }
+  M=/tmp/cv3full; COMPILED=${COMPILED:-/tmp/cv3full-compiled/compiled}
+  grep -q '^kind = "cosyvoice3"' "$M/model/model.toml" 2>/dev/null || { log "no kind cosyvoice3 model in $M (cv3-token2wav.sh TEXT=1 first)"; exit 1; }
+fi
 use_libtorch
 if [ "$STAGE" != e2e ]; then
   install_wheels llm
@@ -74,11 +84,11 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 [ -n "${FRONTEND_THREADS:-}" ] && export VOXBATCH_FRONTEND__THREADS="$FRONTEND_THREADS"
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_LLM__TOKEN2WAV_MAX_BUCKET=${T2W_BATCH:-256} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
-# voxbatch::model::cosyvoice2::tts logs each text batch's token2wav buckets (sizes, padding): the
+# voxbatch::model::tts logs each text batch's token2wav buckets (sizes, padding): the
 # summary adds them up; at debug, each bucket's time by stage on the model thread (since c24472d
 # its waveforms are cut into segments on another thread; before, audio_out_ms was that).
 # voxbatch::model logs "model loaded" (the summary's load end).
-export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model=info,voxbatch::model::cosyvoice2::tts=debug}
+export RUST_LOG=${RUST_LOG:-warn,voxbatch::worker=info,voxbatch::model=info,voxbatch::model::tts=debug}
 
 log "corpus, dry run, enqueue"
 $PY tools/make_text_corpus.py --jobs "${JOBS:-2000}" --chapters "${CHAPTERS:-10}" --seed "${SEED:-7}" > "$E/corpus.jsonl"

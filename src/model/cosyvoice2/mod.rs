@@ -25,13 +25,11 @@
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
 //! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
 
-pub mod buckets;
 pub mod encoder;
 pub mod estimator;
 pub mod flow;
 pub mod hift;
 pub mod llm;
-pub mod tts;
 pub use crate::model::{flow_graphs, layers};
 
 use std::path::Path;
@@ -45,7 +43,7 @@ use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 use super::compiled::{compiled_stage, packages_digest};
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
-use super::token2wav::{pack_mels, Token2WavModel, Voices};
+use super::token2wav::{pack_mels, TextToken2Wav, Token2WavModel, Voices};
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
 use crate::model::VoicePrompt;
@@ -61,7 +59,7 @@ pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), Stri
     };
     super::token2wav::check_flow_prompt(prompt, dims.vocab_size)?;
     match (manifest.kind, &dims.llm) {
-        (super::ModelKind::Cosyvoice2, Some(llm)) => tts::fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, llm),
+        (super::ModelKind::Cosyvoice2, Some(llm)) => super::tts::fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, llm),
         _ => Ok(()),
     }
 }
@@ -323,6 +321,21 @@ impl Token2WavModel for Token2Wav {
 
     fn flow_graph_stats(&self) -> FlowGraphStats {
         self.flow.graph_stats()
+    }
+}
+
+impl TextToken2Wav for Token2Wav {
+    fn voices(&self) -> &[Voice] {
+        Token2Wav::voices(self)
+    }
+
+    /// Fresh vocoder draws, as the worker runs it.
+    fn run_to_host(&mut self, items: &[SynthItem]) -> Result<(Vec<Tensor>, HostWaves), ModelError> {
+        Token2Wav::run_to_host(self, items, None)
+    }
+
+    fn work_seconds(&self) -> f64 {
+        Token2Wav::work_seconds(self)
     }
 }
 

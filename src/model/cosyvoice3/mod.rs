@@ -37,7 +37,7 @@ pub mod flow;
 pub mod hift;
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tch::Tensor;
 
@@ -47,7 +47,7 @@ use self::hift::Hift;
 use super::compiled::{compiled_stage, packages_digest};
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
-use super::token2wav::{at_speed, check_flow_prompt, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
+use super::token2wav::{at_speed, check_flow_prompt, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, TextToken2Wav, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
 use super::torchscript::{classify, prepare_device};
 use super::weights::Weights;
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer, VoicePrompt};
@@ -55,9 +55,13 @@ use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem
 /// Whether the CosyVoice3 model `manifest` describes can use `prompt` (`Err` says why), from the
 /// manifest alone (`ModelHandle::set_voice` asks before the model has loaded).
 pub fn check_voice(manifest: &Manifest, prompt: &VoicePrompt) -> Result<(), String> {
-    match &manifest.cosyvoice3 {
-        Some(dims) => check_flow_prompt(prompt, dims.vocab_size),
-        None => Err(format!("model {} has no [cosyvoice3] section", manifest.name)),
+    let Some(dims) = &manifest.cosyvoice3 else {
+        return Err(format!("model {} has no [cosyvoice3] section", manifest.name));
+    };
+    check_flow_prompt(prompt, dims.vocab_size)?;
+    match (manifest.kind, &dims.llm) {
+        (super::ModelKind::Cosyvoice3, Some(llm)) => super::tts::fits_llm(&prompt.name, &prompt.speech_tokens, &prompt.prompt_text_tokens, llm),
+        _ => Ok(()),
     }
 }
 
@@ -110,23 +114,43 @@ impl Token2Wav {
     }
 
     /// Runs a batch of jobs' items (their voices from the table): per item the mel and the
-    /// waveform; records [`Token2Wav::last_timing`].
+    /// waveform; records [`Token2Wav::last_timing`] (its `audio_out`: cutting the items'
+    /// waveforms, here on the caller's thread).
     pub fn run(&mut self, items: &[SynthItem]) -> Result<Vec<MelAndWave>, ModelError> {
+        let (mels, waves) = self.run_to_host(items)?;
+        self.cut(mels, waves)
+    }
+
+    /// [`Token2Wav::run`] up to the batch's waveforms on the host, uncut: per item the mel, and
+    /// the [`HostWaves`] to cut where the caller chooses.
+    pub fn run_to_host(&mut self, items: &[SynthItem]) -> Result<(Vec<Tensor>, HostWaves), ModelError> {
         self.check(items)?;
         let voices = items.iter().map(|i| self.voices.get(i.voice)).collect::<Result<Vec<_>, _>>()?;
         let flow_items: Vec<FlowItem> = items.iter().zip(&voices).map(|(i, v)| FlowItem::new(&i.tokens, v)).collect();
         let speeds: Vec<Option<f64>> = items.iter().map(|i| i.speed).collect();
-        let (out, timing) = self.forward(&flow_items, &speeds)?;
+        let ((mels, waves), timing) = self.forward(&flow_items, &speeds)?;
         self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing);
-        Ok(out)
+        Ok((mels, waves))
     }
 
     /// Runs flow items as given (prompts and x-vectors of the caller's, as the reference's
     /// `token2wav` takes them), each at its speed: per item the mel and the waveform.
     pub fn run_flow_items(&mut self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<Vec<MelAndWave>, ModelError> {
-        let (out, timing) = self.forward(items, speeds)?;
+        let ((mels, waves), timing) = self.forward(items, speeds)?;
         self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing);
-        Ok(out)
+        self.cut(mels, waves)
+    }
+
+    /// Each item's mel with its samples cut from the batch's waveforms, the time it took counted
+    /// as the last batch's `audio_out`.
+    fn cut(&mut self, mels: Vec<Tensor>, waves: HostWaves) -> Result<Vec<MelAndWave>, ModelError> {
+        let started = Instant::now();
+        let rows = waves.into_rows()?;
+        if let Some(t) = self.last_timing.as_mut() {
+            t.audio_out = started.elapsed();
+        }
+        self.work.seconds += started.elapsed().as_secs_f64();
+        Ok(mels.into_iter().zip(rows).collect())
     }
 
     fn account(&mut self, items: usize, tokens: usize, timing: StageTiming) {
@@ -169,7 +193,7 @@ impl Token2Wav {
         })
     }
 
-    fn forward(&self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<(Vec<MelAndWave>, StageTiming), ModelError> {
+    fn forward(&self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
         let _no_grad = tch::no_grad_guard();
         // The calling thread's stream alone: kind cosyvoice2 runs token2wav beside the LLM's decode.
         let sync = || crate::model::cuda_stream::synchronize(self.device);
@@ -194,10 +218,8 @@ impl Token2Wav {
         })?;
         let waves = HostWaves::from_device(&wav, &frames).map_err(failed)?;
         let t3 = t0.elapsed();
-        let started = Instant::now();
-        let rows = waves.into_rows()?;
-        let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: started.elapsed() };
-        Ok((mels.into_iter().zip(rows).collect(), timing))
+        let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO };
+        Ok(((mels, waves), timing))
     }
 
     /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;
@@ -274,6 +296,20 @@ impl Token2WavModel for Token2Wav {
 
     fn flow_graph_stats(&self) -> FlowGraphStats {
         self.flow.graph_stats()
+    }
+}
+
+impl TextToken2Wav for Token2Wav {
+    fn voices(&self) -> &[Voice] {
+        Token2Wav::voices(self)
+    }
+
+    fn run_to_host(&mut self, items: &[SynthItem]) -> Result<(Vec<Tensor>, HostWaves), ModelError> {
+        Token2Wav::run_to_host(self, items)
+    }
+
+    fn work_seconds(&self) -> f64 {
+        self.work.seconds
     }
 }
 

@@ -268,6 +268,12 @@ pub fn tiny_cosyvoice2_with_max_ratio(ratio: &str) -> tempfile::TempDir {
     model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", &format!("max_token_text_ratio = {ratio}"))])
 }
 
+/// The tiny CosyVoice3 with its LM's `max_len` at `ratio` × the text's tokens: its random LM
+/// ends on eos after tens of tokens, past 20 × a short segment's few.
+pub fn tiny_cosyvoice3_with_max_ratio(ratio: &str) -> tempfile::TempDir {
+    model_variant("models/cosyvoice3-tiny", &[("max_token_text_ratio = 20.0", &format!("max_token_text_ratio = {ratio}"))])
+}
+
 /// A variant of the model directory `rel`: its files linked, its model.toml with each `(from, to)`
 /// replaced (each `from` must be there). For models that differ from a fixture in one setting.
 pub fn model_variant(rel: &str, replace: &[(&str, &str)]) -> tempfile::TempDir {

@@ -7,10 +7,13 @@
 use crate::config::LlmConfig;
 use crate::model::LlmDims;
 
-/// Positions one slot must hold for the configured limits.
-pub fn max_positions(c: &LlmConfig, dims: &LlmDims) -> i64 {
-    let input = 2 + c.max_prompt_text_tokens + c.max_text_tokens + c.max_prompt_speech_tokens;
-    input as i64 + (c.max_text_tokens as f64 * dims.max_token_text_ratio).ceil() as i64
+/// Positions one slot must hold for the configured limits. `system_tokens`: the family's system
+/// prompt (CosyVoice3's, `prompt::SystemPrompt`; 0 for CosyVoice2), which goes before a
+/// cross-lingual segment's text — counting in its `max_len` — or before a prompt text.
+pub fn max_positions(c: &LlmConfig, dims: &LlmDims, system_tokens: usize) -> i64 {
+    let text = c.max_text_tokens + system_tokens;
+    let input = 2 + c.max_prompt_text_tokens + text + c.max_prompt_speech_tokens;
+    input as i64 + (text as f64 * dims.max_token_text_ratio).ceil() as i64
 }
 
 /// Draws of an end-of-speech token before `min_len` tolerated per step.

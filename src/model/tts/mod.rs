@@ -1,34 +1,43 @@
-//! CosyVoice2 text → speech, whole (kind `cosyvoice2`): each text job arrives prepared by the
-//! frontend ([`TextInput::prepare`], run at the worker's intake: normalised, segmented,
+//! Text → speech, whole (kinds `cosyvoice2` and `cosyvoice3`): each text job arrives prepared by
+//! the frontend ([`TextInput::prepare`], run at the worker's intake: normalised, segmented,
 //! tokenized), its segments go through the LLM (all the batch's segments decoding together with
-//! continuous refill), and as segments finish their speech tokens go through token2wav in length
-//! buckets on a thread of its own (on CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while
-//! the LLM decodes on — the two stages share the GPU at once and neither waits for the batch's
-//! slowest sequence. Each bucket's waveforms are cut into segments on a thread of their own, and a
-//! job's segments come back in order as the pieces of its `audio::Waveform` (joined where the job
-//! is encoded, off this thread). A warm-up sentence runs through both stages at load on CUDA. Jobs
-//! that carry speech tokens (as for `cosyvoice2-token2wav`) skip the LLM. A job whose segment
-//! yields no speech tokens or runs into the LLM's `max_len`, or whose voice cannot serve its mode,
-//! fails alone with its reason.
+//! continuous refill), and as segments finish their speech tokens go through the family's token2wav
+//! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
+//! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
+//! two stages share the GPU at once and neither waits for the batch's slowest sequence. Each
+//! bucket's waveforms are cut into segments on a thread of their own, and a job's segments come
+//! back in order as the pieces of its `audio::Waveform` (joined where the job is encoded, off this
+//! thread). A warm-up sentence runs through both stages at load on CUDA. Jobs that carry speech
+//! tokens (as for the `-token2wav` kinds) skip the LLM. A job whose segment yields no speech
+//! tokens or runs into the LLM's `max_len`, or whose voice cannot serve its mode, fails alone with
+//! its reason.
+//!
+//! The two families differ here only in their LM's layout and rules (`llm::family::LmFamily`,
+//! loaded from the manifest's `[cosyvoice2.llm]` or `[cosyvoice3.llm]`) and in how it is prompted
+//! (`llm::prompt`: CosyVoice3's system prompt).
 //!
 //! Sizes come from a [`TextPlan`] (`sizing::text_plan`: LLM slots from `[llm]` and the memory
 //! budget, token2wav buckets from the token2wav memory model over what the LLM leaves).
 //!
-//! Neighbours: `buckets` (which finished segments go through token2wav together), `frontend`
-//! (text → segments), `llm` (`SpeechLm::generate_with`, `BatchDecoder`, `prompt`), `Token2Wav`
-//! (this module's parent), `worker::intake` (prepares), `model` (the seam).
+//! Neighbours: [`buckets`] (which finished segments go through token2wav together), `frontend`
+//! (text → segments), `cosyvoice2::llm` (`SpeechLm::generate_with`, `BatchDecoder`, `prompt`),
+//! `model::token2wav` (the token2wav seam), `worker::intake` (prepares), `model` (the seam, the
+//! one loader).
+
+pub mod buckets;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::Instant;
 
-use super::llm::batch::BatchDecoder;
-use super::llm::prompt::{self, PromptError, END_OF_PROMPT};
-use super::llm::sampler::SamplingParams;
-use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
-use super::buckets::{cut_segments, vocode, BucketCap, BucketStats, Ready};
-use super::{HostWaves, Token2Wav};
+use self::buckets::{cut_segments, vocode, BucketCap, BucketStats, Ready};
+use super::cosyvoice2::llm::batch::BatchDecoder;
+use super::cosyvoice2::llm::prompt::{self, PromptError, SystemPrompt, END_OF_PROMPT, SYSTEM_PROMPT};
+use super::cosyvoice2::llm::sampler::SamplingParams;
+use super::cosyvoice2::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
+use super::token2wav::{HostWaves, TextToken2Wav};
+use super::ModelKind;
 use crate::audio::Waveform;
 use crate::model::cuda_stream::SideStream;
 use crate::model::torchscript::classify;
@@ -60,10 +69,12 @@ pub struct TextInput {
 
 impl TextInput {
     /// The one way a job's text becomes model input: normalised, segmented and tokenized, its
-    /// instruction tokenized. Blocking (grammars): off the async runtime.
+    /// instruction written as `family`'s LM takes it and tokenized. Blocking (grammars): off the
+    /// async runtime.
     /// `forced`: benchmarks with random weights only.
     pub fn prepare(
         frontend: &Frontend,
+        family: LmFamily,
         job_id: uuid::Uuid,
         text: &str,
         mode: Option<Mode>,
@@ -73,7 +84,7 @@ impl TextInput {
     ) -> Result<TextInput, FrontendError> {
         let prepared = frontend.prepare(text)?;
         let instruction = match instruction {
-            Some(i) => Some(frontend.tokenizer().encode(&format!("{i}{END_OF_PROMPT}"))?),
+            Some(i) => Some(frontend.tokenizer().encode(&prompt::instruction_text(family, i))?),
             None => None,
         };
         let speech_estimate = prepared.segments.iter().map(|s| rates.speech_tokens(&s.text, prepared.lang)).collect();
@@ -130,7 +141,7 @@ impl TextPlan {
 }
 
 pub struct TextToSpeech {
-    pub token2wav: Token2Wav,
+    pub token2wav: Box<dyn TextToken2Wav>,
     pub lm: SpeechLm,
     decoder: BatchDecoder,
     ratios: LengthRatios,
@@ -141,18 +152,24 @@ pub struct TextToSpeech {
     llm_work: StageTime,
     /// The LLM's table sizes, which a voice's prompt must fit.
     llm_dims: LlmDims,
+    /// CosyVoice3's system prompt (`None` for CosyVoice2).
+    system: Option<SystemPrompt>,
     /// Where the token2wav thread queues its kernels (`[llm] overlap_token2wav` on CUDA): beside
     /// the decode's. `None`: the default stream, the decode's own.
     side_stream: Option<SideStream>,
 }
 
 impl TextToSpeech {
-    /// Loads a converted directory with its LLM (`llm.safetensors`) sized as `plan` says, after
-    /// checking that its tokenizer and voice prompts fit the LLM's tables.
+    /// Loads a converted directory (kind `cosyvoice2` or `cosyvoice3`) with its LLM
+    /// (`llm.safetensors`) sized as `plan` says, after checking that its tokenizer and voice
+    /// prompts fit the LLM's tables.
     pub fn load(dir: &Path, device: Device, precision: Precision, plan: TextPlan) -> Result<TextToSpeech, ModelError> {
         let manifest = Manifest::load(dir)?;
         let err = |reason: String| ModelError::Manifest { dir: dir.display().to_string(), reason };
-        let dims = manifest.cosyvoice2.as_ref().and_then(|c| c.llm.clone()).ok_or_else(|| err("model.toml has no [cosyvoice2.llm] (convert llm.pt)".into()))?;
+        if !manifest.kind.takes_text() {
+            return Err(err(format!("kind {} takes no text (kinds cosyvoice2 and cosyvoice3 do)", manifest.kind.as_str())));
+        }
+        let (family, dims) = manifest.llm().map(|(f, d)| (f, d.clone())).ok_or_else(|| err(format!("model.toml has no [{}.llm] (convert llm.pt)", family_section(manifest.kind))))?;
         // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the
         // model before loading its weights.
         let tokenizer = TextTokenizer::load(&dir.join(TOKENIZER_FILE)).map_err(|e| err(e.to_string()))?;
@@ -160,16 +177,23 @@ impl TextToSpeech {
         if known as i64 > dims.vocab {
             return Err(err(format!("tokenizer.json knows {known} ids, the LLM's embedding has {} rows: not this model's tokenizer", dims.vocab)));
         }
+        let system = match family {
+            LmFamily::Cosyvoice2 => None,
+            LmFamily::Cosyvoice3 => Some(system_prompt(&tokenizer, &dims).map_err(err)?),
+        };
         // Where a load's seconds go (the worker consumes meanwhile, but the GPU waits for it).
         let started = std::time::Instant::now();
-        let token2wav = Token2Wav::load(dir, manifest, device, precision)?;
+        let token2wav: Box<dyn TextToken2Wav> = match manifest.kind {
+            ModelKind::Cosyvoice3 => Box::new(super::cosyvoice3::Token2Wav::load(dir, manifest, device, precision)?),
+            _ => Box::new(super::cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?),
+        };
         for voice in token2wav.voices() {
             fits_llm(&voice.name, &voice.llm_prompt_tokens, &voice.prompt_text, &dims).map_err(err)?;
         }
         let token2wav_s = started.elapsed().as_secs_f64();
-        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, LmFamily::Cosyvoice2, &dims, device.to_tch())?;
+        let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, family, &dims, device.to_tch())?;
         let llm_s = started.elapsed().as_secs_f64() - token2wav_s;
-        let positions = super::llm::request::max_positions(&plan.llm, &dims);
+        let positions = super::cosyvoice2::llm::request::max_positions(&plan.llm, &dims, system.as_ref().map_or(0, |s| s.tokens.len()));
         let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;
         tracing::info!(
             token2wav_s = format!("{token2wav_s:.2}"),
@@ -191,6 +215,7 @@ impl TextToSpeech {
             cap: BucketCap::new(plan.token2wav_max_batch),
             llm_work: StageTime::idle(Stage::Llm),
             llm_dims: dims,
+            system,
             side_stream,
         };
         if matches!(device, Device::Cuda(_)) {
@@ -264,7 +289,7 @@ impl TextToSpeech {
         }
         let started = Instant::now();
         let t2w_before = self.token2wav.work_seconds();
-        let graphs_before = self.token2wav.flow.graph_stats();
+        let graphs_before = self.token2wav.flow_graph_stats();
         let decoder_before = self.decoder.stats().clone();
         let mut stats = BucketStats::default();
         // Each bucket's waveforms are cut into its segments' audio on a thread of their own, while
@@ -283,7 +308,7 @@ impl TextToSpeech {
             pieces[item][segment] = Some(audio);
         }
         // Small buckets' flow steps replayed as CUDA graphs (`flow_graphs`), and their captures.
-        let graphs = self.token2wav.flow.graph_stats();
+        let graphs = self.token2wav.flow_graph_stats();
         tracing::info!(
             buckets = stats.buckets,
             segments = stats.segments,
@@ -363,7 +388,7 @@ impl TextToSpeech {
                     if let Some(stream) = side_stream {
                         stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
                     }
-                    tch::no_grad(|| vocode(token2wav, ready_rx, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
+                    tch::no_grad(|| vocode(token2wav.as_mut(), ready_rx, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
                 })
                 .map_err(|e| ModelError::BadOutput(format!("cannot start the token2wav thread: {e}")))?;
             let decoded = tch::no_grad(|| {
@@ -408,7 +433,7 @@ impl TextToSpeech {
     fn requests(&self, text: &TextInput, voice: i64) -> Result<Vec<LmRequest>, TextJobError> {
         let index = usize::try_from(voice).map_err(|_| TextJobError::UnknownVoice(voice))?;
         let v = self.token2wav.voices().get(index).ok_or(TextJobError::UnknownVoice(voice))?;
-        let mut requests = prompt::requests(text.job_id, &text.segments, &v.name, v, text.mode, text.instruction.as_deref())?;
+        let mut requests = prompt::requests(text.job_id, &text.segments, &v.name, v, text.mode, text.instruction.as_deref(), self.system.as_ref())?;
         if text.forced {
             for (r, &n) in requests.iter_mut().zip(&text.speech_estimate) {
                 r.forced_len = Some(n);
@@ -421,6 +446,39 @@ impl TextToSpeech {
 /// The sentence [`TextToSpeech::warm_up`] synthesizes at load, and the speech tokens it is forced to.
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
+
+/// The section of `model.toml` that holds `kind`'s LM dimensions.
+fn family_section(kind: ModelKind) -> &'static str {
+    match kind {
+        ModelKind::Cosyvoice3 | ModelKind::Cosyvoice3Token2Wav => "cosyvoice3",
+        _ => "cosyvoice2",
+    }
+}
+
+/// Tokens of the system prompt `manifest`'s LM puts before a text (0 for CosyVoice2's): what a
+/// slot's positions must hold beyond `[llm]`'s limits (`request::max_positions`). Blocking (reads
+/// `tokenizer.json` for CosyVoice3).
+pub fn system_prompt_tokens(manifest: &Manifest) -> Result<usize, ModelError> {
+    let err = |reason: String| ModelError::Manifest { dir: manifest.dir.display().to_string(), reason };
+    match manifest.llm() {
+        Some((LmFamily::Cosyvoice3, dims)) => {
+            let tokenizer = TextTokenizer::load(&manifest.dir.join(TOKENIZER_FILE)).map_err(|e| err(e.to_string()))?;
+            Ok(system_prompt(&tokenizer, dims).map_err(err)?.tokens.len())
+        }
+        _ => Ok(0),
+    }
+}
+
+/// CosyVoice3's [`SystemPrompt`] in `tokenizer`'s ids, its `<|endofprompt|>` checked against
+/// `[cosyvoice3.llm] end_of_prompt`.
+fn system_prompt(tokenizer: &TextTokenizer, dims: &LlmDims) -> Result<SystemPrompt, String> {
+    let end_of_prompt = dims.end_of_prompt.ok_or("[cosyvoice3.llm] has no end_of_prompt")?;
+    let tokens = tokenizer.encode(&format!("{SYSTEM_PROMPT}{END_OF_PROMPT}")).map_err(|e| e.to_string())?;
+    if tokens.last() != Some(&end_of_prompt) {
+        return Err(format!("tokenizer.json does not encode {END_OF_PROMPT} as end_of_prompt ({end_of_prompt}): not this model's tokenizer"));
+    }
+    Ok(SystemPrompt { tokens, end_of_prompt })
+}
 
 /// Whether a voice's LLM prompt (speech tokens, text ids) fits the LLM's tables; `Err` says why not.
 pub(super) fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims) -> Result<(), String> {
@@ -448,7 +506,7 @@ impl From<tch::TchError> for StepError {
 
 impl Synthesizer for TextToSpeech {
     fn manifest(&self) -> &Manifest {
-        Synthesizer::manifest(&self.token2wav)
+        self.token2wav.manifest()
     }
 
     /// Speech-token items only (what `cosyvoice2-token2wav` takes); text items fail here.
@@ -465,7 +523,7 @@ impl Synthesizer for TextToSpeech {
     }
 
     fn release_memory(&self) {
-        self.token2wav.drop_graphs();
+        self.token2wav.release_memory();
     }
 
     fn set_voice(&mut self, index: usize, prompt: &VoicePrompt) -> Result<(), ModelError> {

@@ -1,4 +1,4 @@
-//! Token2wav buckets of a text batch's finished segments (kind `cosyvoice2`): which segments,
+//! Token2wav buckets of a text batch's finished segments (kinds `cosyvoice2` and `cosyvoice3`): which segments,
 //! waiting after the LLM, go through token2wav together. While the LLM decodes only a run of
 //! like-length segments that fills a bucket; at the batch's end all of them, split where padding
 //! and calls cost least. The bucket cap backs off after out-of-memory errors (AIMD), and each
@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
-use super::{HostWaves, Token2Wav};
+use crate::model::token2wav::{stretched_len, HostWaves, TextToken2Wav};
 use crate::batch::{Admission, BatchOutcome};
 use crate::model::{ModelError, SynthItem};
 
@@ -30,7 +30,7 @@ pub(super) struct Ready {
 impl Ready {
     /// Its length as buckets count it (`stretched_len`: a slow speed lengthens the vocoder's work).
     pub fn len(&self) -> usize {
-        super::stretched_len(self.tokens.len(), self.speed)
+        stretched_len(self.tokens.len(), self.speed)
     }
 }
 
@@ -197,7 +197,7 @@ impl BucketCap {
 /// splits it).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_bucket(
-    token2wav: &mut Token2Wav,
+    token2wav: &mut dyn TextToken2Wav,
     batch: Vec<Ready>,
     dropped: &[AtomicBool],
     cut: &Sender<(Vec<(usize, usize)>, HostWaves)>,
@@ -212,14 +212,14 @@ pub(super) fn run_bucket(
     }
     let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem { speed: r.speed, ..SynthItem::tokens(r.tokens.clone(), r.voice) }).collect();
     let started = std::time::Instant::now();
-    match token2wav.run_to_host(&items, None) {
+    match token2wav.run_to_host(&items) {
         Ok((_mels, waves)) => {
             stats.add(batch.iter().map(|r| r.tokens.len()));
             // Where a bucket's time went on this thread, the waveforms' copy to the host included
-            // (RUST_LOG=voxbatch::model::cosyvoice2::tts=debug); cutting them is the cutter's.
-            if let Some(t) = token2wav.last_timing {
+            // (RUST_LOG=voxbatch::model::tts=debug); cutting them is the cutter's.
+            if let Some(t) = token2wav.last_timing() {
                 tracing::debug!(
-                    target: "voxbatch::model::cosyvoice2::tts",
+                    target: "voxbatch::model::tts",
                     segments = batch.len(),
                     total_ms = started.elapsed().as_millis() as u64,
                     encoder_ms = t.encoder.as_millis() as u64,
@@ -264,7 +264,7 @@ pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) 
 /// the rest in the batch's last buckets. Stops early, without error, when `abort` is set.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn vocode(
-    token2wav: &mut Token2Wav,
+    token2wav: &mut dyn TextToken2Wav,
     segments: Receiver<Ready>,
     mut ready: Vec<Ready>,
     dropped: &[AtomicBool],
