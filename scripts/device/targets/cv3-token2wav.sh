@@ -10,6 +10,7 @@
 #   token2wav weights, plus a full-size random LM (tools/make_cv3_llm_fixtures.py --full, seed 4343), the
 #   stand-in tokenizer and the wetext grammars — what text-e2e.sh FAMILY=cosyvoice3 then runs on the warm
 #   machine (with the packages COMPILE=1 leaves in /tmp/cv3full-compiled).
+#   REF_LLM=1 with it: the reference CosyVoice3LM.inference at batch 1 on the same LM weights.
 # Carry: .whl .cv3 .t2w/voxbatch.xz (pack.sh wheels cv3 binaries).
 # Env: STAGE (all | model | bench), TEXT, BATCHES (1,64,128,256), PRECISIONS (bf16), VOCODERS (fp16,bf16:
 #   the vocoder's precision; upstream's is the flow's autocast, fp16), UTTERANCE_SECONDS (10), REPEATS (3),
@@ -50,6 +51,14 @@ if [ "$STAGE" != bench ] && [ ! -f "$M3/model/$NEED" ]; then
     > "$OUT/build.log" 2>&1 || { log "build failed:"; tail -20 "$OUT/build.log"; exit 1; }
   tail -2 "$OUT/build.log"
   grep '^kind' "$M3/model/model.toml"
+fi
+# REF_LLM=1 (with TEXT=1): the reference's LM at batch 1, `CosyVoice3LM.inference` on the same LM
+# weights (tools/bench_llm_reference.py --family cosyvoice3, fp32, REF_SEQUENCES sequences).
+if [ -n "${TEXT:-}" ] && [ -n "${REF_LLM:-}" ]; then
+  log "reference CosyVoice3LM.inference, batch 1, fp32, same LM weights"
+  env PYTHONPATH="$LLM_SITE:$CV3_SITE:$PYTHONPATH" $PY tools/bench_llm_reference.py --family cosyvoice3 --snapshot "$SNAP" \
+    --official "$M3/official" --device cuda:0 --precision fp32 --sequences "${REF_SEQUENCES:-3}" --out "$OUT/reference-llm.json" 2>&1 \
+    | grep -v -i warn | tail -2
 fi
 [ "$STAGE" = model ] && exit 0
 
