@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parity fixtures for voxbatch's CosyVoice2 speech-token LM (src/model/cosyvoice2/llm/).
+"""Parity fixtures for voxbatch's CosyVoice2 speech-token LM (src/model/llm/).
 
 Builds CosyVoice2's `Qwen2LM` from the reference code of the PyPI package `token2wav-cosyvoice`
 (`cosyvoice/llm/llm.py`) around a tiny Qwen2 made from a `transformers` 4.x config (random weights,

@@ -15,7 +15,7 @@
 //! waiting for the GPU, host bookkeeping: `DecoderStats`) and times one step and the sampler alone
 //! (graph replays over every slot at [`PROFILE_SPAN`] positions).
 //!
-//! Neighbours: `model::cosyvoice2::llm` (`SpeechLm`, `BatchDecoder`); `model::memory` for the peak.
+//! Neighbours: `model::llm` (`SpeechLm`, `BatchDecoder`); `model::memory` for the peak.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -23,9 +23,9 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::model::cosyvoice2::llm::batch::{rows_for, BatchDecoder, DecoderStats};
-use crate::model::cosyvoice2::llm::qwen2::span_for;
-use crate::model::cosyvoice2::llm::speech_lm::{LmRequest, SpeechLm};
+use crate::model::llm::batch::{rows_for, BatchDecoder, DecoderStats};
+use crate::model::llm::qwen2::span_for;
+use crate::model::llm::speech_lm::{LmRequest, SpeechLm};
 use crate::model::memory::MemoryProbe;
 use crate::model::{Device, Manifest, ModelError};
 
@@ -213,7 +213,7 @@ fn default_plan(device: Device, dims: &crate::model::LlmDims, lm: &SpeechLm, dir
     let cfg = crate::config::Config::defaults().ok()?;
     let info = crate::gpu::memory_info(device).ok()?;
     let budget = cfg.memory.vram_fraction * info.total_bytes as f64 - info.used_by_others_bytes as f64 - cfg.memory.safety_margin_bytes as f64;
-    let weights = std::fs::metadata(dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).ok()?.len() / 4 * lm.kind().elt_size_in_bytes() as u64;
+    let weights = std::fs::metadata(dir.join(crate::model::llm::speech_lm::LLM_FILE)).ok()?.len() / 4 * lm.kind().elt_size_in_bytes() as u64;
     let manifest = crate::model::Manifest::load(dir).ok()?;
     let system = crate::model::tts::system_prompt_tokens(&manifest).ok()?;
     crate::sizing::llm::plan(&cfg.llm, dims, system, lm.kind(), weights, budget.max(0.0) as u64).ok()

@@ -10,7 +10,7 @@
 //!
 //! Neighbours: `commands::text` (the dry run) and `model::tts::TextInput::prepare`
 //! (which the worker's intake runs on each text job) call [`Frontend::prepare`];
-//! `model::cosyvoice2::llm::prompt` turns the segments' tokens into LLM requests.
+//! `model::llm::prompt` turns the segments' tokens into LLM requests.
 
 pub mod english;
 pub mod normalize;

@@ -12,7 +12,7 @@
 //! Without the CUDA runtime headers at build time (see build.rs) every capture fails with
 //! [`GraphError::Unavailable`] and callers run eagerly.
 //!
-//! Neighbours: `shim` (the other libtorch calls tch lacks); `cosyvoice2::llm::batch` captures the LM decode step with it.
+//! Neighbours: `shim` (the other libtorch calls tch lacks); `llm::batch` captures the LM decode step with it.
 
 use std::ffi::{c_char, c_void};
 

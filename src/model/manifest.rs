@@ -253,7 +253,7 @@ pub struct Manifest {
 fn cosyvoice_files(dir: &Path, text: bool) -> Result<(), String> {
     let mut files = vec![super::token2wav::WEIGHTS_FILE, super::token2wav::VOICES_FILE];
     if text {
-        files.extend([super::cosyvoice2::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
+        files.extend([super::llm::speech_lm::LLM_FILE, crate::frontend::tokenizer::TOKENIZER_FILE]);
         let fsts = crate::frontend::normalize::FST_DIR;
         if !dir.join(fsts).is_dir() {
             return Err(format!("{fsts}/ (the normalisation grammars) is missing (tools/convert_cosyvoice.py copies it)"));
@@ -362,8 +362,8 @@ impl Manifest {
 
     /// The speech-token LM this model has, and whose layout it follows (`[cosyvoice2.llm]` or
     /// `[cosyvoice3.llm]`).
-    pub fn llm(&self) -> Option<(super::cosyvoice2::llm::speech_lm::LmFamily, &LlmDims)> {
-        use super::cosyvoice2::llm::speech_lm::LmFamily;
+    pub fn llm(&self) -> Option<(super::llm::speech_lm::LmFamily, &LlmDims)> {
+        use super::llm::speech_lm::LmFamily;
         match (&self.cosyvoice2, &self.cosyvoice3) {
             (Some(d), _) => d.llm.as_ref().map(|l| (LmFamily::Cosyvoice2, l)),
             (None, Some(d)) => d.llm.as_ref().map(|l| (LmFamily::Cosyvoice3, l)),

@@ -3,10 +3,12 @@
 //!
 //! A model directory holds `model.toml` (the [`Manifest`]) and the weights its `kind` names:
 //! `model.pt` (TorchScript, kind `torchscript`, the reference CNN) or safetensors (kinds
-//! `cosyvoice2-token2wav` and `cosyvoice2`, [`cosyvoice2`]; the latter adds the LLM and takes text
-//! jobs; kind `cosyvoice3-token2wav`, [`cosyvoice3`]). A model family's folder holds what is its
-//! own; what the families share sits beside them: [`layers`], [`weights`], [`pre_lookahead`],
-//! [`flow_matching`], [`vocoder`], [`token2wav`], [`flow_graphs`]. [`load`] is the one loader.
+//! `cosyvoice2-token2wav` and `cosyvoice2`, [`cosyvoice2`]; kinds `cosyvoice3-token2wav` and
+//! `cosyvoice3`, [`cosyvoice3`]; the whole kinds add the LLM and take text jobs through [`tts`]).
+//! A model family's folder holds what is its own; what the families share sits beside them:
+//! [`layers`], [`weights`], [`pre_lookahead`], [`flow_matching`], [`vocoder`], [`token2wav`],
+//! [`flow_graphs`], [`tts`]. [`load`] is the one loader (a family's token2wav half:
+//! [`family_token2wav`]).
 //! [`ModelHandle::start`] (`handle.rs`) loads it on its own OS thread (libtorch calls block), returning
 //! before the load is over ([`ModelHandle::spawn`] waits for it), and serves batches sent from
 //! async code; every model implements [`Synthesizer`]. A batch's items may fail
@@ -25,6 +27,7 @@ pub mod flow_graphs;
 pub mod flow_matching;
 mod input;
 pub mod layers;
+pub mod llm;
 mod handle;
 mod manifest;
 pub mod memory;
@@ -278,7 +281,15 @@ pub fn load_token2wav(
     precision: Precision,
     flow_graphs: flow_graphs::FlowGraphSettings,
 ) -> Result<Box<dyn token2wav::Token2WavModel>, ModelError> {
-    let mut model: Box<dyn token2wav::Token2WavModel> = match manifest.kind {
+    let mut model: Box<dyn token2wav::Token2WavModel> = family_token2wav(dir, manifest, device, precision)?;
+    model.set_flow_graphs(flow_graphs, device);
+    Ok(model)
+}
+
+/// The token2wav half of a CosyVoice directory, whichever family it is: what [`load_token2wav`]
+/// and the text pipeline (`tts::TextToSpeech::load`) load.
+pub fn family_token2wav(dir: &std::path::Path, manifest: Manifest, device: Device, precision: Precision) -> Result<Box<dyn token2wav::TextToken2Wav>, ModelError> {
+    Ok(match manifest.kind {
         ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice2 => Box::new(cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?),
         ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice3 => Box::new(cosyvoice3::Token2Wav::load(dir, manifest, device, precision)?),
         kind => {
@@ -287,9 +298,7 @@ pub fn load_token2wav(
                 reason: format!("kind {} has no token2wav (kinds cosyvoice2-token2wav, cosyvoice2, cosyvoice3-token2wav, cosyvoice3)", kind.as_str()),
             })
         }
-    };
-    model.set_flow_graphs(flow_graphs, device);
-    Ok(model)
+    })
 }
 
 /// Whether the model `manifest` describes can use `prompt` (`Err` says why), decided from the

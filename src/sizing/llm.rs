@@ -6,13 +6,13 @@
 //! cumulative sums over the 6,564 outputs). The LM's weights and its prefill and graph workspace
 //! come off the share first.
 //!
-//! Neighbours: `config::llm` (the settings); `model::cosyvoice2::llm::batch` allocates the cache
+//! Neighbours: `config::llm` (the settings); `model::llm::batch` allocates the cache
 //! this sizes; `bench llm` reports the measured peak beside it.
 
 use tch::Kind;
 
 use crate::config::LlmConfig;
-use crate::model::cosyvoice2::llm::cache::SlotCache;
+use crate::model::llm::cache::SlotCache;
 use crate::model::LlmDims;
 
 /// Fixed workspace of the LM stage besides weights and slots: a prefill pass of up to 4,096
@@ -35,7 +35,7 @@ pub fn kv_bytes_per_position(dims: &LlmDims, kind: Kind) -> u64 {
     SlotCache::bytes_per_token(dims.layers as i64, dims.kv_heads, dims.head_dim, kind)
 }
 
-pub use crate::model::cosyvoice2::llm::request::max_positions;
+pub use crate::model::llm::request::max_positions;
 
 /// What the LM stage gets.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

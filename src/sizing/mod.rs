@@ -146,8 +146,8 @@ pub fn text_plan(cfg: &Config, manifest: &Manifest, device: Device, precision: P
         SizingPolicy::Memory => {
             let (budget, gpu_name) = budget_bytes(cfg, device)?;
             // The LM's weights as it loads them (bf16 on a GPU: half the fp32 file).
-            let kind = crate::model::cosyvoice2::llm::speech_lm::SpeechLm::weights_kind(device.to_tch());
-            let file = std::fs::metadata(manifest.dir.join(crate::model::cosyvoice2::llm::speech_lm::LLM_FILE)).map(|m| m.len()).unwrap_or(0);
+            let kind = crate::model::llm::speech_lm::SpeechLm::weights_kind(device.to_tch());
+            let file = std::fs::metadata(manifest.dir.join(crate::model::llm::speech_lm::LLM_FILE)).map(|m| m.len()).unwrap_or(0);
             let weights = if kind == tch::Kind::Float { file } else { file / 2 };
             let system = crate::model::tts::system_prompt_tokens(manifest).map_err(|e| SizingError::Model { model: manifest.name.clone(), reason: e.to_string() })?;
             let mut llm = llm::plan(&cfg.llm, &dims, system, kind, weights, budget as u64)?;

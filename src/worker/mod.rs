@@ -248,7 +248,7 @@ pub async fn run(
         settler: settler.clone(),
     };
     // A text model's manifest has its LM (`Manifest::load` refuses one without).
-    let family = manifest.llm().map_or(crate::model::cosyvoice2::llm::family::LmFamily::Cosyvoice2, |(f, _)| f);
+    let family = manifest.llm().map_or(crate::model::llm::family::LmFamily::Cosyvoice2, |(f, _)| f);
     let text = frontend.map(|(frontend, threads)| text_prep::TextPrep::new(frontend, family, threads, &cfg, settler.clone(), stop.clone(), return_tx.clone()));
     let intake = intake::Intake {
         amqp: cfg.amqp.clone(),

@@ -15,7 +15,7 @@ use super::delivery::{Delivery, Settler};
 use super::intake::Received;
 use crate::frontend::{Frontend, FrontendError, SpeakingRates};
 use crate::job::{Job, Rejection, RejectionKind};
-use crate::model::cosyvoice2::llm::family::LmFamily;
+use crate::model::llm::family::LmFamily;
 use crate::model::TextInput;
 
 /// How a text job is prepared: the text frontend on the blocking pool, a few jobs at a time.

@@ -1,4 +1,4 @@
-//! Parity of the CosyVoice2 speech-token LM (src/model/cosyvoice2/llm/) with the reference code:
+//! Parity of the CosyVoice2 speech-token LM (src/model/llm/) with the reference code:
 //! `tools/make_llm_fixtures.py` runs `Qwen2LM` of the PyPI package `token2wav-cosyvoice` with a tiny
 //! random Qwen2 (transformers 4.x) and stores its input layout, prefill hidden states and
 //! teacher-forced per-step log-probabilities; bootstrap builds them into
@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use tch::{Device, Tensor};
 use voxbatch::model::cosyvoice2::layers::relative_error;
-use voxbatch::model::cosyvoice2::llm::qwen2::Qwen2Dims;
-use voxbatch::model::cosyvoice2::llm::batch::BatchDecoder;
-use voxbatch::model::cosyvoice2::llm::sampler::{ras_sample, SamplingParams};
-use voxbatch::model::cosyvoice2::llm::speech_lm::{LmFamily, LmRequest, SpeechLm};
+use voxbatch::model::llm::qwen2::Qwen2Dims;
+use voxbatch::model::llm::batch::BatchDecoder;
+use voxbatch::model::llm::sampler::{ras_sample, SamplingParams};
+use voxbatch::model::llm::speech_lm::{LmFamily, LmRequest, SpeechLm};
 use voxbatch::model::cosyvoice2::Weights;
 
 /// Relative error the LM's stages keep to the reference in fp32 (CosyVoice3's tests too).

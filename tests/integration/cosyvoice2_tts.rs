@@ -12,8 +12,8 @@ use voxbatch::config::Config;
 use voxbatch::frontend::segment::SegmentLimits;
 use voxbatch::frontend::{Frontend, FrontendError, SpeakingRates};
 use voxbatch::job::Mode;
-use voxbatch::model::cosyvoice2::llm::prompt::PromptError;
-use voxbatch::model::cosyvoice2::llm::family::LmFamily;
+use voxbatch::model::llm::prompt::PromptError;
+use voxbatch::model::llm::family::LmFamily;
 use voxbatch::model::tts::{TextJobError, TextPlan, TextToSpeech};
 use voxbatch::model::{Device, Precision, Stage, SynthItem, Synthesizer, TextInput};
 

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use tch::{Device, Tensor};
 use crate::cosyvoice2_llm_parity::assert_close;
 use voxbatch::frontend::tokenizer::TextTokenizer;
-use voxbatch::model::cosyvoice2::llm::batch::BatchDecoder;
-use voxbatch::model::cosyvoice2::llm::sampler::{ras_sample, SamplingParams};
-use voxbatch::model::cosyvoice2::llm::speech_lm::{without_column, LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
+use voxbatch::model::llm::batch::BatchDecoder;
+use voxbatch::model::llm::sampler::{ras_sample, SamplingParams};
+use voxbatch::model::llm::speech_lm::{without_column, LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use voxbatch::model::{LlmDims, Manifest, ModelKind};
 
 fn root() -> PathBuf {

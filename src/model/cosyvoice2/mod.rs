@@ -19,8 +19,8 @@
 //! What it shares with CosyVoice3 lives below both families: `model::flow_matching` (the Euler
 //! loop with guidance), `model::vocoder` (HiFT: this family's centred layout), `model::token2wav`
 //! (voices, speed, the vocoder's batch, timing), `model::pre_lookahead`, `model::layers`,
-//! `model::weights`, `model::flow_graphs`; this folder holds what differs (the conformer encoder,
-//! the U-Net estimator, the LLM, the text model).
+//! `model::weights`, `model::flow_graphs`, the speech-token LM (`model::llm`) and the text pipeline
+//! (`model::tts`); this folder holds what differs (the conformer encoder, the U-Net estimator).
 //!
 //! Neighbours: [`super`] (the model seam: [`Synthesizer`], the inference thread),
 //! `super::manifest` (the `[cosyvoice2]` dimensions) and `super::compiled` (packages).
@@ -29,7 +29,6 @@ pub mod encoder;
 pub mod estimator;
 pub mod flow;
 pub mod hift;
-pub mod llm;
 pub use crate::model::{flow_graphs, layers};
 
 use std::path::Path;

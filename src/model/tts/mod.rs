@@ -20,7 +20,7 @@
 //! budget, token2wav buckets from the token2wav memory model over what the LLM leaves).
 //!
 //! Neighbours: [`buckets`] (which finished segments go through token2wav together), `frontend`
-//! (text → segments), `cosyvoice2::llm` (`SpeechLm::generate_with`, `BatchDecoder`, `prompt`),
+//! (text → segments), `model::llm` (`SpeechLm::generate_with`, `BatchDecoder`, `prompt`),
 //! `model::token2wav` (the token2wav seam), `worker::intake` (prepares), `model` (the seam, the
 //! one loader).
 
@@ -32,10 +32,10 @@ use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use self::buckets::{cut_segments, vocode, BucketCap, BucketStats, Ready};
-use super::cosyvoice2::llm::batch::BatchDecoder;
-use super::cosyvoice2::llm::prompt::{self, PromptError, SystemPrompt, END_OF_PROMPT, SYSTEM_PROMPT};
-use super::cosyvoice2::llm::sampler::SamplingParams;
-use super::cosyvoice2::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
+use super::llm::batch::BatchDecoder;
+use super::llm::prompt::{self, PromptError, SystemPrompt, END_OF_PROMPT, SYSTEM_PROMPT};
+use super::llm::sampler::SamplingParams;
+use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use super::token2wav::{HostWaves, TextToken2Wav};
 use super::ModelKind;
 use crate::audio::Waveform;
@@ -183,17 +183,14 @@ impl TextToSpeech {
         };
         // Where a load's seconds go (the worker consumes meanwhile, but the GPU waits for it).
         let started = std::time::Instant::now();
-        let token2wav: Box<dyn TextToken2Wav> = match manifest.kind {
-            ModelKind::Cosyvoice3 => Box::new(super::cosyvoice3::Token2Wav::load(dir, manifest, device, precision)?),
-            _ => Box::new(super::cosyvoice2::Token2Wav::load(dir, manifest, device, precision)?),
-        };
+        let token2wav = super::family_token2wav(dir, manifest, device, precision)?;
         for voice in token2wav.voices() {
             fits_llm(&voice.name, &voice.llm_prompt_tokens, &voice.prompt_text, &dims).map_err(err)?;
         }
         let token2wav_s = started.elapsed().as_secs_f64();
         let (lm, params, ratios): (SpeechLm, SamplingParams, LengthRatios) = SpeechLm::load(dir, family, &dims, device.to_tch())?;
         let llm_s = started.elapsed().as_secs_f64() - token2wav_s;
-        let positions = super::cosyvoice2::llm::request::max_positions(&plan.llm, &dims, system.as_ref().map_or(0, |s| s.tokens.len()));
+        let positions = super::llm::request::max_positions(&plan.llm, &dims, system.as_ref().map_or(0, |s| s.tokens.len()));
         let decoder = BatchDecoder::new(&lm, plan.slots.max(1), positions, params, plan.llm.cuda_graphs).map_err(ModelError::Inference)?;
         tracing::info!(
             token2wav_s = format!("{token2wav_s:.2}"),

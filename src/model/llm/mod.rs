@@ -1,4 +1,5 @@
-//! CosyVoice2's speech-token language model: text → speech tokens, many sequences at once.
+//! The speech-token language model of both CosyVoice families (CosyVoice2's `Qwen2LM`, CosyVoice3's
+//! `CosyVoice3LM`: one decoder, two layouts): text → speech tokens, many sequences at once.
 //!
 //! - [`qwen2`]: the Qwen2 decoder CosyVoice2's `Qwen2LM` wraps, over a slot KV cache ([`cache`]):
 //!   unpadded multi-sequence prefill, and a decode step that advances every active slot at its own
@@ -12,12 +13,13 @@
 //!   `LmError`, the length ratios).
 //! - [`family`]: whose LM (CosyVoice2's `Qwen2LM` or CosyVoice3's `CosyVoice3LM`) and the rules
 //!   in which they differ: the masks before `min_len`, CosyVoice3's silent-token filter.
-//! - [`prompt`]: a job's segments as LLM requests per CosyVoice2 mode (zero-shot, cross-lingual,
-//!   instruct), each segment seeded by job id and index.
+//! - [`prompt`]: a job's segments as LLM requests per mode (zero-shot, cross-lingual, instruct),
+//!   CosyVoice3's behind its system prompt, each segment seeded by job id and index.
 //!
-//! At parity with the reference (`tests/cosyvoice2_llm_parity.rs`); bf16 weights on CUDA, fp32 on
-//! the CPU, log-probabilities and sampling fp32. `sizing::llm` gives the slot count from the
-//! memory budget; `bench::llm` measures it. Wiring into the worker is issue 14.
+//! At parity with the references (`tests/integration/cosyvoice2_llm_parity.rs`,
+//! `cosyvoice3_llm_parity.rs`); bf16 weights on CUDA, fp32 on the CPU, log-probabilities and
+//! sampling fp32. `sizing::llm` gives the slot count from the memory budget; `bench::llm` measures
+//! it; `model::tts` runs it for text jobs.
 //!
 //! Neighbours: `weights` loads the tensors; `layers` has the result type; `model::cuda_graph`.
 
