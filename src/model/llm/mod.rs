@@ -9,6 +9,7 @@
 //!   the step captured as CUDA graphs per (rows, span) bucket and replayed (eager as the fallback).
 //! - [`speech_lm`]: `Qwen2LM.inference` (input layout, min/max length, end-of-speech rules) with
 //!   continuous refill; each sequence gets the same tokens batched or alone.
+//! - [`sequence`]: one sequence's state and what each draw does to it (the end-of-speech rules).
 //! - [`request`]: what the LM is asked and answers per sequence (`LmRequest`, `LmOutput`,
 //!   `LmError`, the length ratios).
 //! - [`family`]: whose LM (CosyVoice2's `Qwen2LM` or CosyVoice3's `CosyVoice3LM`) and the rules
@@ -30,4 +31,5 @@ pub mod prompt;
 pub mod qwen2;
 pub mod request;
 pub mod sampler;
+pub mod sequence;
 pub mod speech_lm;

@@ -29,8 +29,8 @@
 //! `max_silent_tokens` of them in a row (`CosyVoice3Model.llm_job`); the decoder and the repetition
 //! window still see them. Its text must hold `<|endofprompt|>` (the reference asserts it).
 //!
-//! Neighbours: `qwen2` (the decoder), `sampler`, `batch` (cache, step buffers, graphs);
-//! `weights` loads `llm.safetensors`.
+//! Neighbours: `qwen2` (the decoder), `sequence` (a sequence's state and what each draw does to
+//! it), `sampler`, `batch` (cache, step buffers, graphs); `weights` loads `llm.safetensors`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
@@ -42,11 +42,11 @@ use crate::model::weights::Weights;
 use super::batch::{BatchDecoder, DecodingLm, StepInput, StepOutputs, rows_for};
 use super::cache::SlotCache;
 use super::qwen2::{span_for, Qwen2, Qwen2Dims, Rows};
-use super::request::{max_steps, MAX_TRIALS};
+use super::request::max_steps;
+use super::sequence::{Input, Next, Sequence};
 pub use super::request::{LengthRatios, LmError, LmOutput, LmRequest};
-use super::family::{drop_long_silences, without_columns_from};
 pub use super::family::{without_column, LmFamily};
-use super::sampler::{choose, draw, ras_sample, uniforms_tensor, SamplingParams, SequenceRng};
+use super::sampler::{draw, uniforms_tensor, SamplingParams, SequenceRng};
 
 /// The LM's weights in a converted model directory.
 pub const LLM_FILE: &str = "llm.safetensors";
@@ -57,44 +57,18 @@ const PREFILL_POSITIONS: i64 = 4096;
 /// A CosyVoice speech-token LM: Qwen2 plus its embeddings and output layer.
 pub struct SpeechLm {
     qwen: Qwen2,
-    family: LmFamily,
+    pub(super) family: LmFamily,
     /// The sos and task-id embeddings `[2, hidden]`.
     specials: Tensor,
     speech_embedding: Tensor,
     decoder: Linear,
     /// 6561: the first id that is not a speech token (CosyVoice2's end of speech).
-    speech_tokens: i64,
+    pub(super) speech_tokens: i64,
     /// CosyVoice3: the id the input must hold (`<|endofprompt|>`), if checked.
     end_of_prompt: Option<i64>,
     /// CosyVoice3: silent tokens and how many in a row the output keeps.
-    silent_tokens: Vec<i64>,
-    max_silent_tokens: usize,
-}
-
-/// What a sequence is fed next.
-enum Input {
-    Token(i64),
-    /// The last prompt position's embedding, when the first draw is skipped.
-    Embedding(Tensor),
-}
-
-struct Sequence {
-    index: usize,
-    slot: usize,
-    step: usize,
-    min_len: usize,
-    max_len: usize,
-    out: Vec<i64>,
-    next_input: Input,
-    rng: SequenceRng,
-    /// A benchmark's forced length: CosyVoice3 refuses every stop id before it, not only 6561.
-    forced: bool,
-}
-
-/// What one sampled token did to its sequence.
-enum Next {
-    Continue,
-    Done(Result<LmOutput, LmError>),
+    pub(super) silent_tokens: Vec<i64>,
+    pub(super) max_silent_tokens: usize,
 }
 
 impl SpeechLm {
@@ -446,82 +420,6 @@ impl SpeechLm {
     /// `log_softmax(llm_decoder(hidden))` in fp32: `[N, speech_tokens + extra outputs]`.
     fn log_probs(&self, hidden: &Tensor) -> R<Tensor> {
         self.decoder.forward(hidden)?.f_to_kind(Kind::Float)?.f_log_softmax(-1, Kind::Float)
-    }
-
-    /// Applies each sequence's draw (`drawn[i]`: its nucleus and full-distribution picks from row
-    /// `logp_rows[i]` of `logp`): the reference's choice, end-of-speech drawn again before `min_len`.
-    fn advance(&self, seqs: &mut [&mut Sequence], logp: &Tensor, logp_rows: &[i64], drawn: &[(i64, i64)], params: &SamplingParams) -> R<Vec<Next>> {
-        let eos = self.speech_tokens;
-        let mut picks: Vec<i64> = seqs.iter().zip(drawn).map(|(s, &(nucleus, full))| choose(nucleus, full, &s.out, params)).collect();
-        // Before min_len an end-of-speech is drawn again, row by row, as the reference does
-        // (CosyVoice3: once, from the distribution without it, as its mask leaves it; with a forced
-        // length, without any stop id).
-        let early: Vec<bool> = seqs.iter().map(|s| s.step < s.min_len).collect();
-        let all_stops: Vec<bool> = seqs.iter().map(|s| self.family == LmFamily::Cosyvoice3 && s.forced).collect();
-        let refused = |i: usize, pick: i64| early[i] && (pick == eos || (all_stops[i] && pick > eos));
-        let (mut without_sos, mut without_stops): (Option<Tensor>, Option<Tensor>) = (None, None);
-        for _ in 0..MAX_TRIALS {
-            let again: Vec<usize> = (0..seqs.len()).filter(|&i| refused(i, picks[i])).collect();
-            if again.is_empty() {
-                break;
-            }
-            let (plain, stops): (Vec<usize>, Vec<usize>) = again.iter().partition(|&&i| !all_stops[i]);
-            for (rows, forced) in [(plain, false), (stops, true)] {
-                if rows.is_empty() {
-                    continue;
-                }
-                let table = match (self.family, forced) {
-                    (LmFamily::Cosyvoice2, _) => logp,
-                    (LmFamily::Cosyvoice3, false) => &*without_sos.get_or_insert(without_column(logp, eos)?),
-                    (LmFamily::Cosyvoice3, true) => &*without_stops.get_or_insert(without_columns_from(logp, eos)?),
-                };
-                for (i, p) in rows.iter().zip(self.sample_rows(seqs, table, logp_rows, params, &rows)?) {
-                    picks[*i] = p;
-                }
-            }
-        }
-        let ends = |pick: i64| match self.family {
-            LmFamily::Cosyvoice2 => pick == eos,
-            LmFamily::Cosyvoice3 => pick >= eos,
-        };
-        let mut nexts = Vec::with_capacity(seqs.len());
-        for (i, seq) in seqs.iter_mut().enumerate() {
-            let pick = picks[i];
-            let refused = refused(i, pick);
-            seq.step += 1;
-            let next = if refused {
-                Next::Done(Err(LmError::OnlyEndOfSpeech))
-            } else if ends(pick) {
-                Next::Done(Ok(LmOutput { tokens: self.kept(std::mem::take(&mut seq.out)), hit_max_len: false }))
-            } else {
-                // A skipped id (above end-of-speech) leaves the input as it was: fed again.
-                if pick < eos {
-                    seq.out.push(pick);
-                    seq.next_input = Input::Token(pick);
-                }
-                if seq.step >= seq.max_len {
-                    Next::Done(Ok(LmOutput { tokens: self.kept(std::mem::take(&mut seq.out)), hit_max_len: true }))
-                } else {
-                    Next::Continue
-                }
-            };
-            nexts.push(next);
-        }
-        Ok(nexts)
-    }
-
-    /// A finished sequence's output: CosyVoice3 drops each silent token after `max_silent_tokens`
-    /// of them in a row (`CosyVoice3Model.llm_job`); CosyVoice2 keeps every token.
-    pub fn kept(&self, tokens: Vec<i64>) -> Vec<i64> {
-        drop_long_silences(tokens, &self.silent_tokens, self.max_silent_tokens)
-    }
-
-    /// One draw for each of `rows` (indices into `seqs`; sequence `r` reads row `logp_rows[r]`).
-    fn sample_rows(&self, seqs: &mut [&mut Sequence], logp: &Tensor, logp_rows: &[i64], params: &SamplingParams, rows: &[usize]) -> R<Vec<i64>> {
-        let index = Tensor::f_from_slice(&rows.iter().map(|&r| logp_rows[r]).collect::<Vec<_>>())?.f_to_device(logp.device())?;
-        let uniforms: Vec<(f64, f64)> = rows.iter().map(|&r| seqs[r].rng.next_pair()).collect();
-        let history: Vec<&[i64]> = rows.iter().map(|&r| seqs[r].out.as_slice()).collect();
-        ras_sample(&logp.f_index_select(0, &index)?, &history, &uniforms, params)
     }
 
     // What the batch decoder needs of the LM.

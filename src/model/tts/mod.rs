@@ -72,6 +72,7 @@ impl TextInput {
     /// instruction written as `family`'s LM takes it and tokenized. Blocking (grammars): off the
     /// async runtime.
     /// `forced`: benchmarks with random weights only.
+    #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         frontend: &Frontend,
         family: LmFamily,
