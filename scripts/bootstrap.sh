@@ -232,20 +232,8 @@ if ! port_open 5672; then
   fi
 fi
 
-# 4. SeaweedFS (S3 on 8333, SigV4 with the dev identity in config/seaweedfs-s3.json)
-s3_up() { curl -s -o /dev/null --max-time 2 http://127.0.0.1:8333/ 2>/dev/null; }
-if ! port_open 8333; then
-  log "starting SeaweedFS (S3 on 127.0.0.1:8333, data in .run/seaweedfs)"
-  mkdir -p "$RUN/seaweedfs"
-  setsid nohup .venv/bin/weed server -dir="$RUN/seaweedfs" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-    -master.port=19333 -volume.port=18080 -filer.port=18888 -master.volumeSizeLimitMB=256 -volume.max=64 \
-    -s3 -s3.port=8333 -s3.config="$ROOT/config/seaweedfs-s3.json" \
-    >"$RUN/seaweedfs.log" 2>&1 < /dev/null &
-  echo $! > "$RUN/seaweedfs.pid"
-  wait_for 60 "SeaweedFS S3" s3_up
-  # The filer and a writable volume come up a little after the S3 port.
-  sleep 2
-fi
+# 4. SeaweedFS (S3 on 8333, SigV4 with the dev identity in config/seaweedfs-s3.json), unless running
+scripts/start-seaweedfs.sh || exit 1
 
 # 5. Build (started after step 1, in the background)
 if [ -n "${CARGO_PID:-}" ]; then

@@ -72,7 +72,7 @@ async fn faults_seaweedfs_stopped_during_uploads_then_started() {
     // While S3 is down: jobs may be synthesized but none is marked done without its object.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let done_while_down = env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await;
-    sh(&format!("VOXBATCH_SKIP_BUILD=1 {root}/scripts/bootstrap.sh 2>/dev/null"));
+    sh(&format!("{root}/scripts/start-seaweedfs.sh 2>/dev/null"));
     assert!(wait_done(&env, 30, 180).await, "uploads resumed");
     let _ = stop.send(());
     handle.await.unwrap();
