@@ -148,27 +148,35 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> CommandError {
 }
 
 /// Starts loading the configured model on `device` (`ModelHandle::start`: returns while its
-/// thread loads it): the one way commands load a model. A `cosyvoice2` model is sized first
-/// (`sizing::text_plan`: NVML and files, off the async runtime).
-async fn start_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
+/// thread loads it): the one way commands load a model. A text model (`cosyvoice2`,
+/// `cosyvoice3`) is sized first (`sizing::text_plan`: NVML and files, off the async runtime), or
+/// with `token2wav_only` loads its token2wav half alone (`LoadOptions::token2wav_only`).
+async fn start_model(cfg: &Config, device: Device, token2wav_only: bool) -> Result<ModelHandle, CommandError> {
     let sized = cfg.clone();
     tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
         let m = &sized.model;
         let manifest = crate::model::Manifest::load(&m.dir)?;
-        let text = match manifest.kind.takes_text() {
+        let text = match manifest.kind.takes_text() && !token2wav_only {
             true => Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?),
             false => None,
         };
-        let options = crate::model::LoadOptions { cpu_threads: m.cpu_threads, text, flow_graphs: m.flow_graphs, cudnn_benchmark: m.cudnn_benchmark };
+        let options = crate::model::LoadOptions {
+            cpu_threads: m.cpu_threads,
+            text,
+            flow_graphs: m.flow_graphs,
+            cudnn_benchmark: m.cudnn_benchmark,
+            token2wav_only,
+        };
         Ok(ModelHandle::start(&m.dir, device, m.precision, options)?)
     })
     .await
     .map_err(|_| ModelError::ThreadGone)?
 }
 
-/// [`start_model`], returning once the model is loaded.
+/// The model whose batches a measurement runs (`calibrate`, the policy bench), once loaded: a
+/// text model's token2wav half alone, since the memory policy sizes token2wav batches.
 async fn load_model(cfg: &Config, device: Device) -> Result<ModelHandle, CommandError> {
-    let model = start_model(cfg, device).await?;
+    let model = start_model(cfg, device, true).await?;
     model.ready().await?;
     Ok(model)
 }

@@ -33,7 +33,7 @@ pub async fn work(
             let mut c = cfg.clone();
             c.model.device = device;
             // Each model loads on its own thread while its worker starts consuming.
-            let model = start_model(&c, device).await?;
+            let model = start_model(&c, device, false).await?;
             let id = if single { base_id.clone() } else { format!("{base_id}-{}-{k}", device.to_string().replace(':', "")) };
             let o = WorkerOptions { drain: opts.drain, worker_id: Some(id) };
             let (db, storage, stop) = (db.clone(), storage.clone(), stop.clone());

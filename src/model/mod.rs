@@ -244,6 +244,12 @@ pub struct LoadOptions {
     pub flow_graphs: flow_graphs::FlowGraphSettings,
     /// On CUDA, cuDNN's per-shape algorithm search (`[model] cudnn_benchmark`; process-wide).
     pub cudnn_benchmark: bool,
+    /// Kinds `cosyvoice2` and `cosyvoice3`: their token2wav half alone (speech-token items, run as
+    /// the batch given, no LLM, no text plan) — what `voxbatch calibrate` and the policy bench
+    /// measure, since the memory policy sizes token2wav batches. The whole model re-buckets
+    /// speech-token items by its text plan (a calibration of kind `cosyvoice3` on an H100 on
+    /// 2026-12-06 saw its peaks stop growing at the small plan's buckets of 16).
+    pub token2wav_only: bool,
 }
 
 /// Loads a model directory (its `manifest` already read) for `device` and `precision`: the one
@@ -255,10 +261,15 @@ pub fn load(
     precision: Precision,
     text: Option<tts::TextPlan>,
     flow_graphs: flow_graphs::FlowGraphSettings,
+    token2wav_only: bool,
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
         ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav => {
+            let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
+            Ok(model)
+        }
+        ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 if token2wav_only => {
             let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
             Ok(model)
         }

@@ -107,3 +107,19 @@ fn an_instruction_reaches_cosyvoice3s_lm_behind_its_system_prompt() {
     let cv2 = TextInput::prepare(&frontend, LmFamily::Cosyvoice2, uuid::Uuid::nil(), "你好。", Some(Mode::Instruct), Some("请用广东话表达。"), &rates(), false).unwrap();
     assert_eq!(cv2.instruction.unwrap(), frontend.tokenizer().encode("请用广东话表达。<|endofprompt|>").unwrap());
 }
+
+#[tokio::test]
+async fn a_measurement_loads_a_text_models_token2wav_half_alone_and_runs_the_batch_as_given() {
+    // What `voxbatch calibrate` and the policy bench load (`LoadOptions::token2wav_only`): no LLM,
+    // no text plan whose buckets would cut the batch (the small plan's hold 16 segments).
+    let options = voxbatch::model::LoadOptions { cpu_threads: 1, token2wav_only: true, ..Default::default() };
+    let model = voxbatch::model::ModelHandle::load(&common::repo_path("models/cosyvoice3-tiny"), Device::Cpu, Precision::Fp32, options).await.unwrap();
+    assert_eq!(model.manifest().kind, ModelKind::Cosyvoice3);
+    assert_eq!(model.llm_slots(), None, "no LLM loaded");
+    let items: Vec<SynthItem> = (0..20).map(|i| SynthItem::tokens((0..12).map(|t| (t * 5 + i) % 64).collect(), i % 2)).collect();
+    let out = model.synthesize(items).await.unwrap();
+    assert_eq!(out.audio.len(), 20);
+    assert!(out.audio.iter().all(|a| a.as_ref().is_ok_and(|w| w.len() == 12 * 960)));
+    let stages: Vec<(Stage, u64)> = out.stages.iter().map(|s| (s.stage, s.items)).collect();
+    assert_eq!(stages, [(Stage::Token2Wav, 20)], "twenty items through token2wav, no LLM stage");
+}

@@ -229,7 +229,7 @@ pub async fn run(opts: &SweetSpotOptions, mut progress: impl FnMut(&str)) -> Res
 
 /// Batch 1 on fixed inputs (quality is compared on these), then the batch sweep, for one precision.
 async fn run_precision(opts: &SweetSpotOptions, precision: Precision, total: u64, ceiling: f64, progress: &mut impl FnMut(&str)) -> Result<PrecisionRun, ModelError> {
-    let model = match ModelHandle::load(&opts.model_dir, opts.device, precision, crate::model::LoadOptions { cpu_threads: opts.cpu_threads, ..Default::default() }).await {
+    let model = match ModelHandle::load(&opts.model_dir, opts.device, precision, crate::model::LoadOptions { cpu_threads: opts.cpu_threads, token2wav_only: true, ..Default::default() }).await {
         Ok(m) => m,
         Err(e) if precision != Precision::Fp32 => {
             progress(&format!("{precision}: not supported here: {e}"));
@@ -333,7 +333,7 @@ fn recommend(opts: &SweetSpotOptions, quality: &[Quality], sweep: &[Point], note
 /// Runs the recommended point for `opts.soak`: throughput per window, memory growth, GPU figures.
 async fn soak(opts: &SweetSpotOptions, rec: &Knee, tokens: usize, progress: &mut impl FnMut(&str)) -> Result<Soak, ModelError> {
     let precision: Precision = rec.precision.parse().map_err(|e: crate::model::ParseError| ModelError::BadOutput(e.to_string()))?;
-    let model = ModelHandle::load(&opts.model_dir, opts.device, precision, crate::model::LoadOptions { cpu_threads: opts.cpu_threads, ..Default::default() }).await?;
+    let model = ModelHandle::load(&opts.model_dir, opts.device, precision, crate::model::LoadOptions { cpu_threads: opts.cpu_threads, token2wav_only: true, ..Default::default() }).await?;
     let manifest = model.manifest().clone();
     let utterance_s = manifest.predicted_seconds(tokens);
     let mut rng = rand::rngs::StdRng::seed_from_u64(13);
