@@ -201,7 +201,7 @@ pub fn has_markup(text: &str) -> bool {
 /// (`"You are a helpful assistant.<|endofprompt|>…"`, as the reference's CosyVoice3 examples
 /// write cross-lingual text) — the model puts its own prompt before each segment.
 fn spoken_part(text: &str) -> &str {
-    const END_OF_PROMPT: &str = "<|endofprompt|>";
+    use tokenizer::END_OF_PROMPT;
     match text.rfind(END_OF_PROMPT) {
         Some(at) => &text[at + END_OF_PROMPT.len()..],
         None => text,

@@ -11,6 +11,10 @@ use std::path::Path;
 /// The converted tokenizer's file in a model directory.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
+/// The added token that closes a prompt (CosyVoice2's instructions; CosyVoice3's system prompt,
+/// which its LM input must hold).
+pub const END_OF_PROMPT: &str = "<|endofprompt|>";
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum TokenizerError {

@@ -224,6 +224,19 @@ impl HostWaves {
     }
 }
 
+/// Each item's mel with its samples cut from the batch's waveforms on the caller's thread (what
+/// both families' `run` do after `run_to_host`), the time it took counted as the last batch's
+/// `audio_out` and as work.
+pub fn cut_rows(mels: Vec<Tensor>, waves: HostWaves, last_timing: &mut Option<StageTiming>, work: &mut super::StageTime) -> Result<Vec<MelAndWave>, ModelError> {
+    let started = std::time::Instant::now();
+    let rows = waves.into_rows()?;
+    if let Some(t) = last_timing.as_mut() {
+        t.audio_out = started.elapsed();
+    }
+    work.seconds += started.elapsed().as_secs_f64();
+    Ok(mels.into_iter().zip(rows).collect())
+}
+
 /// Where the time of one batch went.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StageTiming {

@@ -30,7 +30,7 @@ async fn text_jobs_become_speech_through_the_queue_and_bad_ones_are_refused_or_f
     let patient = tiny_cosyvoice2_with_max_ratio("200.0");
     let mut env = TestEnv::new_with("cv2text", |cfg| {
         // Short segments, so that the chapter makes many.
-        (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+        common::short_segments(cfg);
     })
     .await;
     env.cfg.model.dir = patient.path().to_path_buf();

@@ -31,7 +31,7 @@ fn job(frontend: &Frontend, n: u128, text: &str, voice: i64, mode: Option<Mode>,
 /// is not what these tests are about.
 fn short_segments() -> (Config, tempfile::TempDir, Frontend) {
     let mut cfg = Config::defaults().unwrap();
-    (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+    common::short_segments(&mut cfg);
     let dir = common::tiny_cosyvoice2_with_max_ratio("200.0");
     let frontend = Frontend::load(dir.path(), SegmentLimits::from_config(&cfg)).unwrap();
     (cfg, dir, frontend)

@@ -28,7 +28,7 @@ fn rates() -> SpeakingRates {
 /// is not what these tests are about.
 fn short_segments() -> (Config, tempfile::TempDir, Frontend) {
     let mut cfg = Config::defaults().unwrap();
-    (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+    common::short_segments(&mut cfg);
     let dir = common::tiny_cosyvoice3_with_max_ratio("200.0");
     let frontend = Frontend::load(dir.path(), SegmentLimits::from_config(&cfg)).unwrap_or_else(|e| panic!("{e} (scripts/bootstrap.sh test converts models/cosyvoice3-tiny)"));
     (cfg, dir, frontend)

@@ -49,7 +49,7 @@ fn recording(dir: &std::path::Path) -> std::path::PathBuf {
 async fn cosyvoice3_text_and_speech_token_jobs_become_audio_through_the_queue_and_bad_ones_are_refused_or_fail_alone() {
     let mut env = TestEnv::new_with("cosyvoice3", |cfg| {
         // Short segments, so that the chapter makes many.
-        (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+        common::short_segments(cfg);
     })
     .await;
     // Its random LM ends on eos after tens of tokens: max_len at 200× a segment's text tokens.

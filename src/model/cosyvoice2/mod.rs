@@ -164,13 +164,7 @@ impl Token2Wav {
     /// (its `audio_out`: cutting the items' waveforms, here on the caller's thread).
     pub fn run(&mut self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<Vec<MelAndWave>, ModelError> {
         let (mels, waves) = self.run_to_host(items, draws)?;
-        let started = Instant::now();
-        let rows = waves.into_rows()?;
-        if let Some(t) = self.last_timing.as_mut() {
-            t.audio_out = started.elapsed();
-        }
-        self.work.seconds += started.elapsed().as_secs_f64();
-        Ok(mels.into_iter().zip(rows).collect())
+        super::token2wav::cut_rows(mels, waves, &mut self.last_timing, &mut self.work)
     }
 
     /// [`Token2Wav::run`] up to the batch's waveforms on the host, uncut: per item the mel, and the

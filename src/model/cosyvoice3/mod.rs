@@ -47,7 +47,7 @@ use self::hift::Hift;
 use super::compiled::{compiled_stage, packages_digest};
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
-use super::token2wav::{at_speed, check_flow_prompt, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, TextToken2Wav, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
+use super::token2wav::{at_speed, check_flow_prompt, cut_rows, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, TextToken2Wav, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
 use super::torchscript::{classify, prepare_device};
 use super::weights::Weights;
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer, VoicePrompt};
@@ -118,7 +118,7 @@ impl Token2Wav {
     /// waveforms, here on the caller's thread).
     pub fn run(&mut self, items: &[SynthItem]) -> Result<Vec<MelAndWave>, ModelError> {
         let (mels, waves) = self.run_to_host(items)?;
-        self.cut(mels, waves)
+        cut_rows(mels, waves, &mut self.last_timing, &mut self.work)
     }
 
     /// [`Token2Wav::run`] up to the batch's waveforms on the host, uncut: per item the mel, and
@@ -138,19 +138,7 @@ impl Token2Wav {
     pub fn run_flow_items(&mut self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<Vec<MelAndWave>, ModelError> {
         let ((mels, waves), timing) = self.forward(items, speeds)?;
         self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing);
-        self.cut(mels, waves)
-    }
-
-    /// Each item's mel with its samples cut from the batch's waveforms, the time it took counted
-    /// as the last batch's `audio_out`.
-    fn cut(&mut self, mels: Vec<Tensor>, waves: HostWaves) -> Result<Vec<MelAndWave>, ModelError> {
-        let started = Instant::now();
-        let rows = waves.into_rows()?;
-        if let Some(t) = self.last_timing.as_mut() {
-            t.audio_out = started.elapsed();
-        }
-        self.work.seconds += started.elapsed().as_secs_f64();
-        Ok(mels.into_iter().zip(rows).collect())
+        cut_rows(mels, waves, &mut self.last_timing, &mut self.work)
     }
 
     fn account(&mut self, items: usize, tokens: usize, timing: StageTiming) {

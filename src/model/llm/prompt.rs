@@ -21,8 +21,7 @@ use super::family::LmFamily;
 use crate::job::Mode;
 use crate::model::token2wav::Voice;
 
-/// The special token that closes an instruction (CosyVoice2's added token).
-pub const END_OF_PROMPT: &str = "<|endofprompt|>";
+pub use crate::frontend::tokenizer::END_OF_PROMPT;
 
 /// CosyVoice3's system prompt, as the reference's example gives it.
 pub const SYSTEM_PROMPT: &str = "You are a helpful assistant.";

@@ -37,7 +37,6 @@ use super::llm::prompt::{self, PromptError, SystemPrompt, END_OF_PROMPT, SYSTEM_
 use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use super::token2wav::{HostWaves, TextToken2Wav};
-use super::ModelKind;
 use crate::audio::Waveform;
 use crate::model::cuda_stream::SideStream;
 use crate::model::torchscript::classify;
@@ -170,7 +169,7 @@ impl TextToSpeech {
         if !manifest.kind.takes_text() {
             return Err(err(format!("kind {} takes no text (kinds cosyvoice2 and cosyvoice3 do)", manifest.kind.as_str())));
         }
-        let (family, dims) = manifest.llm().map(|(f, d)| (f, d.clone())).ok_or_else(|| err(format!("model.toml has no [{}.llm] (convert llm.pt)", family_section(manifest.kind))))?;
+        let (family, dims) = manifest.llm().map(|(f, d)| (f, d.clone())).ok_or_else(|| err("model.toml has no LM section (convert llm.pt)".into()))?;
         // Ids the LLM's tables cannot look up would fail every batch they are in: refuse the
         // model before loading its weights.
         let tokenizer = TextTokenizer::load(&dir.join(TOKENIZER_FILE)).map_err(|e| err(e.to_string()))?;
@@ -444,14 +443,6 @@ impl TextToSpeech {
 /// The sentence [`TextToSpeech::warm_up`] synthesizes at load, and the speech tokens it is forced to.
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
-
-/// The section of `model.toml` that holds `kind`'s LM dimensions.
-fn family_section(kind: ModelKind) -> &'static str {
-    match kind {
-        ModelKind::Cosyvoice3 | ModelKind::Cosyvoice3Token2Wav => "cosyvoice3",
-        _ => "cosyvoice2",
-    }
-}
 
 /// Tokens of the system prompt `manifest`'s LM puts before a text (0 for CosyVoice2's): what a
 /// slot's positions must hold beyond `[llm]`'s limits (`request::max_positions`). Blocking (reads

@@ -268,6 +268,12 @@ pub fn tiny_cosyvoice2_with_max_ratio(ratio: &str) -> tempfile::TempDir {
     model_variant("models/cosyvoice2-tiny", &[("max_token_text_ratio = 20.0", &format!("max_token_text_ratio = {ratio}"))])
 }
 
+/// Short text segments (max 20, min 10, merge 5, cap 24 tokens), so that a test's texts make
+/// several and a chapter many.
+pub fn short_segments(cfg: &mut voxbatch::config::Config) {
+    (cfg.frontend.segment_max_tokens, cfg.frontend.segment_min_tokens, cfg.frontend.segment_merge_tokens, cfg.llm.max_text_tokens) = (20, 10, 5, 24);
+}
+
 /// The tiny CosyVoice3 with its LM's `max_len` at `ratio` × the text's tokens: its random LM
 /// ends on eos after tens of tokens, past 20 × a short segment's few.
 pub fn tiny_cosyvoice3_with_max_ratio(ratio: &str) -> tempfile::TempDir {
