@@ -176,6 +176,34 @@ pub fn length_mask(lengths: &[i64], t: i64, device: tch::Device) -> R<Tensor> {
     Tensor::f_arange(t, (Kind::Int64, device))?.f_view([1, t])?.f_lt_tensor(&lens)?.f_to_kind(Kind::Float)
 }
 
+/// The most elements one output of CUDA's upsampling kernels may have: they index with 32 bits and
+/// refuse more ("Expected output.numel() <= std::numeric_limits<int32_t>::max()": CosyVoice3's
+/// vocoder, 256 items of 20 s, on an H100 on 2026-12-06).
+pub const UPSAMPLE_MAX_ELEMENTS: i64 = i32::MAX as i64;
+
+/// `up` applied to `x`'s rows (dim 0) in chunks whose outputs have at most
+/// [`UPSAMPLE_MAX_ELEMENTS`] elements each (`out_per_row` elements a row), concatenated; `x` whole
+/// when its output fits. Rows are independent in every caller, so the result is the same.
+pub fn upsample_by_rows(x: &Tensor, out_per_row: i64, up: impl Fn(&Tensor) -> R<Tensor>) -> R<Tensor> {
+    upsample_in_chunks(x, out_per_row, UPSAMPLE_MAX_ELEMENTS, up)
+}
+
+fn upsample_in_chunks(x: &Tensor, out_per_row: i64, max_elements: i64, up: impl Fn(&Tensor) -> R<Tensor>) -> R<Tensor> {
+    let rows = x.size().first().copied().unwrap_or(1);
+    let per_chunk = (max_elements / out_per_row.max(1)).max(1);
+    if rows <= per_chunk {
+        return up(x);
+    }
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < rows {
+        let n = per_chunk.min(rows - start);
+        parts.push(up(&x.f_narrow(0, start, n)?)?);
+        start += n;
+    }
+    Tensor::f_cat(&parts, 0)
+}
+
 /// Largest absolute difference of two tensors relative to the largest absolute value of
 /// `reference` (infinite when they cannot be compared, e.g. shapes that do not broadcast).
 pub fn relative_error(actual: &Tensor, reference: &Tensor) -> f64 {
@@ -187,4 +215,33 @@ pub fn relative_error(actual: &Tensor, reference: &Tensor) -> f64 {
         Ok(diff / scale)
     };
     compare().unwrap_or(f64::INFINITY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Chunked over rows (the limit forced small), an upsampling gives what it gives whole.
+    #[test]
+    fn an_upsampling_cut_into_row_chunks_equals_the_whole() {
+        let x = Tensor::randn([7, 3, 5], (Kind::Float, tch::Device::Cpu));
+        let nearest = |t: &Tensor| t.f_upsample_nearest1d([20], 4.0);
+        let whole = nearest(&x).unwrap();
+        // 3 × 20 outputs a row, at most 2 rows a chunk: chunks of 2, 2, 2, 1.
+        let chunked = upsample_in_chunks(&x, 60, 120, nearest).unwrap();
+        assert_eq!(chunked.size(), [7, 3, 20]);
+        assert!(chunked.equal(&whole));
+        let calls = std::cell::Cell::new(0);
+        let counted = |t: &Tensor| {
+            calls.set(calls.get() + 1);
+            t.f_upsample_linear1d([20], false, 4.0)
+        };
+        assert!(upsample_in_chunks(&x, 60, 120, counted).unwrap().equal(&x.upsample_linear1d([20], false, 4.0)));
+        assert_eq!(calls.get(), 4);
+        // A row larger than the limit still goes one row at a time.
+        assert!(upsample_in_chunks(&x, 60, 10, nearest).unwrap().equal(&whole));
+        calls.set(0);
+        upsample_by_rows(&x, 60, counted).unwrap();
+        assert_eq!(calls.get(), 1, "what fits runs whole");
+    }
 }

@@ -17,8 +17,11 @@
 #   PROFILE (1: the largest batch once under libtorch's profiler), REFERENCE (1), REF_PRECISIONS
 #   (fp16,fp32), COMPILE (unset; set: compile the packages into /tmp/cv3full-compiled and bench them
 #   too; the DiT's compile time on a GPU is not yet known: on a fresh machine run STAGE=model, then
-#   STAGE=bench COMPILE=1 as a second call on the warm machine), COMPILE_LIMIT (420 s), PRECISION (bf16:
-#   both packages' unless model.toml names the vocoder's), MAX_BATCH (512 rows: CFG doubles a batch),
+#   STAGE=bench COMPILE=1 as a second call on the warm machine), COMPILE_STAGES (estimator,hift: those
+#   not yet in /tmp/cv3full-compiled), COMPILE_LIMIT (420 s), COMPILE_DEADLINE (epoch seconds: the limit
+#   is what is left until then — a call that builds the model first), BENCH (1; 0: no bench and no reference,
+#   e.g. a call that only compiles or calibrates), EAGER (1; 0: bench the compiled directory alone),
+#   PRECISION (bf16: both packages' unless model.toml names the vocoder's), MAX_BATCH (512 rows: CFG doubles a batch),
 #   MAX_FRAMES (1000), CHECK (set: each package against the eager module after compiling; on an
 #   H100 the estimator's check crashed loading it in Python, signal 11, while the worker's C++ loader
 #   serves it), CALIBRATE (set: `voxbatch calibrate` of the compiled directory, else the eager one;
@@ -63,19 +66,28 @@ fi
 [ "$STAGE" = model ] && exit 0
 
 unpack_voxbatch
-DIRS=$M3/model; PROFILE=${PROFILE-1}
+DIRS=$M3/model; [ "${EAGER:-1}" = 1 ] || DIRS=""; PROFILE=${PROFILE-1}; COMPILE_STAGES=${COMPILE_STAGES:-estimator,hift}
 if [ -n "${COMPILE:-}" ]; then
   C=/tmp/cv3full-compiled
   mkdir -p "$C"; for f in "$M3"/model/*; do ln -sfn "$f" "$C/"; done
-  if ! ls "$C"/compiled/*/estimator.pt2 > /dev/null 2>&1; then
-    log "compiling the packages (estimator, hift; limit ${COMPILE_LIMIT:-420} s)"
-    timeout "${COMPILE_LIMIT:-420}" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
-      --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" ${CHECK:+--check} \
-      > "$OUT/compile.log" 2>&1
+  # Only the stages not yet compiled on this machine: COMPILE_STAGES=estimator in one call and
+  # COMPILE_STAGES=hift in the next keep each call inside the device's 600 s.
+  todo=""
+  for stage in ${COMPILE_STAGES//,/ }; do
+    ls "$C"/compiled/*/"$stage.pt2" > /dev/null 2>&1 || todo="$todo${todo:+,}$stage"
+  done
+  limit=${COMPILE_LIMIT:-420}
+  [ -n "${COMPILE_DEADLINE:-}" ] && limit=$(( COMPILE_DEADLINE - $(date +%s) ))
+  if [ -n "$todo" ] && [ "$limit" -gt 0 ]; then
+    log "compiling the packages ($todo; limit $limit s)"
+    timeout "$limit" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
+      --stages "$todo" --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" \
+      ${CHECK:+--check} >> "$OUT/compile.log" 2>&1
     log "compile exited $?"; tail -5 "$OUT/compile.log"
   fi
   ls "$C"/compiled/*/ 2>/dev/null && DIRS="$DIRS $C"
 fi
+[ "${BENCH:-1}" = 1 ] || DIRS=""
 
 for d in $DIRS; do
   name=$(basename "$d")
@@ -99,7 +111,7 @@ if [ -n "${CALIBRATE:-}" ]; then
   log "calibrate exited $?"; grep -v " INFO " "$OUT/calibrate.log" | tail -6
 fi
 
-if [ "${REFERENCE:-1}" = 1 ]; then
+if [ "${REFERENCE:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   log "reference token2wav at batch 1 (CosyVoice3Model.token2wav's way)"
   $PY tools/bench_reference_token2wav.py --family cosyvoice3 --snapshot "$SNAP" --site "$CV3_SITE" --official "$M3/official" \
     --seconds "${UTTERANCE_SECONDS:-10}" --precisions "${REF_PRECISIONS:-fp16,fp32}" --out "$OUT/reference.json" 2>&1 \

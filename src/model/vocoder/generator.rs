@@ -14,7 +14,7 @@ use super::source::{harmonic_source, PhaseUpsampling};
 use super::stft::{hann_window, istft, source_stft};
 use super::{Layout, HARMONICS, N_FFT, RES_KERNELS, SAMPLES_PER_FRAME, SOURCE_KERNELS, UPSAMPLE, UP_KERNELS};
 use crate::model::compiled::{CompiledStage, KernelCounts};
-use crate::model::layers::{length_mask, Conv1d, ConvTranspose1d, Linear, R};
+use crate::model::layers::{length_mask, upsample_by_rows, Conv1d, ConvTranspose1d, Linear, R};
 use crate::model::weights::Weights;
 
 /// An upsampling layer: a transposed convolution (CosyVoice2), or `CausalConv1dUpsample`: nearest
@@ -29,8 +29,9 @@ impl Upsampler {
         match self {
             Upsampler::Transposed(conv) => conv.forward(x),
             Upsampler::Nearest { factor, conv } => {
-                let (_, _, t) = x.size3()?;
-                conv.forward(&x.f_upsample_nearest1d([t * factor], *factor as f64)?)
+                let (_, c, t) = x.size3()?;
+                let up = upsample_by_rows(x, c * t * factor, |rows| rows.f_upsample_nearest1d([t * factor], *factor as f64))?;
+                conv.forward(&up)
             }
         }
     }

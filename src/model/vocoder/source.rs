@@ -10,7 +10,7 @@ use std::f64::consts::PI;
 use tch::{Kind, Tensor};
 
 use super::{HARMONICS, SAMPLES_PER_FRAME, SAMPLE_RATE};
-use crate::model::layers::{Linear, R};
+use crate::model::layers::{upsample_by_rows, Linear, R};
 
 /// How the phase, integrated at the frame rate, returns to the sample rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +36,8 @@ pub(super) fn harmonic_source(
     let device = f0.device();
     let (b, frames) = f0.size2()?;
     // nn.Upsample(scale_factor=480), nearest, with its own index arithmetic.
-    let f0_up = f0.f_unsqueeze(1)?.f_upsample_nearest1d([samples], SAMPLES_PER_FRAME as f64)?.f_transpose(1, 2)?; // [B, S, 1]
+    let f0_up = upsample_by_rows(&f0.f_unsqueeze(1)?, samples, |rows| rows.f_upsample_nearest1d([samples], SAMPLES_PER_FRAME as f64))?
+        .f_transpose(1, 2)?; // [B, S, 1]
     let harmonics = Tensor::f_arange_start(1, HARMONICS + 1, (Kind::Float, device))?.f_view([1, 1, HARMONICS])?;
     let fn_ = f0_up.f_mul(&harmonics)?;
     let mut rad = fn_.f_div_scalar(SAMPLE_RATE)?.f_remainder(1.0)?;
@@ -52,10 +53,10 @@ pub(super) fn harmonic_source(
     let rad_down = rad.f_transpose(1, 2)?.f_upsample_linear1d([frames], false, 1.0 / scale)?.f_transpose(1, 2)?;
     let phase = rad_down.f_cumsum(1, None::<Kind>)?.f_mul_scalar(2.0)?.f_mul_scalar(PI)?;
     let phase = phase.f_transpose(1, 2)?.f_mul_scalar(scale)?;
-    let phase = match phase_upsampling {
-        PhaseUpsampling::Linear => phase.f_upsample_linear1d([samples], false, scale)?,
-        PhaseUpsampling::Nearest => phase.f_upsample_nearest1d([samples], scale)?,
-    }
+    let phase = upsample_by_rows(&phase, HARMONICS * samples, |rows| match phase_upsampling {
+        PhaseUpsampling::Linear => rows.f_upsample_linear1d([samples], false, scale),
+        PhaseUpsampling::Nearest => rows.f_upsample_nearest1d([samples], scale),
+    })?
     .f_transpose(1, 2)?;
     let sines = phase.f_sin()?.f_mul_scalar(0.1)?;
     let uv = f0_up.f_gt(10.0)?.f_to_kind(Kind::Float)?;
