@@ -22,6 +22,12 @@ sweep() {
   done
 }
 
+# One libtorch (OpenMP) thread per test process: nextest runs the tests side by side, and each
+# process's default of a thread per core had them spin against each other on the two cores — the
+# 293 tests took 373.9 s with it and 301.9 s without (2026-12-06; 36 model tests: 56.4 s → 16.9 s).
+# (Four tests at a time on the two cores: 268.1 s and 320.8 s in two runs — no clear gain; not set.)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
 sweep
 status=0
 # 0. deploy/ validated offline (schemas, lint, cross-references): seconds.

@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::bench::quality::{log_spectral_distance, snr_db};
 use crate::model::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use crate::model::memory::MemoryProbe;
+use crate::model::tch_panic::caught;
 use crate::model::token2wav::{StageTiming, Token2WavModel};
 use crate::model::{Device, Manifest, ModelError, Precision, SynthItem};
 
@@ -181,7 +182,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
             // One warm-up (cuDNN autotuning, allocator growth), then the timed repeats.
             for rep in 0..=opts.repeats {
                 let started = Instant::now();
-                match model.run_seeded(batch_items, None) {
+                match caught(batch, || model.run_seeded(batch_items, None)) {
                     Ok(_) => {
                         if rep > 0 {
                             runs.push((started.elapsed(), model.last_timing().unwrap_or_default()));

@@ -94,7 +94,7 @@ impl ModelHandle {
                     }
                     probe.reset();
                     let started = Instant::now();
-                    let result = model.synthesize_items(&items);
+                    let result = super::tch_panic::caught(items.len(), || model.synthesize_items(&items));
                     let infer = started.elapsed();
                     let peak_bytes = probe.peak();
                     let stages = model.take_stages();

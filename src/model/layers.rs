@@ -241,7 +241,7 @@ mod tests {
         // A row larger than the limit still goes one row at a time.
         assert!(upsample_in_chunks(&x, 60, 10, nearest).unwrap().equal(&whole));
         calls.set(0);
-        upsample_by_rows(&x, 60, counted).unwrap();
+        let _whole = upsample_by_rows(&x, 60, counted).unwrap();
         assert_eq!(calls.get(), 1, "what fits runs whole");
     }
 }

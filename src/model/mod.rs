@@ -34,6 +34,7 @@ pub mod memory;
 pub mod pre_lookahead;
 pub mod profiler;
 pub(crate) use crate::torch_shim as shim;
+pub mod tch_panic;
 pub mod token2wav;
 pub mod tts;
 mod torchscript;
