@@ -12,7 +12,8 @@
 //! [`ModelError::OutOfMemory`], so the batch is split like any other); any other panic goes on
 //! unwinding — a defect, not an outcome.
 //!
-//! Neighbours: `handle` (each batch on the inference thread), `tts` (its token2wav thread),
+//! Neighbours: `handle` (each batch on the inference thread), `tts` (its token2wav thread and each
+//! bucket, so that an out-of-memory bucket shrinks the buckets as any other does),
 //! `bench::token2wav` (each measured point); `torchscript::classify` sorts the error.
 
 use std::any::Any;

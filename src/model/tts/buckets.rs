@@ -13,6 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
+use crate::model::tch_panic::caught;
 use crate::model::token2wav::{stretched_len, HostWaves, TextToken2Wav};
 use crate::batch::{Admission, BatchOutcome};
 use crate::model::{ModelError, SynthItem};
@@ -212,7 +213,9 @@ pub(super) fn run_bucket(
     }
     let items: Vec<SynthItem> = batch.iter().map(|r| SynthItem { speed: r.speed, ..SynthItem::tokens(r.tokens.clone(), r.voice) }).collect();
     let started = std::time::Instant::now();
-    match token2wav.run_to_host(&items) {
+    // A libtorch failure tch raises as a panic is this bucket's error too: out of memory shrinks
+    // the buckets below instead of failing the batch.
+    match caught(batch.len(), || token2wav.run_to_host(&items)) {
         Ok((_mels, waves)) => {
             stats.add(batch.iter().map(|r| r.tokens.len()));
             // Where a bucket's time went on this thread, the waveforms' copy to the host included
