@@ -38,8 +38,9 @@ SEAWEEDFS_VERSION=4.48
 # Every link needs mold first.
 EARLY_PID=
 CARGO_PID=
+TINY_PKG_PID=
 # A failing step stops the builds started in the background too.
-trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; true' EXIT
+trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; [ -n "${TINY_PKG_PID:-}" ] && kill "$TINY_PKG_PID" 2>/dev/null; true' EXIT
 CARGO=$(PATH="$HOME/.cargo/bin:$PATH" command -v cargo || true)
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if ! command -v mold > /dev/null; then
@@ -182,8 +183,11 @@ if [ "$FOR" = test ] && { [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -
   log "compiling the tiny model's flow encoder and estimator and vocoder body (AOTInductor, CPU)"
   mkdir -p models/cosyvoice2-tiny-compiled
   for f in models/cosyvoice2-tiny/*; do ln -sfn "../cosyvoice2-tiny/$(basename "$f")" models/cosyvoice2-tiny-compiled/; done
+  # In the background, beside the tiny CosyVoice3's compile below (each compile is mostly one Python
+  # thread's lowering): waited for after it.
   .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --stages encoder,estimator,hift --precision fp32 \
-    --max-frames 600 --max-batch 64 > /dev/null 2>&1 || { log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
+    --max-frames 600 --max-batch 64 > /dev/null 2>&1 &
+  TINY_PKG_PID=$!
 fi
 
 # [test, and `make demo MODEL=cosyvoice3-tiny`] The tiny CosyVoice3 (random weights; tests/data/cosyvoice3
@@ -209,6 +213,10 @@ if [ "$FOR" = test ] && { [ ! -f "$CV3_PKG" ] || [ tools/compile_token2wav.py -n
   for f in models/cosyvoice3-tiny/*; do ln -sfn "../cosyvoice3-tiny/$(basename "$f")" models/cosyvoice3-tiny-compiled/; done
   .venv/bin/python tools/compile_token2wav.py --family cosyvoice3 --model models/cosyvoice3-tiny-compiled --device cpu --precision fp32 \
     --max-frames 256 --max-batch 16 > /dev/null 2>&1 || { log "compiling the tiny CosyVoice3's stages failed (a C++ compiler is needed)"; exit 1; }
+fi
+if [ -n "${TINY_PKG_PID:-}" ]; then
+  wait "$TINY_PKG_PID" || { TINY_PKG_PID=; log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
+  TINY_PKG_PID=
 fi
 
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)
