@@ -266,19 +266,16 @@ pub fn load(
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
     match manifest.kind {
         ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
-        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav => {
-            let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
-            Ok(model)
-        }
-        ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 if token2wav_only => {
-            let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
-            Ok(model)
-        }
-        ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 => {
+        ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 if !token2wav_only => {
             let plan = text_plan_or_default(dir, text)?;
             let mut model = tts::TextToSpeech::load(dir, device, precision, plan)?;
             model.token2wav.set_flow_graphs(flow_graphs, device);
             Ok(Box::new(model))
+        }
+        // The token2wav kinds, and a text kind's token2wav half alone (`token2wav_only`).
+        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 => {
+            let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
+            Ok(model)
         }
     }
 }

@@ -12,8 +12,9 @@
 //! [`ModelError::OutOfMemory`], so the batch is split like any other); any other panic goes on
 //! unwinding — a defect, not an outcome.
 //!
-//! Neighbours: `handle` (each batch on the inference thread), `tts` (its token2wav thread and each
-//! bucket, so that an out-of-memory bucket shrinks the buckets as any other does),
+//! Neighbours: `handle` (each batch on the inference thread), `tts::buckets` (each token2wav
+//! bucket, the token2wav thread's only libtorch work, so that an out-of-memory bucket shrinks the
+//! buckets as any other does),
 //! `bench::token2wav` (each measured point); `torchscript::classify` sorts the error.
 
 use std::any::Any;
@@ -32,7 +33,7 @@ pub fn caught<T>(batch_size: usize, run: impl FnOnce() -> Result<T, ModelError>)
         Ok(result) => result,
         Err(payload) => match torch_error(payload.as_ref()) {
             Some(e) => {
-                tracing::warn!(error = %e, "a libtorch failure inside a scalar operation (tch raises it as a panic): the batch fails with it");
+                tracing::warn!(error = %e, "a libtorch failure inside a scalar operation (tch raises it as a panic), returned as the error it carried");
                 Err(classify(e, batch_size))
             }
             None => resume_unwind(payload),

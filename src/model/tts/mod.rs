@@ -39,7 +39,6 @@ use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm
 use super::token2wav::{HostWaves, TextToken2Wav};
 use crate::audio::Waveform;
 use crate::model::cuda_stream::SideStream;
-use crate::model::tch_panic::caught;
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
@@ -386,10 +385,7 @@ impl TextToSpeech {
                     if let Some(stream) = side_stream {
                         stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
                     }
-                    let batch = items.len();
-                    tch::no_grad(|| {
-                        caught(batch, || vocode(token2wav.as_mut(), ready_rx, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
-                    })
+                    tch::no_grad(|| vocode(token2wav.as_mut(), ready_rx, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
                 })
                 .map_err(|e| ModelError::BadOutput(format!("cannot start the token2wav thread: {e}")))?;
             let decoded = tch::no_grad(|| {
