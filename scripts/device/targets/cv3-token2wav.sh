@@ -18,7 +18,10 @@
 #   (fp16,fp32), COMPILE (unset; set: compile the packages into /tmp/cv3full-compiled and bench them
 #   too; the DiT's compile time on a GPU is not yet known: on a fresh machine run STAGE=model, then
 #   STAGE=bench COMPILE=1 as a second call on the warm machine), COMPILE_STAGES (estimator,hift: those
-#   not yet in /tmp/cv3full-compiled), COMPILE_LIMIT (420 s), COMPILE_DEADLINE (epoch seconds: the limit
+#   not yet in /tmp/cv3full-compiled; each compiles in a process of its own, side by side),
+#   EXTRA_VOCODERS (e.g. fp16: the vocoder's package at these precisions too, each benched from a
+#   directory /tmp/cv3full-compiled-vocoder-P whose model.toml names it, with --vocoders P),
+#   COMPILE_LIMIT (420 s), COMPILE_DEADLINE (epoch seconds: the limit
 #   is what is left until then — a call that builds the model first), BENCH (1; 0: no bench and no reference,
 #   e.g. a call that only compiles or calibrates), EAGER (1; 0: bench the compiled directory alone),
 #   PRECISION (bf16: both packages' unless model.toml names the vocoder's), MAX_BATCH (512 rows: CFG doubles a batch),
@@ -74,26 +77,54 @@ if [ -n "${COMPILE:-}" ]; then
   # COMPILE_STAGES=hift in the next keep each call inside the device's 600 s.
   todo=""
   for stage in ${COMPILE_STAGES//,/ }; do
-    ls "$C"/compiled/*/"$stage.pt2" > /dev/null 2>&1 || todo="$todo${todo:+,}$stage"
+    ls "$C"/compiled/*/"$stage.pt2" > /dev/null 2>&1 || todo="$todo $stage"
+  done
+  # EXTRA_VOCODERS: the vocoder's package at each of these precisions too (e.g. fp16, upstream's),
+  # filed under its own key beside the flow's; each gets a directory of its own whose model.toml
+  # names it (`[cosyvoice3] vocoder_precision`), which the bench runs with `--vocoders` at it.
+  extra=""
+  for vp in ${EXTRA_VOCODERS//,/ }; do
+    ls "$C"/compiled/*-"$vp"/hift.pt2 > /dev/null 2>&1 || extra="$extra $vp"
   done
   limit=${COMPILE_LIMIT:-420}
   [ -n "${COMPILE_DEADLINE:-}" ] && limit=$(( COMPILE_DEADLINE - $(date +%s) ))
-  if [ -n "$todo" ] && [ "$limit" -gt 0 ]; then
-    log "compiling the packages ($todo; limit $limit s)"
-    timeout "$limit" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
-      --stages "$todo" --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" \
-      ${CHECK:+--check} >> "$OUT/compile.log" 2>&1
-    log "compile exited $?"; tail -5 "$OUT/compile.log"
+  if [ -n "$todo$extra" ] && [ "$limit" -gt 0 ]; then
+    # One process per package, side by side (each is mostly one Python thread of Inductor's
+    # lowering): the vocoder's wait behind the DiT's no longer.
+    log "compiling the packages (${todo# }${extra:+; vocoder at$extra}; limit $limit s)"
+    for stage in $todo; do
+      (timeout -k 10 "$limit" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
+        --stages "$stage" --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" \
+        ${CHECK:+--check} > "/tmp/cv3-compile-$stage.log" 2>&1; echo "compile $stage exited $?" >> "/tmp/cv3-compile-$stage.log") &
+    done
+    for vp in $extra; do
+      (timeout -k 10 "$limit" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
+        --stages hift --precision "${PRECISION:-bf16}" --vocoder-precision "$vp" --max-batch "${MAX_BATCH:-512}" \
+        --max-frames "${MAX_FRAMES:-1000}" ${CHECK:+--check} > "/tmp/cv3-compile-hift-$vp.log" 2>&1
+       echo "compile hift-$vp exited $?" >> "/tmp/cv3-compile-hift-$vp.log") &
+    done
+    wait
+    for f in /tmp/cv3-compile-*.log; do tail -3 "$f"; cat "$f" >> "$OUT/compile.log"; done; rm -f /tmp/cv3-compile-*.log
   fi
   ls "$C"/compiled/*/ 2>/dev/null && DIRS="$DIRS $C"
+  for vp in ${EXTRA_VOCODERS//,/ }; do
+    ls "$C"/compiled/*-"$vp"/hift.pt2 > /dev/null 2>&1 || { log "no $vp vocoder package: not benched"; continue; }
+    V=$C-vocoder-$vp; rm -rf "$V"; mkdir -p "$V"
+    for f in "$C"/*; do [ "$(basename "$f")" = model.toml ] || ln -sfn "$(readlink -f "$f")" "$V/"; done
+    # model.toml a copy naming the vocoder's precision (the key goes under [cosyvoice3]).
+    sed -e '/^vocoder_precision = /d' -e "/^\[cosyvoice3\]/a vocoder_precision = \"$vp\"" "$(readlink -f "$C/model.toml")" > "$V/model.toml"
+    grep -q "^vocoder_precision = \"$vp\"" "$V/model.toml" || { log "$V/model.toml: no [cosyvoice3] table"; continue; }
+    VDIRS="${VDIRS:-} $V:$vp"
+  done
 fi
-[ "${BENCH:-1}" = 1 ] || DIRS=""
+[ "${BENCH:-1}" = 1 ] || { DIRS=""; VDIRS=""; }
 
-for d in $DIRS; do
+for entry in $DIRS ${VDIRS:-}; do
+  d=${entry%%:*}; vocoders=${VOCODERS:-fp16,bf16}; [ "$entry" != "$d" ] && vocoders=${entry#*:}
   name=$(basename "$d")
   log "bench token2wav: $name"
   RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "${BATCHES:-1,64,128,256}" \
-    --precisions "${PRECISIONS:-bf16}" --vocoders "${VOCODERS:-fp16,bf16}" --utterance-seconds "${UTTERANCE_SECONDS:-10}" \
+    --precisions "${PRECISIONS:-bf16}" --vocoders "$vocoders" --utterance-seconds "${UTTERANCE_SECONDS:-10}" \
     --repeats "${REPEATS:-3}" ${PROFILE:+--profile} --out "$OUT/bench-$name" > "$OUT/bench-$name.full.log" 2>&1
   rc=$?
   grep -E "audio-s/s|compiled|eager|failed|peak|^\| " "$OUT/bench-$name.full.log" | tee "$OUT/bench-$name.log"
