@@ -120,5 +120,12 @@ if loaded_at is not None and spans:
     inside = [u for ts, u in util if loaded_at <= ts <= hi]
     summary["nvml_util_mean_after_load"] = sum(inside) / len(inside) if inside else None
     summary["after_load_seconds"] = hi - loaded_at
+# The worker's start to its "worker stopped" line: the drain without what follows it (the
+# process's exit; /metrics' linger, 20 s by default, which the runs up to 2026-12-06 16:50 UTC
+# included in worker_wall_seconds; text-e2e.sh now sets it to 0 s).
+stops = [stamp(line) for line in WORKER_LOG if "worker stopped" in line]
+if stops:
+    summary["worker_to_stop_seconds"] = stops[-1] - t0
+    summary["e2e_audio_s_per_s_to_stop"] = audio_s / (stops[-1] - t0)
 json.dump(summary, open(f"{out}/text-e2e-summary.json", "w"), indent=1)
 print(json.dumps(summary, indent=1)[:3000])

@@ -31,6 +31,8 @@ $BIN bench corpus --jobs "$JOBS" --seed "$SEED" > "$E/corpus.jsonl"
 CAMPAIGN=e2e-$(date +%s)
 $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain"
+# Timed to the worker's exit: without /metrics' 20-s linger after the drain (text-e2e.sh says why).
+export VOXBATCH_METRICS__LINGER=${VOXBATCH_METRICS__LINGER:-0s}
 t0=$(date +%s.%N)
 timeout "${WORK_TIMEOUT:-300}" $BIN work --drain ${DEVICES:+--devices "$DEVICES"} ${WORKERS_PER_DEVICE:+--workers-per-device "$WORKERS_PER_DEVICE"} > "$OUT/worker.log" 2>&1; rc=$?
 t1=$(date +%s.%N)

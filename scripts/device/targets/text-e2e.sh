@@ -109,6 +109,9 @@ $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain (NVML sampled every 200 ms)"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv,noheader,nounits -lms 200 > "$OUT/nvml.csv" 2>/dev/null &
 NVSMI_PID=$!
+# The drain is timed to the worker's exit: without /metrics' linger (default 20 s, for a last
+# scrape after the queue drained), which the runs up to 2026-12-06 16:50 UTC counted in their wall.
+export VOXBATCH_METRICS__LINGER=${VOXBATCH_METRICS__LINGER:-0s}
 t0=$(date +%s.%N)
 timeout "${WORK_TIMEOUT:-420}" $BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
 t1=$(date +%s.%N)
