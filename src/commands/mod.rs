@@ -156,17 +156,16 @@ async fn start_model(cfg: &Config, device: Device, token2wav_only: bool) -> Resu
     tokio::task::spawn_blocking(move || -> Result<_, CommandError> {
         let m = &sized.model;
         let manifest = crate::model::Manifest::load(&m.dir)?;
-        let text = match manifest.kind.takes_text() && !token2wav_only {
-            true => Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?),
-            false => None,
-        };
-        let options = crate::model::LoadOptions {
+        let mut options = crate::model::LoadOptions {
             cpu_threads: m.cpu_threads,
-            text,
+            text: None,
             flow_graphs: m.flow_graphs,
             cudnn_benchmark: m.cudnn_benchmark,
             token2wav_only,
         };
+        if options.loads_text(manifest.kind) {
+            options.text = Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?);
+        }
         Ok(ModelHandle::start(&m.dir, device, m.precision, options)?)
     })
     .await

@@ -47,13 +47,13 @@ impl ModelHandle {
     /// Reads `dir`'s manifest and starts the inference thread, which loads the model: returns
     /// before the load is over. Blocking (files): call it off the async runtime.
     pub fn start(dir: &std::path::Path, device: Device, precision: Precision, options: LoadOptions) -> Result<ModelHandle, ModelError> {
-        let LoadOptions { cpu_threads, text, flow_graphs, cudnn_benchmark, token2wav_only } = options;
         let manifest = Manifest::load(dir)?;
-        // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
-        let text = match manifest.kind {
-            kind if kind.takes_text() && !token2wav_only => Some(text_plan_or_default(dir, text)?),
-            _ => None,
+        let text = match options.loads_text(manifest.kind) {
+            true => Some(text_plan_or_default(dir, options.text)?),
+            false => None,
         };
+        let LoadOptions { cpu_threads, flow_graphs, cudnn_benchmark, .. } = options;
+        // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
         let llm_slots = text.as_ref().map(|plan| plan.slots.max(1));
         // One batch waits while one runs: async senders wait for room without blocking.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<BatchRequest>(1);
@@ -73,7 +73,7 @@ impl ModelHandle {
                     }
                 }
                 let started = Instant::now();
-                let mut model = match load(&thread_dir, thread_manifest, device, precision, text, flow_graphs, token2wav_only) {
+                let mut model = match load(&thread_dir, thread_manifest, device, precision, text, flow_graphs) {
                     Ok(m) => {
                         tracing::info!(%device, seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "model loaded");
                         let _ = state_tx.send(LoadState::Ready);

@@ -253,8 +253,19 @@ pub struct LoadOptions {
     pub token2wav_only: bool,
 }
 
+impl LoadOptions {
+    /// Whether a model of `kind` loads whole, as a text model (its LLM, sized by a text plan): a
+    /// text kind unless `token2wav_only`. The one place this is decided: `commands::start_model`
+    /// sizes a plan by it, [`ModelHandle::start`] passes [`load`] a plan by it.
+    pub fn loads_text(&self, kind: ModelKind) -> bool {
+        kind.takes_text() && !self.token2wav_only
+    }
+}
+
 /// Loads a model directory (its `manifest` already read) for `device` and `precision`: the one
-/// model loader. `flow_graphs`: CosyVoice2 and CosyVoice3 kinds (see [`LoadOptions`]).
+/// model loader. `text`: a text kind's plan when it loads whole ([`LoadOptions::loads_text`]);
+/// a text kind given none loads its token2wav half alone. `flow_graphs`: CosyVoice2 and
+/// CosyVoice3 kinds (see [`LoadOptions`]).
 pub fn load(
     dir: &std::path::Path,
     manifest: Manifest,
@@ -262,18 +273,16 @@ pub fn load(
     precision: Precision,
     text: Option<tts::TextPlan>,
     flow_graphs: flow_graphs::FlowGraphSettings,
-    token2wav_only: bool,
 ) -> Result<Box<dyn Synthesizer>, ModelError> {
-    match manifest.kind {
-        ModelKind::TorchScript => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
-        ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 if !token2wav_only => {
-            let plan = text_plan_or_default(dir, text)?;
+    match (manifest.kind, text) {
+        (ModelKind::TorchScript, _) => Ok(Box::new(TorchScriptModel::load(dir, manifest, device, precision)?)),
+        (ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3, Some(plan)) => {
             let mut model = tts::TextToSpeech::load(dir, device, precision, plan)?;
             model.token2wav.set_flow_graphs(flow_graphs, device);
             Ok(Box::new(model))
         }
         // The token2wav kinds, and a text kind's token2wav half alone (`token2wav_only`).
-        ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3 => {
+        (ModelKind::Cosyvoice2Token2Wav | ModelKind::Cosyvoice3Token2Wav | ModelKind::Cosyvoice2 | ModelKind::Cosyvoice3, _) => {
             let model: Box<dyn Synthesizer> = load_token2wav(dir, manifest, device, precision, flow_graphs)?;
             Ok(model)
         }

@@ -10,7 +10,10 @@
 //!
 //! [`caught`] runs a batch and gives such a panic back as the error it carried (out of memory as
 //! [`ModelError::OutOfMemory`], so the batch is split like any other); any other panic goes on
-//! unwinding — a defect, not an outcome.
+//! unwinding — a defect, not an outcome. Inside it, such a panic is not printed by Rust's panic
+//! hook ("thread … panicked at …/tch-0.24.0/src/wrappers/scalar.rs", with libtorch's whole C++
+//! backtrace — seen on an H100 on 2026-12-06 above the warning that it was caught): the warning
+//! says it once. Every other panic is printed as before.
 //!
 //! Neighbours: `handle` (each batch on the inference thread), `tts::buckets` (each token2wav
 //! bucket, the token2wav thread's only libtorch work, so that an out-of-memory bucket shrinks the
@@ -18,7 +21,9 @@
 //! `bench::token2wav` (each measured point); `torchscript::classify` sorts the error.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Once;
 
 use super::torchscript::classify;
 use super::ModelError;
@@ -29,7 +34,11 @@ const UNWRAPPED: &str = "called `Result::unwrap()` on an `Err` value: ";
 /// `run`'s result, or the libtorch error that tch raised as a panic inside it, classified for a
 /// batch of `batch_size`. Other panics resume.
 pub fn caught<T>(batch_size: usize, run: impl FnOnce() -> Result<T, ModelError>) -> Result<T, ModelError> {
-    match catch_unwind(AssertUnwindSafe(run)) {
+    quiet_hook();
+    let guarded = Guarding::enter();
+    let outcome = catch_unwind(AssertUnwindSafe(run));
+    drop(guarded);
+    match outcome {
         Ok(result) => result,
         Err(payload) => match torch_error(payload.as_ref()) {
             Some(e) => {
@@ -39,6 +48,47 @@ pub fn caught<T>(batch_size: usize, run: impl FnOnce() -> Result<T, ModelError>)
             None => resume_unwind(payload),
         },
     }
+}
+
+thread_local! {
+    /// How many [`caught`] calls this thread is inside.
+    static GUARDING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// This thread inside a [`caught`] call while it lives (left on unwinding too).
+struct Guarding;
+
+impl Guarding {
+    fn enter() -> Guarding {
+        GUARDING.with(|g| g.set(g.get() + 1));
+        Guarding
+    }
+}
+
+impl Drop for Guarding {
+    fn drop(&mut self) {
+        GUARDING.with(|g| g.set(g.get().saturating_sub(1)));
+    }
+}
+
+/// Whether the panic hook stays silent on `payload`: a libtorch error tch raised as a panic,
+/// inside [`caught`], which gives it back as an error and logs it.
+fn silenced(payload: &(dyn Any + Send)) -> bool {
+    GUARDING.with(Cell::get) > 0 && torch_error(payload).is_some()
+}
+
+/// Installs, once per process, a panic hook that skips [`silenced`] panics and hands every other
+/// one to the hook that was there before (Rust's default, which prints it).
+fn quiet_hook() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !silenced(info.payload()) {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// The libtorch error a panic's payload carries, if it is tch's unwrapped `TchError::Torch`.
@@ -83,6 +133,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Inside `caught`, and only there, a libtorch error raised as a panic is not printed (the
+    /// warning says it); any other panic is.
+    #[test]
+    fn the_panic_hook_is_silent_only_on_libtorch_errors_inside_caught() {
+        let torch: Box<dyn Any + Send> = Box::new(format!("{UNWRAPPED}Torch(\"CUDA out of memory.\")"));
+        let other: Box<dyn Any + Send> = Box::new("index out of bounds".to_string());
+        assert!(!silenced(torch.as_ref()), "silenced outside caught");
+        let inside = caught(1, || Ok((silenced(torch.as_ref()), silenced(other.as_ref())))).unwrap();
+        assert_eq!(inside, (true, false));
+        // Left on unwinding too: a panic through `caught` does not leave the thread silenced.
+        let _ = catch_unwind(AssertUnwindSafe(|| caught::<()>(1, || panic!("a defect"))));
+        assert!(!silenced(torch.as_ref()), "still silenced after a panic unwound through caught");
     }
 
     #[test]
