@@ -162,6 +162,9 @@ async fn start_model(cfg: &Config, device: Device, token2wav_only: bool) -> Resu
             flow_graphs: m.flow_graphs,
             cudnn_benchmark: m.cudnn_benchmark,
             token2wav_only,
+            // A measurement (calibrate, the policy bench) is not profiled: the profiler's own
+            // memory and time would be measured with it.
+            profile: if token2wav_only { None } else { m.profile.clone() },
         };
         if options.loads_text(manifest.kind) {
             options.text = Some(crate::sizing::text_plan(&sized, &manifest, device, m.precision)?);

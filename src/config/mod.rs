@@ -39,7 +39,7 @@ pub use frontend::{FrontendConfig, RawFrontend};
 pub use llm::{LlmConfig, RawLlm};
 pub use memory::{MemoryConfig, RawMemory, SizingPolicy};
 pub use metrics::{MetricsConfig, RawMetrics};
-pub use model::{FlowGraphSettings, ModelConfig, RawModel};
+pub use model::{BatchProfile, FlowGraphSettings, ModelConfig, RawModel};
 pub use output::{OutputConfig, RawOutput};
 pub use secret::{redact_url, Secret, SecretUrl};
 pub use storage::{RawStorage, StorageConfig, StorageTarget};

@@ -17,6 +17,8 @@ pub struct RawModel {
     pub flow_graphs: i64,
     pub flow_graph_max_frames: i64,
     pub cudnn_benchmark: bool,
+    pub profile_batch: i64,
+    pub profile_dir: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -31,6 +33,16 @@ pub struct ModelConfig {
     /// On CUDA: cuDNN searches each convolution's fastest algorithm for every new input shape
     /// (`cudnn.benchmark`, process-wide); memory profiles are filed apart (`+cudnn-benchmark`).
     pub cudnn_benchmark: bool,
+    /// `profile_batch` > 0: that batch of each inference thread runs under libtorch's profiler.
+    pub profile: Option<BatchProfile>,
+}
+
+/// `[model] profile_batch` and `profile_dir`: which batch of an inference thread (1 = its first)
+/// runs under libtorch's profiler, and where its tables go (`model::handle`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchProfile {
+    pub batch: u64,
+    pub dir: PathBuf,
 }
 
 impl RawModel {
@@ -49,6 +61,11 @@ impl RawModel {
                 },
             },
             cudnn_benchmark: self.cudnn_benchmark,
+            profile: match u64::try_from(self.profile_batch) {
+                Ok(0) => None,
+                Ok(batch) => Some(BatchProfile { batch, dir: self.profile_dir }),
+                Err(_) => return Err(ConfigError::Invalid { key: "model.profile_batch", reason: "must be >= 0".into() }),
+            },
         })
     }
 }

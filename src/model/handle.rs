@@ -1,7 +1,9 @@
 //! The model's thread and the handle async code holds: [`ModelHandle::start`] starts an OS thread
 //! that loads the model ([`super::load`]) and then serves batches and voices sent from async code;
-//! the handle says when the load is over or why it failed. Neighbours: `worker::infer` sends each
-//! batch here; `worker::lifecycle` starts and waits for the thread.
+//! the handle says when the load is over or why it failed. Each batch runs through
+//! `tch_panic::caught`; the one `[model] profile_batch` names runs under the profiler
+//! (`profiler::Profiling`, its files and a log line). Neighbours: `worker::infer` sends each batch
+//! here; `worker::lifecycle` starts and waits for the thread.
 
 use std::time::Instant;
 
@@ -52,7 +54,7 @@ impl ModelHandle {
             true => Some(text_plan_or_default(dir, options.text)?),
             false => None,
         };
-        let LoadOptions { cpu_threads, flow_graphs, cudnn_benchmark, .. } = options;
+        let LoadOptions { cpu_threads, flow_graphs, cudnn_benchmark, profile, .. } = options;
         // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
         let llm_slots = text.as_ref().map(|plan| plan.slots.max(1));
         // One batch waits while one runs: async senders wait for room without blocking.
@@ -85,7 +87,9 @@ impl ModelHandle {
                     }
                 };
                 let probe = super::memory::MemoryProbe::new(device);
+                let mut batches: u64 = 0;
                 while let Some(BatchRequest(items, reply)) = rx.blocking_recv() {
+                    batches += 1;
                     // Every voice set before this batch was sent is in the channel by now.
                     while let Ok(VoiceRequest(index, prompt)) = voices_rx.try_recv() {
                         if let Err(e) = model.set_voice(index, &prompt) {
@@ -93,9 +97,13 @@ impl ModelHandle {
                         }
                     }
                     probe.reset();
+                    let profiling = start_profile(profile.as_ref(), batches, device);
                     let started = Instant::now();
                     let result = super::tch_panic::caught(items.len(), || model.synthesize_items(&items));
                     let infer = started.elapsed();
+                    if let Some(profiling) = profiling {
+                        finish_profile(profiling, batches, infer);
+                    }
                     let peak_bytes = probe.peak();
                     let stages = model.take_stages();
                     if matches!(result, Err(ModelError::OutOfMemory { .. })) {
@@ -184,5 +192,47 @@ impl ModelHandle {
     pub fn set_voice(&self, index: usize, prompt: VoicePrompt) -> Result<(), ModelError> {
         check_voice(&self.manifest, &prompt).map_err(ModelError::BadInput)?;
         self.voices.send(VoiceRequest(index, Box::new(prompt))).map_err(|_| self.gone())
+    }
+}
+
+/// `[model] profile_batch`: the profiler started for this thread's batch `n` if it is the one
+/// asked for; a profile that cannot start (another under way in the process, a directory that
+/// cannot be made) is a warning, and the batch runs unprofiled.
+fn start_profile(profile: Option<&crate::config::BatchProfile>, n: u64, device: Device) -> Option<super::profiler::Profiling> {
+    let profile = profile.filter(|p| p.batch == n)?;
+    let table = profile.dir.join(format!("batch-{n}-{}-{}.tsv", device.to_string().replace(':', ""), std::process::id()));
+    let started = std::fs::create_dir_all(&profile.dir)
+        .map_err(|e| e.to_string())
+        .and_then(|()| super::profiler::Profiling::start(device, &table).map_err(|e| e.to_string()));
+    match started {
+        Ok(profiling) => Some(profiling),
+        Err(error) => {
+            tracing::warn!(batch = n, %error, "the batch runs without the profile [model] profile_batch asked for");
+            None
+        }
+    }
+}
+
+/// Stops the batch's profile, writes its files and logs what they say: the device's busy time,
+/// the CUDA streams' (and so how long the LLM's decode and token2wav ran at once), the kernels'
+/// time by category.
+fn finish_profile(profiling: super::profiler::Profiling, n: u64, infer: std::time::Duration) {
+    let table = profiling.table().display().to_string();
+    match profiling.finish() {
+        Ok((rows, streams)) => {
+            let categories: Vec<String> = super::profiler::by_category(&rows).iter().map(|(c, s)| format!("{c} {s:.3} s")).collect();
+            let by_stream: Vec<String> = streams.streams.iter().map(|(id, events, s)| format!("stream {id}: {events} events, {s:.3} s")).collect();
+            tracing::info!(
+                batch = n,
+                %table,
+                infer_s = format!("{:.3}", infer.as_secs_f64()),
+                device_busy_s = format!("{:.3}", streams.busy_seconds),
+                streams_overlap_s = format!("{:.3}", streams.overlap_seconds()),
+                streams = %by_stream.join("; "),
+                categories = %categories.join("; "),
+                "batch profiled"
+            );
+        }
+        Err(error) => tracing::warn!(batch = n, %table, %error, "the batch's profile could not be written"),
     }
 }

@@ -251,6 +251,8 @@ pub struct LoadOptions {
     /// speech-token items by its text plan (a calibration of kind `cosyvoice3` on an H100 on
     /// 2026-12-06 saw its peaks stop growing at the small plan's buckets of 16).
     pub token2wav_only: bool,
+    /// `[model] profile_batch`: which batch of the inference thread runs under the profiler.
+    pub profile: Option<crate::config::BatchProfile>,
 }
 
 impl LoadOptions {

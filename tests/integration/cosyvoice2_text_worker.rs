@@ -356,3 +356,38 @@ async fn a_text_worker_pulls_a_long_backlog_batch_after_batch_without_losing_its
     assert_eq!(env.depths().await, (0, 0), "nothing left, nothing dead-lettered");
     env.cleanup().await;
 }
+
+/// `[model] profile_batch` (set as an operator would, by environment variable): the worker runs the
+/// batch it names under libtorch's profiler and writes the kernel table, the streams' summary and the
+/// timeline (on a CPU, its operators and an empty summary); the batch's jobs are done as any other's,
+/// and a batch it does not name is not profiled.
+#[tokio::test]
+async fn a_worker_asked_to_profile_its_first_batch_writes_the_profile_and_does_the_jobs() {
+    let patient = tiny_cosyvoice2_with_max_ratio("200.0");
+    let profiles = tempfile::tempdir().unwrap();
+    let dir = profiles.path().join("made-by-the-worker");
+    let mut env = TestEnv::new("cv2profile").await;
+    env.cfg.model.dir = patient.path().to_path_buf();
+    // Two batches at least: a job each.
+    let jobs: Vec<Job> = (0..3).map(|i| text_job(&format!("Profiled line {i}."), "voice0", None, None)).collect();
+    env.publish(&jobs).await;
+    let vars = [
+        ("VOXBATCH_MODEL__PROFILE_BATCH", "1"),
+        ("VOXBATCH_MODEL__PROFILE_DIR", dir.to_str().unwrap()),
+        ("VOXBATCH_LLM__FORCE_LENGTHS", "true"),
+        ("VOXBATCH_BATCHING__MAX_BATCH", "1"),
+        ("VOXBATCH_MODEL__CPU_THREADS", "1"),
+    ];
+    let mut worker = common::spawn_worker_process_with(&env, &["--drain"], &vars);
+    let pid = worker.id().unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(180), worker.wait()).await.expect("the worker drained").unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await, 3);
+    let mut files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    let table = format!("batch-1-cpu-{pid}.tsv");
+    assert_eq!(files, [table.clone(), format!("{table}.streams"), format!("{table}.timeline")], "the first batch alone, profiled");
+    let text = std::fs::read_to_string(dir.join(&table)).unwrap();
+    assert!(text.lines().any(|l| l.ends_with("\taten::matmul") || l.ends_with("\taten::mm")), "the operators the batch ran: {text}");
+    env.cleanup().await;
+}

@@ -24,7 +24,7 @@
 # FRONTEND_THREADS ([frontend] threads, default half the cores up to 8: the first batch of the
 # 2026-12-05 H200 run ran at 87.9 % NVML while the frontend prepared the next; whether the
 # frontend slows the model thread's host work is what comparing runs with fewer threads tells),
-# WORK_TIMEOUT (420 s for the drain), E (/tmp/voxbatch-e2e: the services' and the worker's files),
+# WORK_TIMEOUT (420 s for the drain), PROFILE_BATCH (below), E (/tmp/voxbatch-e2e: the services' and the worker's files),
 # PGPORT, AMQP_PORT, NODENAME (lib/services.sh), any VOXBATCH_* setting (e.g. the stages one after
 # the other: VOXBATCH_LLM__OVERLAP_TOKEN2WAV=false; longer segments:
 # VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
@@ -109,6 +109,17 @@ $BIN enqueue "$E/corpus.jsonl" --campaign "$CAMPAIGN" || exit 1
 log "worker: drain (NVML sampled every 200 ms)"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used,power.draw --format=csv,noheader,nounits -lms 200 > "$OUT/nvml.csv" 2>/dev/null &
 NVSMI_PID=$!
+# PROFILE_BATCH=N (issue 42): the worker's Nth text batch under libtorch's profiler ([model]
+# profile_batch): the kernels' GPU time, the device's busy time by CUDA stream and their union (what
+# the decode and token2wav ran at once), 100-ms bins; in OUT/profile.tgz, the summary in worker.log
+# ("batch profiled"). The profiled batch runs slower than the others: its wall is not a figure. Not
+# yet run on a GPU: a full batch of the default corpus holds ≈ 10^6 kernels (2,000 decode steps of
+# ≈ 400 each, token2wav's), which Kineto buffers in host memory; try a smaller corpus first
+# (JOBS=300 CHAPTERS=0).
+if [ -n "${PROFILE_BATCH:-}" ]; then
+  rm -rf "$E/profiles"
+  export VOXBATCH_MODEL__PROFILE_BATCH=$PROFILE_BATCH VOXBATCH_MODEL__PROFILE_DIR=$E/profiles
+fi
 # The drain is timed to the worker's exit: without /metrics' linger (default 20 s, for a last
 # scrape after the queue drained), which the runs up to 2026-12-06 16:50 UTC counted in their wall.
 export VOXBATCH_METRICS__LINGER=${VOXBATCH_METRICS__LINGER:-0s}
@@ -122,5 +133,6 @@ $BIN status | tail -15
 $BIN report --by campaign --campaign "$CAMPAIGN" --format json > "$OUT/report-campaign.json"
 $BIN report --by stage --campaign "$CAMPAIGN" --format json > "$OUT/report-stage.json"
 $BIN report --by stage --campaign "$CAMPAIGN"
+[ -n "${PROFILE_BATCH:-}" ] && [ -d "$E/profiles" ] && tar -C "$E" -czf "$OUT/profile.tgz" profiles
 $PY "$DEVICE_DIR/lib/text_e2e_summary.py" "$OUT" "$t0" "$t1"
 log "done"
