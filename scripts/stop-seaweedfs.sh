@@ -25,5 +25,8 @@ pid=$(cat "$pidfile")
 kill -TERM "$pid" 2>/dev/null || { rm -f "$pidfile"; exit 0; }
 for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
 kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
+# Gone before this returns, so that a start right after it finds the port closed (a start 0.004 s
+# after a SIGKILL found it still open and started nothing).
+for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
 rm -f "$pidfile"
 echo "stopped SeaweedFS ($pid)"
