@@ -31,9 +31,9 @@ namespace {
 // ns`. Events of one stream do not overlap. On a CPU, or without CUPTI, `all` alone with zeros.
 void write_streams(const torch::autograd::profiler::ProfilerResult& result, const std::string& path) {
   struct Busy { uint64_t events = 0, busy = 0, first = UINT64_MAX, last = 0; };
+  struct Span { uint64_t start, end; int64_t stream; };
   std::map<int64_t, Busy> streams;
-  std::vector<std::pair<uint64_t, uint64_t>> intervals;
-  std::vector<std::tuple<int64_t, uint64_t, uint64_t>> spans;
+  std::vector<Span> spans;
   for (const auto& event : result.events()) {
     if (event.deviceType() != c10::DeviceType::CUDA) continue;
     const uint64_t start = event.startNs(), end = event.endNs();
@@ -43,22 +43,22 @@ void write_streams(const torch::autograd::profiler::ProfilerResult& result, cons
     b.busy += end - start;
     b.first = std::min(b.first, start);
     b.last = std::max(b.last, end);
-    intervals.emplace_back(start, end);
-    spans.emplace_back(event.deviceResourceId(), start, end);
+    spans.push_back({start, end, event.deviceResourceId()});
   }
-  std::sort(intervals.begin(), intervals.end());
+  // The union over the streams: the spans by start, each merged into the open interval it meets.
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
   Busy all;
   uint64_t open_start = 0, open_end = 0;
-  for (const auto& [start, end] : intervals) {
+  for (const auto& s : spans) {
     all.events += 1;
-    all.first = std::min(all.first, start);
-    all.last = std::max(all.last, end);
-    if (open_end == 0 || start > open_end) {
+    all.first = std::min(all.first, s.start);
+    all.last = std::max(all.last, s.end);
+    if (open_end == 0 || s.start > open_end) {
       all.busy += open_end - open_start;
-      open_start = start;
-      open_end = end;
+      open_start = s.start;
+      open_end = s.end;
     } else {
-      open_end = std::max(open_end, end);
+      open_end = std::max(open_end, s.end);
     }
   }
   all.busy += open_end - open_start;
@@ -72,12 +72,11 @@ void write_streams(const torch::autograd::profiler::ProfilerResult& result, cons
   if (!out) throw std::runtime_error("cannot write " + path + ".streams");
   constexpr uint64_t bin_ns = 100'000'000;
   std::map<std::pair<uint64_t, int64_t>, uint64_t> bins;
-  for (const auto& [stream, start, end] : spans) {
-    for (uint64_t t = start; t < end;) {
+  for (const auto& s : spans) {
+    for (uint64_t t = s.start; t < s.end;) {
       const uint64_t bin = (t - all.first) / bin_ns;
-      const uint64_t bin_end = all.first + (bin + 1) * bin_ns;
-      const uint64_t until = std::min(end, bin_end);
-      bins[{bin, stream}] += until - t;
+      const uint64_t until = std::min(s.end, all.first + (bin + 1) * bin_ns);
+      bins[{bin, s.stream}] += until - t;
       t = until;
     }
   }

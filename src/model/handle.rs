@@ -227,6 +227,7 @@ fn finish_profile(profiling: super::profiler::Profiling, n: u64, infer: std::tim
                 %table,
                 infer_s = format!("{:.3}", infer.as_secs_f64()),
                 device_busy_s = format!("{:.3}", streams.busy_seconds),
+                kernels_span_s = format!("{:.3}", streams.span_seconds),
                 streams_overlap_s = format!("{:.3}", streams.overlap_seconds()),
                 streams = %by_stream.join("; "),
                 categories = %categories.join("; "),

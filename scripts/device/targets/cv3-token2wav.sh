@@ -92,17 +92,14 @@ if [ -n "${COMPILE:-}" ]; then
     # One process per package, side by side (each is mostly one Python thread of Inductor's
     # lowering): the vocoder's wait behind the DiT's no longer.
     log "compiling the packages (${todo# }${extra:+; vocoder at$extra}; limit $limit s)"
-    for stage in $todo; do
+    compile_package() { # NAME ARGS...: one package in the background, its log /tmp/cv3-compile-NAME.log
+      local name=$1; shift
       (timeout -k 10 "$limit" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
-        --stages "$stage" --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" \
-        ${CHECK:+--check} > "/tmp/cv3-compile-$stage.log" 2>&1; echo "compile $stage exited $?" >> "/tmp/cv3-compile-$stage.log") &
-    done
-    for vp in $extra; do
-      (timeout -k 10 "$limit" $PY tools/compile_token2wav.py --family cosyvoice3 --model "$C" --device cuda:0 \
-        --stages hift --precision "${PRECISION:-bf16}" --vocoder-precision "$vp" --max-batch "${MAX_BATCH:-512}" \
-        --max-frames "${MAX_FRAMES:-1000}" ${CHECK:+--check} > "/tmp/cv3-compile-hift-$vp.log" 2>&1
-       echo "compile hift-$vp exited $?" >> "/tmp/cv3-compile-hift-$vp.log") &
-    done
+        --precision "${PRECISION:-bf16}" --max-batch "${MAX_BATCH:-512}" --max-frames "${MAX_FRAMES:-1000}" ${CHECK:+--check} "$@" \
+        > "/tmp/cv3-compile-$name.log" 2>&1; echo "compile $name exited $?" >> "/tmp/cv3-compile-$name.log") &
+    }
+    for stage in $todo; do compile_package "$stage" --stages "$stage"; done
+    for vp in $extra; do compile_package "hift-$vp" --stages hift --vocoder-precision "$vp"; done
     wait
     for f in /tmp/cv3-compile-*.log; do tail -3 "$f"; cat "$f" >> "$OUT/compile.log"; done; rm -f /tmp/cv3-compile-*.log
   fi
