@@ -15,10 +15,20 @@ using voxbatch::guarded;
 extern "C" {
 
 // A stream of libtorch's pool on `device` (kept for the model's life: the caching allocator
-// reuses a block only on the stream it was allocated for).
-int voxbatch_stream_new(int device, void** out, char* err, size_t err_len) {
+// reuses a block only on the stream it was allocated for), of the pool's high priority when
+// `high_priority` is non-zero (the block scheduler starts its waiting blocks before those of
+// streams of lower priority) and of the default, lowest, priority otherwise.
+int voxbatch_stream_new(int device, int high_priority, void** out, char* err, size_t err_len) {
   return guarded([&] {
-    *out = new c10::cuda::CUDAStream(c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device)));
+    *out = new c10::cuda::CUDAStream(c10::cuda::getStreamFromPool(high_priority != 0, static_cast<c10::DeviceIndex>(device)));
+  }, err, err_len);
+}
+
+// The calling thread's current stream on `device`, as a handle of its own (freed with
+// voxbatch_stream_free): what a scoped `enter` restores.
+int voxbatch_stream_current(int device, void** out, char* err, size_t err_len) {
+  return guarded([&] {
+    *out = new c10::cuda::CUDAStream(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)));
   }, err, err_len);
 }
 

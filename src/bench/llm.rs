@@ -40,6 +40,8 @@ pub struct LlmBenchOptions {
     pub requests_per_slot: usize,
     pub min_requests: usize,
     pub graphs: bool,
+    /// Each point's step alone under libtorch's profiler ([`StepProfile`]).
+    pub profile: bool,
     pub seed: u64,
     /// The reference's figure (tools/bench_llm_reference.py's JSON).
     pub reference: Option<ReferenceRun>,
@@ -74,8 +76,29 @@ pub struct Point {
     pub step_ms: Option<f64>,
     /// The sampler's draws over all slots alone (ms), included in `step_ms`.
     pub sampler_ms: Option<f64>,
+    /// The step alone under the profiler (`--profile`).
+    pub step_profile: Option<StepProfile>,
     pub error: Option<String>,
 }
+
+/// [`PROFILE_STEPS`] steps alone (as `step_ms` times them) under libtorch's profiler: where a
+/// step's device time goes.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepProfile {
+    pub steps: usize,
+    /// The events' time added up, per step (on a GPU: kernels and copies).
+    pub event_ms_per_step: f64,
+    /// Events per step (on a GPU: kernel launches, a graph's included).
+    pub events_per_step: f64,
+    /// (category, seconds over all the steps), longest first.
+    pub by_category: Vec<(String, f64)>,
+    /// The longest events over all the steps.
+    pub top: Vec<crate::model::profiler::ProfileRow>,
+    pub error: Option<String>,
+}
+
+/// Steps a [`StepProfile`] holds.
+pub const PROFILE_STEPS: usize = 10;
 
 /// Positions each row reads in the step profile: about the mean context of the stated lengths
 /// (input ≈ 220 positions, then half of ≈ 425 outputs), rounded to a span bucket.
@@ -152,6 +175,7 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
             let span = span_for(PROFILE_SPAN, dec.max_positions());
             let step_ms = dec.time_step(&lm, rows, span, 20)? * 1e3;
             let sampler_ms = dec.time_sampler(rows, dims.speech_tokens + 3, 20)? * 1e3;
+            let step_profile = opts.profile.then(|| profile_steps(&mut dec, &lm, rows, span, opts.device));
             let positions: u64 = reqs.iter().map(|r| r.forced_len.unwrap_or(0) as u64).sum();
             Ok(Point {
                 slots,
@@ -167,6 +191,7 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
                 decoder,
                 step_ms: Some(step_ms),
                 sampler_ms: Some(sampler_ms),
+                step_profile,
                 error: None,
             })
         });
@@ -188,6 +213,7 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
                     decoder: DecoderStats::default(),
                     step_ms: None,
                     sampler_ms: None,
+                    step_profile: None,
                     error: Some(e.to_string()),
                 }
             }
@@ -206,6 +232,28 @@ pub fn run(opts: &LlmBenchOptions, mut progress: impl FnMut(&Point)) -> Result<L
         reference: opts.reference.clone(),
         worker_plan,
     })
+}
+
+/// [`PROFILE_STEPS`] steps of `rows` rows reading `span` positions, as `time_step` runs them
+/// (graph replays where graphs are on), under the profiler.
+fn profile_steps(dec: &mut BatchDecoder, lm: &SpeechLm, rows: i64, span: i64, device: Device) -> StepProfile {
+    use crate::model::profiler;
+    let table = std::env::temp_dir().join(format!("voxbatch-llm-step-{}-{rows}.tsv", std::process::id()));
+    let outcome = profiler::profile(device, &table, || dec.time_step(lm, rows, span, PROFILE_STEPS));
+    let _ = std::fs::remove_file(&table);
+    let mut p = StepProfile { steps: PROFILE_STEPS, event_ms_per_step: 0.0, events_per_step: 0.0, by_category: Vec::new(), top: Vec::new(), error: None };
+    match outcome {
+        Ok((_, rows)) => {
+            // time_step runs one step more first, outside its timing but inside the profile.
+            let steps = (PROFILE_STEPS + 1) as f64;
+            p.event_ms_per_step = rows.iter().map(|r| r.seconds).sum::<f64>() * 1e3 / steps;
+            p.events_per_step = rows.iter().map(|r| r.count as f64).sum::<f64>() / steps;
+            p.by_category = profiler::by_category(&rows).into_iter().map(|(c, s)| (c.to_string(), s)).collect();
+            p.top = rows.into_iter().take(40).collect();
+        }
+        Err(e) => p.error = Some(e.to_string()),
+    }
+    p
 }
 
 /// What `sizing::llm::plan` gives with the default configuration on `device` (None without one).
@@ -262,6 +310,14 @@ pub fn table(r: &LlmReport) -> String {
             "| {} | {:.2} ({}, {}) | {:.2} | {:.2} | {:.2} | {} | {} |\n",
             p.slots, d.prefill_seconds, d.prefills, d.prefill_positions, d.launch_seconds, d.wait_seconds, d.host_seconds, ms(p.step_ms), ms(p.sampler_ms)
         );
+    }
+    for p in r.points.iter().filter(|p| p.error.is_none()) {
+        let Some(sp) = &p.step_profile else { continue };
+        s += &format!("\n### One step of {} slots under the profiler ({} steps + 1: {:.3} ms of events a step, {:.0} events a step)\n\n", p.slots, sp.steps, sp.event_ms_per_step, sp.events_per_step);
+        match &sp.error {
+            Some(e) => s += &format!("profile failed: {e}\n"),
+            None => s += &super::kernel_tables(sp.by_category.iter().map(|(_, v)| v).sum(), &sp.by_category, &sp.top),
+        }
     }
     if let Some(p) = &r.worker_plan {
         s += &format!(

@@ -25,3 +25,19 @@ pub fn results_dir(root: &Path, name: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+/// A profile's Markdown: its events' time by category, then the 25 longest events, each with its
+/// share of `event_seconds`.
+pub fn kernel_tables(event_seconds: f64, by_category: &[(String, f64)], top: &[crate::model::profiler::ProfileRow]) -> String {
+    let share = |secs: f64| 100.0 * secs / event_seconds.max(f64::MIN_POSITIVE);
+    let mut s = "| category | seconds | share |\n|---|---:|---:|\n".to_string();
+    for (c, secs) in by_category {
+        s += &format!("| {c} | {secs:.4} | {:.1} % |\n", share(*secs));
+    }
+    s += "\n| event | category | calls | seconds | share |\n|---|---|---:|---:|---:|\n";
+    for r in top.iter().take(25) {
+        let name: String = r.name.chars().take(90).collect();
+        s += &format!("| `{name}` | {} | {} | {:.4} | {:.1} % |\n", r.category, r.count, r.seconds, share(r.seconds));
+    }
+    s
+}

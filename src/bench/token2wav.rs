@@ -341,23 +341,14 @@ pub fn table(r: &Token2WavReport) -> String {
 
 /// The profile's Markdown: time by category, then the longest events.
 fn profile_table(p: &KernelProfile) -> String {
-    let mut s = format!(
+    let s = format!(
         "\n### Where one run's time went (flow {}, HiFT {}, batch {}; profiled run {:.3} s wall, events {:.3} s)\n\n",
         p.precision, p.vocoder, p.batch, p.wall_seconds, p.event_seconds
     );
     if let Some(e) = &p.error {
         return s + &format!("profile failed: {e}\n");
     }
-    s += "| category | seconds | share |\n|---|---:|---:|\n";
-    for (c, secs) in &p.by_category {
-        s += &format!("| {c} | {secs:.4} | {:.1} % |\n", 100.0 * secs / p.event_seconds.max(f64::MIN_POSITIVE));
-    }
-    s += "\n| event | category | calls | seconds | share |\n|---|---|---:|---:|---:|\n";
-    for r in p.top.iter().take(25) {
-        let name: String = r.name.chars().take(90).collect();
-        s += &format!("| `{name}` | {} | {} | {:.4} | {:.1} % |\n", r.category, r.count, r.seconds, 100.0 * r.seconds / p.event_seconds.max(f64::MIN_POSITIVE));
-    }
-    s
+    s + &super::kernel_tables(p.event_seconds, &p.by_category, &p.top)
 }
 
 pub fn write(r: &Token2WavReport, dir: &Path) -> std::io::Result<Vec<PathBuf>> {

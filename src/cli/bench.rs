@@ -137,6 +137,10 @@ pub enum BenchCommand {
         /// Decode eagerly (no CUDA graphs).
         #[arg(long)]
         no_graphs: bool,
+        /// After each slot count's run, its step alone (10 steps over all slots, every row reading
+        /// 512 positions) under libtorch's profiler: the step's kernels by category and the longest.
+        #[arg(long)]
+        profile: bool,
         /// The reference run's JSON (tools/bench_llm_reference.py), shown beside.
         #[arg(long, value_name = "FILE")]
         reference: Option<PathBuf>,
@@ -212,7 +216,7 @@ impl BenchArgs {
                 },
                 out,
             ),
-            Some(BenchCommand::Llm { model, device, slots, requests_per_slot, min_requests, no_graphs, reference, out }) => {
+            Some(BenchCommand::Llm { model, device, slots, requests_per_slot, min_requests, no_graphs, profile, reference, out }) => {
                 let reference = match reference {
                     Some(path) => {
                         let bytes = std::fs::read(&path).with_context(|| format!("read {}", path.display()))?;
@@ -227,6 +231,7 @@ impl BenchArgs {
                     requests_per_slot,
                     min_requests,
                     graphs: !no_graphs,
+                    profile,
                     seed: 11,
                     reference,
                 };

@@ -17,6 +17,7 @@ pub struct RawLlm {
     pub max_prompt_speech_tokens: i64,
     pub cuda_graphs: bool,
     pub overlap_token2wav: bool,
+    pub prioritise_decode: bool,
     pub token2wav_max_bucket: i64,
     pub force_lengths: bool,
 }
@@ -36,6 +37,10 @@ pub struct LlmConfig {
     /// token2wav's buckets on a CUDA stream of their own, beside the decode steps (else on the
     /// decode's stream: the GPU runs the two stages one after the other).
     pub overlap_token2wav: bool,
+    /// With `overlap_token2wav`: the decode's steps on a CUDA stream of high priority, so that the
+    /// GPU starts their blocks before the flow's waiting ones (token2wav's buckets wait for the
+    /// decode's segments; the decode waits for nothing of token2wav's).
+    pub prioritise_decode: bool,
     /// Segments token2wav runs at once at most (the memory model may allow fewer).
     pub token2wav_max_bucket: usize,
     /// Benchmarks with random weights only: every segment decodes exactly its characters ÷
@@ -54,6 +59,7 @@ impl RawLlm {
             max_prompt_speech_tokens: non_negative("llm.max_prompt_speech_tokens", self.max_prompt_speech_tokens)? as usize,
             cuda_graphs: self.cuda_graphs,
             overlap_token2wav: self.overlap_token2wav,
+            prioritise_decode: self.prioritise_decode,
             token2wav_max_bucket: positive("llm.token2wav_max_bucket", self.token2wav_max_bucket)?,
             force_lengths: self.force_lengths,
         })

@@ -1,8 +1,9 @@
 //! CUDA streams through the C++ shim (`csrc/cuda_stream.cpp`): a [`SideStream`] that a thread
-//! makes its current one, so that its kernels run beside the kernels other threads queue on
-//! theirs, and [`synchronize`], which waits for the calling thread's current stream alone.
-//! Kind `cosyvoice2` runs token2wav's buckets on a side stream beside the LLM's decode steps
-//! (`tts`, `[llm] overlap_token2wav`).
+//! makes its current one (for good with [`SideStream::enter`], for a scope with
+//! [`SideStream::enter_scoped`]), so that its kernels run beside the kernels other threads queue
+//! on theirs, and [`synchronize`], which waits for the calling thread's current stream alone.
+//! Text kinds run token2wav's buckets on a side stream beside the LLM's decode steps, the decode
+//! on a stream of high priority (`tts`, `[llm] overlap_token2wav`, `[llm] prioritise_decode`).
 //!
 //! Without the CUDA runtime headers at build time (build.rs) there is no side stream (a thread
 //! keeps the default stream) and [`synchronize`] waits for the whole device.
@@ -20,7 +21,8 @@ use super::Device;
 
 #[cfg(voxbatch_cuda_graphs)]
 extern "C" {
-    fn voxbatch_stream_new(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_stream_new(device: i32, high_priority: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_stream_current(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_free(s: *mut c_void);
     fn voxbatch_stream_enter(s: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_synchronize_current(device: i32, err: *mut c_char, err_len: usize) -> i32;
@@ -32,6 +34,18 @@ extern "C" {
 pub struct SideStream {
     #[cfg(voxbatch_cuda_graphs)]
     ptr: *mut c_void,
+    #[cfg_attr(not(voxbatch_cuda_graphs), allow(dead_code))]
+    device: Device,
+}
+
+/// A stream's priority in the block scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// The default stream's (the lowest).
+    Normal,
+    /// The pool's high priority: the GPU starts this stream's waiting blocks before those of
+    /// streams of lower priority (running blocks are not preempted).
+    High,
 }
 
 // SAFETY: an owned C++ stream handle (a device index and a stream id), valid on any thread; it is
@@ -40,18 +54,40 @@ unsafe impl Send for SideStream {}
 unsafe impl Sync for SideStream {}
 
 impl SideStream {
-    /// A side stream on `device`; `None` on a CPU, or without the CUDA headers at build time.
-    pub fn new(device: Device) -> Result<Option<SideStream>, ShimError> {
+    /// A side stream on `device` of `priority`; `None` on a CPU, or without the CUDA headers at
+    /// build time.
+    pub fn new(device: Device, priority: Priority) -> Result<Option<SideStream>, ShimError> {
         let Device::Cuda(_index) = device else { return Ok(None) };
         #[cfg(voxbatch_cuda_graphs)]
         {
             let mut ptr = std::ptr::null_mut();
+            let high = i32::from(priority == Priority::High);
             // SAFETY: writes a new stream handle into `ptr`; exceptions are caught in C++.
-            checked("create a CUDA stream", |err, len| unsafe { voxbatch_stream_new(_index as i32, &mut ptr, err, len) })?;
-            Ok(Some(SideStream { ptr }))
+            checked("create a CUDA stream", |err, len| unsafe { voxbatch_stream_new(_index as i32, high, &mut ptr, err, len) })?;
+            Ok(Some(SideStream { ptr, device }))
         }
         #[cfg(not(voxbatch_cuda_graphs))]
-        Ok(None)
+        {
+            let _ = priority;
+            Ok(None)
+        }
+    }
+
+    /// Makes this the calling thread's current stream until the guard drops, which makes the
+    /// stream current before it current again.
+    pub fn enter_scoped(&self) -> Result<EnteredStream, ShimError> {
+        #[cfg(voxbatch_cuda_graphs)]
+        {
+            let Device::Cuda(index) = self.device else { unreachable!("a SideStream is on CUDA") };
+            let mut ptr = std::ptr::null_mut();
+            // SAFETY: writes a new handle of the current stream into `ptr`; exceptions are caught in C++.
+            checked("read the current CUDA stream", |err, len| unsafe { voxbatch_stream_current(index as i32, &mut ptr, err, len) })?;
+            let previous = SideStream { ptr, device: self.device };
+            self.enter()?;
+            Ok(EnteredStream { previous: Some(previous) })
+        }
+        #[cfg(not(voxbatch_cuda_graphs))]
+        Ok(EnteredStream { previous: None })
     }
 
     /// Makes this the calling thread's current stream (for the rest of the thread's life, or until
@@ -64,6 +100,21 @@ impl SideStream {
         }
         #[cfg(not(voxbatch_cuda_graphs))]
         Ok(())
+    }
+}
+
+/// The stream that was current before [`SideStream::enter_scoped`], made current again on drop.
+pub struct EnteredStream {
+    previous: Option<SideStream>,
+}
+
+impl Drop for EnteredStream {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            if let Err(e) = previous.enter() {
+                tracing::warn!(error = %e, "cannot make the earlier CUDA stream current again");
+            }
+        }
     }
 }
 

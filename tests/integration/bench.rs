@@ -157,3 +157,30 @@ fn the_token2wav_bench_runs_a_cosyvoice3_model_its_vocoder_at_the_flows_precisio
     assert!(report.quality[0].snr_db_mean.is_finite(), "bf16 differs from fp32: {:?}", report.quality[0]);
     assert!(table(&report).contains("| bf16 | bf16 | 2 |"));
 }
+
+#[test]
+fn the_llm_bench_profiles_each_slot_counts_step_alone_when_asked() {
+    use voxbatch::bench::llm::{run, table, LlmBenchOptions, PROFILE_STEPS};
+    let opts = LlmBenchOptions {
+        model_dir: common::repo_path("models/cosyvoice2-tiny"),
+        device: Device::Cpu,
+        slots: vec![2],
+        requests_per_slot: 1,
+        min_requests: 2,
+        graphs: false,
+        profile: true,
+        seed: 11,
+        reference: None,
+    };
+    let report = run(&opts, |_| {}).unwrap();
+    let p = &report.points[0];
+    assert!(p.error.is_none(), "{:?}", p.error);
+    assert!(p.tokens > 0 && p.step_ms.is_some());
+    // Operators on a CPU: the decoder's projections are matmuls, every step launches the same.
+    let sp = p.step_profile.as_ref().expect("a step profile was asked for");
+    assert!(sp.error.is_none(), "{:?}", sp.error);
+    assert_eq!(sp.steps, PROFILE_STEPS);
+    assert!(sp.events_per_step >= 10.0 && sp.event_ms_per_step > 0.0, "{sp:?}");
+    assert!(sp.by_category.iter().any(|(c, s)| c == "matmul" && *s > 0.0), "{:?}", sp.by_category);
+    assert!(table(&report).contains("One step of 2 slots under the profiler"), "{}", table(&report));
+}

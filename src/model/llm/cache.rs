@@ -50,13 +50,21 @@ impl SlotCache {
     pub fn free(&mut self, slot: usize) {
         self.lens[slot] = 0;
     }
-    /// Writes keys and values `[N, kv_heads, head_dim]` of layer `layer` at (`slots[i]`,
-    /// `positions[i]`).
-    pub(super) fn write(&self, layer: usize, slots: &Tensor, positions: &Tensor, k: &Tensor, v: &Tensor) -> R<()> {
-        let at = [Some(slots.shallow_clone()), Some(positions.shallow_clone())];
+    /// The rows of a layer viewed `[slots × max_len, kv_heads, head_dim]` that (`slots[i]`,
+    /// `positions[i]`) are (device tensors `[N]`, int64): computed once for a pass, read by every
+    /// layer's [`SlotCache::write`].
+    pub(super) fn rows(&self, slots: &Tensor, positions: &Tensor) -> R<Tensor> {
+        slots.f_mul_scalar(self.max_len)?.f_add(positions)
+    }
+
+    /// Writes keys and values `[N, kv_heads, head_dim]` of layer `layer` at `rows` (from
+    /// [`SlotCache::rows`]): one copy kernel each.
+    pub(super) fn write(&self, layer: usize, rows: &Tensor, k: &Tensor, v: &Tensor) -> R<()> {
         for (cache, new) in [(&self.k, k), (&self.v, v)] {
-            let mut layer = cache.f_get(layer as i64)?; // [S, T, KVH, hd]
-            let _ = layer.f_index_put_(&at, &new.f_to_kind(layer.kind())?, false)?;
+            let layer = cache.f_get(layer as i64)?; // [S, T, KVH, hd]
+            let (s, t, kvh, hd) = (layer.size()[0], layer.size()[1], layer.size()[2], layer.size()[3]);
+            let mut flat = layer.f_view([s * t, kvh, hd])?;
+            let _ = flat.f_index_copy_(0, rows, &new.f_to_kind(layer.kind())?)?;
         }
         Ok(())
     }

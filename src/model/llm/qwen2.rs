@@ -257,10 +257,11 @@ impl Qwen2 {
                 a.f_squeeze_dim(0)?.f_transpose(0, 1)?.f_reshape([total, heads * hd])
             })
         };
+        let cache_rows = cache.rows(&slot_index, &positions)?;
         let mut x = x.shallow_clone();
         for (l, layer) in self.layers.iter().enumerate() {
             let (q, k, v) = layer.qkv(&x, &rope, &d)?;
-            cache.write(l, &slot_index, &positions, &k, &v)?;
+            cache.write(l, &cache_rows, &k, &v)?;
             let a = attend(&q, &k, &v)?;
             x = layer.finish(&x, &a)?;
         }
@@ -350,10 +351,11 @@ impl Qwen2 {
                 a.f_transpose(1, 2)?.f_reshape([n, d.heads * d.head_dim])
             })
         };
+        let cache_rows = cache.rows(&slot_index, positions)?;
         let mut x = x.shallow_clone();
         for (l, layer) in self.layers.iter().enumerate() {
             let (q, k, v) = layer.qkv(&x, &rope, &d)?;
-            cache.write(l, &slot_index, positions, &k, &v)?;
+            cache.write(l, &cache_rows, &k, &v)?;
             let a = attend(&q, &cache.k.f_get(l as i64)?, &cache.v.f_get(l as i64)?)?;
             x = layer.finish(&x, &a)?;
         }

@@ -38,7 +38,7 @@ use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use super::token2wav::{HostWaves, TextToken2Wav};
 use crate::audio::Waveform;
-use crate::model::cuda_stream::SideStream;
+use crate::model::cuda_stream::{Priority, SideStream};
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
@@ -157,6 +157,9 @@ pub struct TextToSpeech {
     /// Where the token2wav thread queues its kernels (`[llm] overlap_token2wav` on CUDA): beside
     /// the decode's. `None`: the default stream, the decode's own.
     side_stream: Option<SideStream>,
+    /// Where the decode queues its kernels while token2wav runs on `side_stream`, with
+    /// `[llm] prioritise_decode`: a stream of high priority. `None`: the calling thread's stream.
+    decode_stream: Option<SideStream>,
 }
 
 impl TextToSpeech {
@@ -200,9 +203,16 @@ impl TextToSpeech {
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
         let side_stream = match plan.llm.overlap_token2wav {
-            true => SideStream::new(device).map_err(|e| err(format!("cannot create token2wav's CUDA stream: {e}")))?,
+            true => SideStream::new(device, Priority::Normal).map_err(|e| err(format!("cannot create token2wav's CUDA stream: {e}")))?,
             false => None,
         };
+        let decode_stream = match side_stream.is_some() && plan.llm.prioritise_decode {
+            true => SideStream::new(device, Priority::High).map_err(|e| err(format!("cannot create the decode's CUDA stream: {e}")))?,
+            false => None,
+        };
+        if side_stream.is_some() {
+            tracing::info!(decode_priority = if decode_stream.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");
+        }
         let mut tts = TextToSpeech {
             token2wav,
             lm,
@@ -214,6 +224,7 @@ impl TextToSpeech {
             llm_dims: dims,
             system,
             side_stream,
+            decode_stream,
         };
         if matches!(device, Device::Cuda(_)) {
             // A failed warm-up costs the first batch its speed, not the worker.
@@ -357,8 +368,10 @@ impl TextToSpeech {
     ///
     /// On CUDA with `[llm] overlap_token2wav` the token2wav thread queues its kernels on the
     /// model's side stream, so the GPU runs the decode's memory-bound steps and the flow's
-    /// compute-bound buckets at once; otherwise both threads queue on the default stream and the
-    /// GPU runs them one after the other (the host work of either still overlaps the other's).
+    /// compute-bound buckets at once — the decode on a stream of high priority with
+    /// `[llm] prioritise_decode`, so that its small kernels do not queue behind the flow's blocks;
+    /// otherwise both threads queue on the default stream and the GPU runs them one after the
+    /// other (the host work of either still overlaps the other's).
     #[allow(clippy::too_many_arguments)]
     fn decode_and_vocode(
         &mut self,
@@ -371,7 +384,10 @@ impl TextToSpeech {
         stats: &mut BucketStats,
     ) -> Result<(), ModelError> {
         let ratios = self.ratios;
-        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, side_stream, .. } = self;
+        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, side_stream, decode_stream, .. } = self;
+        // The decode's kernels on its stream of high priority for this batch (made current on this
+        // thread, which is the decode's; the stream before it is current again after).
+        let _decode_stream = decode_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| ModelError::Inference(e.into()))?;
         // Jobs failed so far: the token2wav thread skips their segments.
         let dropped: Vec<AtomicBool> = failed.iter().map(|f| AtomicBool::new(f.is_some())).collect();
         // Set when decoding fails: token2wav stops at its next bucket.
