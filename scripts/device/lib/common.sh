@@ -47,11 +47,13 @@ install_wheels() {
   fi
 }
 
-# unpack XZ DEST: through a temporary file and a rename, so that a copy another step still runs is
-# not overwritten in place; exits the target when there is none.
+# unpack XZ DEST: through a temporary file of this process's own and a rename, so that a copy
+# another step still runs is not overwritten in place, and two targets run side by side (a compile
+# beside a bench) do not write one temporary file; exits the target when there is none.
 unpack() {
-  { xz -dc "$1" > "$2.unpacking" && chmod +x "$2.unpacking" && mv -f "$2.unpacking" "$2"; } || {
-    rm -f "$2.unpacking"
+  local tmp="$2.unpacking.$$"
+  { xz -dc "$1" > "$tmp" && chmod +x "$tmp" && mv -f "$tmp" "$2"; } || {
+    rm -f "$tmp"
     echo "no binary at $1 (scripts/device/pack.sh here, then carry .t2w)"
     exit 1
   }
