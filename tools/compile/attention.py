@@ -15,11 +15,16 @@ attention over each item's valid keys.
 - `cudnn`: cuDNN's fused attention (`CudnnSelfAttention`): measured on the H200 (2026-12-04, with
   the FF epilogue) token2wav 647.4 audio-s/s — attention 0.90 s against FlashAttention's 0.31
   (cuDNN with a key bias) — so it stays an experiment.
+- `cudnn-varlen` (experimental, not yet measured on a GPU): cuDNN's fused attention on
+  variable-length keys (`CudnnVarlenSelfAttention`), no bias: each item's valid keys and values
+  gathered end to end, its query rows as they are. On the H100 FlashAttention 2 is a quarter of
+  token2wav's kernel time (2026-12-06, docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's Hopper
+  kernels use the wgmma/TMA instructions it does not.
 """
 import torch
 
 # --attention values (auto resolves to one of the others).
-ATTENTIONS = ["auto", "sdpa", "flex", "flash", "cudnn"]
+ATTENTIONS = ["auto", "sdpa", "flex", "flash", "cudnn", "cudnn-varlen"]
 
 
 def resolve_attention(attention, device, precision):
@@ -118,5 +123,38 @@ class CudnnSelfAttention(SelfAttention):
         return out.transpose(1, 2).reshape(b, t, inner)
 
 
+class CudnnVarlenSelfAttention(SelfAttention):
+    """Through cuDNN's fused attention on variable-length sequences (`--attention cudnn-varlen`,
+    experimental): aten's `_cudnn_attention_forward` (the kernel nested tensors' SDPA calls) with
+    cumulative offsets — the query rows in the padded layout (`[B·T, heads, d]`, item `i` at row
+    `i·T`, every row attending as in the reference), the keys and values of each item's valid frames
+    gathered end to end into a buffer of the same `B·T` rows (static shapes: the rows past the valid
+    ones are never read). No bias in memory, padded keys never read. On a CPU or in fp32 it is
+    `FlashSelfAttention`'s fallback (SDPA with a boolean key mask)."""
+
+    def attend(self, query, key, value, valid, heads):
+        if not (query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)):
+            return FlashSelfAttention.attend(self, query, key, value, valid, heads)
+        b, t, inner = query.shape
+        d = inner // heads
+        lengths = valid.sum(dim=-1)
+        # An item with no valid frame attends to every key, as the exportable chunk mask makes the reference do.
+        lengths = torch.where(lengths == 0, torch.full_like(lengths, t), lengths)
+        ends = lengths.cumsum(0)
+        starts = ends - lengths
+        # Packed row r holds item i's key j: i = the items ending at or before r, j = r − start(i).
+        rows = torch.arange(b * t, device=query.device)
+        item = torch.searchsorted(ends, rows, right=True).clamp(max=b - 1)
+        source = (item * t + rows - starts[item]).clamp(0, b * t - 1)
+        q, k, v = (x.reshape(b * t, heads, d) for x in (query, key, value))
+        k, v = k.index_select(0, source), v.index_select(0, source)
+        zero = torch.zeros(1, dtype=torch.int32, device=query.device)
+        cum_q = torch.arange(b + 1, device=query.device, dtype=torch.int32) * t
+        cum_k = torch.cat([zero, ends.to(torch.int32)])
+        out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cum_q, cum_k, t, t, False, 0.0, False)[0]
+        return out.reshape(b, t, inner)
+
+
 # The processors voxbatch adds (sdpa keeps the reference's own).
-PROCESSORS = {"flex": FlexSelfAttention, "flash": FlashSelfAttention, "cudnn": CudnnSelfAttention}
+PROCESSORS = {"flex": FlexSelfAttention, "flash": FlashSelfAttention, "cudnn": CudnnSelfAttention,
+              "cudnn-varlen": CudnnVarlenSelfAttention}
