@@ -123,6 +123,33 @@ class CudnnSelfAttention(SelfAttention):
         return out.transpose(1, 2).reshape(b, t, inner)
 
 
+_CUDNN_VARLEN_META = []
+
+
+def register_cudnn_varlen_meta():
+    """A shape function (Meta kernel) for `aten::_cudnn_attention_forward`, which torch 2.11 lacks:
+    `torch.export` traces with shapes alone and would otherwise run the kernel on zeros, fixing
+    the dynamic batch and frames. Shapes as the CUDA kernel's: output `[Nq, heads, d_v]`
+    (contiguous), log-sum-exp `[heads, Nq]` when asked for. Once per process; none where torch
+    has one."""
+    op = torch.ops.aten._cudnn_attention_forward.default
+    if _CUDNN_VARLEN_META or op.has_kernel_for_dispatch_key(torch._C.DispatchKey.Meta):
+        return
+    lib = torch.library.Library("aten", "IMPL")
+
+    def meta(query, key, value, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, compute_log_sumexp,
+             dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+        n, heads = query.size(0), query.size(1)
+        out = query.new_empty((n, heads, value.size(-1)))
+        lse = query.new_empty((heads, n) if compute_log_sumexp else (0,), dtype=torch.float)
+        seed = query.new_empty((), dtype=torch.long)
+        return (out, lse, cum_seq_q.new_empty(cum_seq_q.shape), cum_seq_k.new_empty(cum_seq_k.shape), max_q, max_k,
+                seed, seed.new_empty(()), query.new_empty((0,)))
+
+    lib.impl("_cudnn_attention_forward", meta, "Meta")
+    _CUDNN_VARLEN_META.append(lib)  # the registration lives as long as its Library
+
+
 class CudnnVarlenSelfAttention(SelfAttention):
     """Through cuDNN's fused attention on variable-length sequences (`--attention cudnn-varlen`,
     experimental): aten's `_cudnn_attention_forward` (the kernel nested tensors' SDPA calls) with
@@ -135,6 +162,7 @@ class CudnnVarlenSelfAttention(SelfAttention):
     def attend(self, query, key, value, valid, heads):
         if not (query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)):
             return FlashSelfAttention.attend(self, query, key, value, valid, heads)
+        register_cudnn_varlen_meta()
         b, t, inner = query.shape
         d = inner // heads
         lengths = valid.sum(dim=-1)
