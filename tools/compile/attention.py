@@ -150,36 +150,58 @@ def register_cudnn_varlen_meta():
     _CUDNN_VARLEN_META.append(lib)  # the registration lives as long as its Library
 
 
+def varlen_key_rows(valid):
+    """Where each item's valid keys go when they are laid end to end: `valid` `[B, T]` → (the
+    source row, in the padded `[B·T, …]` layout, of each of `B·T` packed rows; the cumulative key
+    offsets `[B + 1]`). Static shapes: the packed rows past the valid ones repeat a valid row and
+    are never read. An item with no valid frame keeps all `T` keys, as the exportable chunk mask
+    makes the reference attend to every key then."""
+    b, t = valid.shape
+    lengths = valid.sum(dim=-1)
+    lengths = torch.where(lengths == 0, torch.full_like(lengths, t), lengths)
+    ends = lengths.cumsum(0)
+    starts = ends - lengths
+    # Packed row r holds item i's key j: i = the items ending at or before r, j = r − start(i).
+    rows = torch.arange(b * t, device=valid.device)
+    item = torch.searchsorted(ends, rows, right=True).clamp(max=b - 1)
+    source = (item * t + rows - starts[item]).clamp(0, b * t - 1)
+    return source, torch.cat([torch.zeros(1, dtype=ends.dtype, device=valid.device), ends])
+
+
+def varlen_attention(q, k, v, cum_q, cum_k):
+    """What a variable-length attention kernel computes, item by item with SDPA (`--eager-check`
+    on a CPU, where cuDNN does not run): query rows `cum_q[i]..cum_q[i+1]` of `[N, heads, d]`
+    attend to key rows `cum_k[i]..cum_k[i+1]`."""
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+    for i in range(cum_q.numel() - 1):
+        qs, ks = slice(int(cum_q[i]), int(cum_q[i + 1])), slice(int(cum_k[i]), int(cum_k[i + 1]))
+        a = torch.nn.functional.scaled_dot_product_attention(q[qs].transpose(0, 1), k[ks].transpose(0, 1), v[ks].transpose(0, 1))
+        out[qs] = a.transpose(0, 1)
+    return out
+
+
 class CudnnVarlenSelfAttention(SelfAttention):
     """Through cuDNN's fused attention on variable-length sequences (`--attention cudnn-varlen`,
     experimental): aten's `_cudnn_attention_forward` (the kernel nested tensors' SDPA calls) with
     cumulative offsets — the query rows in the padded layout (`[B·T, heads, d]`, item `i` at row
     `i·T`, every row attending as in the reference), the keys and values of each item's valid frames
-    gathered end to end into a buffer of the same `B·T` rows (static shapes: the rows past the valid
-    ones are never read). No bias in memory, padded keys never read. On a CPU or in fp32 it is
-    `FlashSelfAttention`'s fallback (SDPA with a boolean key mask)."""
+    gathered end to end (`varlen_key_rows`). No bias in memory, padded keys never read. On a CPU or
+    in fp32 the same gather, then each item's attention by SDPA (`varlen_attention`): what
+    `--eager-check` compares with the reference."""
 
     def attend(self, query, key, value, valid, heads):
-        if not (query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16)):
-            return FlashSelfAttention.attend(self, query, key, value, valid, heads)
-        register_cudnn_varlen_meta()
         b, t, inner = query.shape
         d = inner // heads
-        lengths = valid.sum(dim=-1)
-        # An item with no valid frame attends to every key, as the exportable chunk mask makes the reference do.
-        lengths = torch.where(lengths == 0, torch.full_like(lengths, t), lengths)
-        ends = lengths.cumsum(0)
-        starts = ends - lengths
-        # Packed row r holds item i's key j: i = the items ending at or before r, j = r − start(i).
-        rows = torch.arange(b * t, device=query.device)
-        item = torch.searchsorted(ends, rows, right=True).clamp(max=b - 1)
-        source = (item * t + rows - starts[item]).clamp(0, b * t - 1)
+        source, cum_k = varlen_key_rows(valid)
         q, k, v = (x.reshape(b * t, heads, d) for x in (query, key, value))
         k, v = k.index_select(0, source), v.index_select(0, source)
-        zero = torch.zeros(1, dtype=torch.int32, device=query.device)
         cum_q = torch.arange(b + 1, device=query.device, dtype=torch.int32) * t
-        cum_k = torch.cat([zero, ends.to(torch.int32)])
-        out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cum_q, cum_k, t, t, False, 0.0, False)[0]
+        cum_k = cum_k.to(torch.int32)
+        if query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16):
+            register_cudnn_varlen_meta()
+            out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cum_q, cum_k, t, t, False, 0.0, False)[0]
+        else:
+            out = varlen_attention(q, k, v, cum_q, cum_k)
         return out.reshape(b, t, inner)
 
 
