@@ -246,10 +246,10 @@ fn profile_steps(dec: &mut BatchDecoder, lm: &SpeechLm, rows: i64, span: i64, de
         Ok((_, rows)) => {
             // time_step runs one step more first, outside its timing but inside the profile.
             let steps = (PROFILE_STEPS + 1) as f64;
-            p.event_ms_per_step = rows.iter().map(|r| r.seconds).sum::<f64>() * 1e3 / steps;
-            p.events_per_step = rows.iter().map(|r| r.count as f64).sum::<f64>() / steps;
-            p.by_category = profiler::by_category(&rows).into_iter().map(|(c, s)| (c.to_string(), s)).collect();
-            p.top = rows.into_iter().take(40).collect();
+            let totals = super::KernelTotals::of(rows, 40);
+            p.event_ms_per_step = totals.seconds * 1e3 / steps;
+            p.events_per_step = totals.events as f64 / steps;
+            (p.by_category, p.top) = (totals.by_category, totals.top);
         }
         Err(e) => p.error = Some(e.to_string()),
     }

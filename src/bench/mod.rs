@@ -26,6 +26,27 @@ pub fn results_dir(root: &Path, name: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// A profile's events added up (`model::profiler`'s rows, longest first): their seconds and
+/// count, their time by category (longest first) and the `keep` longest — what both benches'
+/// profiles report.
+pub struct KernelTotals {
+    pub seconds: f64,
+    pub events: u64,
+    pub by_category: Vec<(String, f64)>,
+    pub top: Vec<crate::model::profiler::ProfileRow>,
+}
+
+impl KernelTotals {
+    pub fn of(rows: Vec<crate::model::profiler::ProfileRow>, keep: usize) -> KernelTotals {
+        KernelTotals {
+            seconds: rows.iter().map(|r| r.seconds).sum(),
+            events: rows.iter().map(|r| r.count).sum(),
+            by_category: crate::model::profiler::by_category(&rows).into_iter().map(|(c, s)| (c.to_string(), s)).collect(),
+            top: rows.into_iter().take(keep).collect(),
+        }
+    }
+}
+
 /// A profile's Markdown: its events' time by category, then the 25 longest events, each with its
 /// share of `event_seconds`.
 pub fn kernel_tables(event_seconds: f64, by_category: &[(String, f64)], top: &[crate::model::profiler::ProfileRow]) -> String {

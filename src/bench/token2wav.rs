@@ -273,9 +273,8 @@ fn profile_run(model: &mut dyn Token2WavModel, items: &[SynthItem], device: Devi
     };
     match outcome {
         Ok((_, rows)) => {
-            p.event_seconds = rows.iter().map(|r| r.seconds).sum();
-            p.by_category = profiler::by_category(&rows).into_iter().map(|(c, s)| (c.to_string(), s)).collect();
-            p.top = rows.into_iter().take(PROFILE_TOP).collect();
+            let totals = super::KernelTotals::of(rows, PROFILE_TOP);
+            (p.event_seconds, p.by_category, p.top) = (totals.seconds, totals.by_category, totals.top);
         }
         Err(e) => p.error = Some(e.to_string()),
     }
