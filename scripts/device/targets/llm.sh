@@ -36,11 +36,11 @@ done
 log "voxbatch bench llm (CUDA graphs)"
 REFERENCE_ARG=(); [ -f "$OUT/reference-fp32.json" ] && REFERENCE_ARG=(--reference "$OUT/reference-fp32.json")
 $BIN bench llm --model "$M/model" --device cuda:0 --slots "${SLOTS:-1,8,32,64,128,256,512}" ${PROFILE:+--profile} \
-  --requests-per-slot "${REQUESTS_PER_SLOT:-2}" "${REFERENCE_ARG[@]}" --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
+  --requests-per-slot "${REQUESTS_PER_SLOT:-2}" ${REFERENCE_ARG[@]+"${REFERENCE_ARG[@]}"} --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 if [ -n "${EAGER_SLOTS-64,256}" ]; then
   log "voxbatch bench llm (eager)"
   $BIN bench llm --model "$M/model" --device cuda:0 --slots "${EAGER_SLOTS-64,256}" --no-graphs \
-    --requests-per-slot "${REQUESTS_PER_SLOT:-2}" "${REFERENCE_ARG[@]}" --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
+    --requests-per-slot "${REQUESTS_PER_SLOT:-2}" ${REFERENCE_ARG[@]+"${REFERENCE_ARG[@]}"} --out "$OUT/bench-eager" 2>&1 | tee "$OUT/bench-eager.log"
 fi
 cp "$OUT"/bench/llm-*/llm.json "$OUT/llm.json" 2>/dev/null
 cp "$OUT"/bench-eager/llm-*/llm.json "$OUT/llm-eager.json" 2>/dev/null
