@@ -34,8 +34,9 @@ extern "C" {
 pub struct SideStream {
     #[cfg(voxbatch_cuda_graphs)]
     ptr: *mut c_void,
-    #[cfg_attr(not(voxbatch_cuda_graphs), allow(dead_code))]
-    device: Device,
+    /// The CUDA device's index.
+    #[cfg(voxbatch_cuda_graphs)]
+    index: i32,
 }
 
 /// A stream's priority in the block scheduler.
@@ -64,7 +65,7 @@ impl SideStream {
             let high = i32::from(priority == Priority::High);
             // SAFETY: writes a new stream handle into `ptr`; exceptions are caught in C++.
             checked("create a CUDA stream", |err, len| unsafe { voxbatch_stream_new(_index as i32, high, &mut ptr, err, len) })?;
-            Ok(Some(SideStream { ptr, device }))
+            Ok(Some(SideStream { ptr, index: _index as i32 }))
         }
         #[cfg(not(voxbatch_cuda_graphs))]
         {
@@ -78,11 +79,10 @@ impl SideStream {
     pub fn enter_scoped(&self) -> Result<EnteredStream, ShimError> {
         #[cfg(voxbatch_cuda_graphs)]
         {
-            let Device::Cuda(index) = self.device else { unreachable!("a SideStream is on CUDA") };
             let mut ptr = std::ptr::null_mut();
             // SAFETY: writes a new handle of the current stream into `ptr`; exceptions are caught in C++.
-            checked("read the current CUDA stream", |err, len| unsafe { voxbatch_stream_current(index as i32, &mut ptr, err, len) })?;
-            let previous = SideStream { ptr, device: self.device };
+            checked("read the current CUDA stream", |err, len| unsafe { voxbatch_stream_current(self.index, &mut ptr, err, len) })?;
+            let previous = SideStream { ptr, index: self.index };
             self.enter()?;
             Ok(EnteredStream { previous: Some(previous) })
         }

@@ -61,10 +61,10 @@ impl SlotCache {
     /// [`SlotCache::rows`]): one copy kernel each.
     pub(super) fn write(&self, layer: usize, rows: &Tensor, k: &Tensor, v: &Tensor) -> R<()> {
         for (cache, new) in [(&self.k, k), (&self.v, v)] {
-            let layer = cache.f_get(layer as i64)?; // [S, T, KVH, hd]
-            let (s, t, kvh, hd) = (layer.size()[0], layer.size()[1], layer.size()[2], layer.size()[3]);
-            let mut flat = layer.f_view([s * t, kvh, hd])?;
-            let _ = flat.f_index_copy_(0, rows, &new.f_to_kind(layer.kind())?)?;
+            // [S, T, KVH, hd] as [S·T, KVH, hd]: a layer of the contiguous cache flattens to a
+            // view, so the write lands in the cache.
+            let mut flat = cache.f_get(layer as i64)?.f_flatten(0, 1)?;
+            let _ = flat.f_index_copy_(0, rows, &new.f_to_kind(flat.kind())?)?;
         }
         Ok(())
     }
