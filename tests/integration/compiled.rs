@@ -152,9 +152,10 @@ fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
 fn every_compile_variant_computes_the_reference_stages() {
     let variants: [&[&str]; 5] = [
         &["--layout", "time-major-strided", "--mish", "exp", "--hift-channel-multiple", "4", "--attention", "flash", "--qkv", "fused"],
-        // cuDNN's variable-length attention: on a CPU its keys gathered end to end, then each
-        // item's attention by SDPA — the gather is what this checks.
-        &["--attention", "cudnn-varlen", "--qkv", "fused"],
+        // cuDNN's attention with the key-padding mask folded into added head dimensions: on a CPU
+        // the same tensors through SDPA — the folding is what this checks (a padded key's mask
+        // dimension at 0 instead of -30000 differs by 1.8).
+        &["--attention", "cudnn-masked", "--qkv", "fused"],
         &["--layout", "time-major-shift", "--hift-channel-multiple", "8", "--hift-dilation", "phases"],
         &["--layout", "time-major-strided-copy"],
         // The defaults before 2026-12-05 (commit d1195c5) (the tool's defaults are the first line's, `--qkv auto`).
@@ -223,18 +224,17 @@ fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
     assert!(window_with_mish(&strided).is_empty(), "the strided layout still fuses Mish into a window: {:?}", window_with_mish(&strided));
 }
 
-/// `--attention cudnn-varlen` exports for CUDA with its batch and frames dynamic (listed without a
-/// GPU, as above): torch 2.11 has no shape function for `aten::_cudnn_attention_forward`, which
-/// tools/compile/attention.py registers; the package calls cuDNN's kernel once per attention and
-/// FlashAttention's never.
+/// `--attention cudnn-masked` exports for CUDA (listed without a GPU, as above) as one call of
+/// cuDNN's attention kernel per attention, with no bias and no mask — the key-padding mask rides
+/// in added head dimensions — and FlashAttention's never.
 #[test]
-fn the_cudnn_varlen_attention_exports_as_one_cudnn_call_per_attention() {
-    let reports = cuda_kernel_reports(&["--stages", "estimator", "--attention", "cudnn-varlen"]);
+fn the_cudnn_masked_attention_exports_as_one_cudnn_call_per_attention() {
+    let reports = cuda_kernel_reports(&["--stages", "estimator", "--attention", "cudnn-masked"]);
     let report = &reports[0];
-    assert_eq!(report["voxbatch.attention"], "cudnn-varlen", "{report}");
+    assert_eq!(report["voxbatch.attention"], "cudnn-masked", "{report}");
     let extern_calls = |name: &str| report["extern"][name].as_u64().unwrap_or(0);
     // The tiny estimator's transformer blocks: one in each of its four U-Net levels.
-    assert_eq!(extern_calls("torch.ops.aten._cudnn_attention_forward.default"), 4, "{report}");
+    assert_eq!(extern_calls("torch.ops.aten._scaled_dot_product_cudnn_attention.default"), 4, "{report}");
     assert!(report["extern"].as_object().unwrap().keys().all(|k| !k.contains("flash")), "{report}");
 }
 

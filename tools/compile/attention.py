@@ -15,16 +15,18 @@ attention over each item's valid keys.
 - `cudnn`: cuDNN's fused attention (`CudnnSelfAttention`): measured on the H200 (2026-12-04, with
   the FF epilogue) token2wav 647.4 audio-s/s — attention 0.90 s against FlashAttention's 0.31
   (cuDNN with a key bias) — so it stays an experiment.
-- `cudnn-varlen` (experimental, not yet measured on a GPU): cuDNN's fused attention on
-  variable-length keys (`CudnnVarlenSelfAttention`), no bias: each item's valid keys and values
-  gathered end to end, its query rows as they are. On the H100 FlashAttention 2 is a quarter of
-  token2wav's kernel time (2026-12-06, docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's Hopper
-  kernels use the wgmma/TMA instructions it does not.
+- `cudnn-masked` (experimental, not yet measured in a package): cuDNN's fused attention with no
+  mask and no bias (`CudnnMaskedSelfAttention`), the key-padding mask folded into added head
+  dimensions. FlashAttention 2 is a quarter of token2wav's kernel time on the H100 (2026-12-06,
+  docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's kernel with no mask is 30 % faster at the
+  pipeline's shapes. (`cudnn-varlen`, cuDNN on each item's valid keys gathered end to end, was
+  tried and dropped on 2026-12-06: AOTInductor cannot package `aten::_cudnn_attention_forward`,
+  which returns SymInts, and the kernel took 40–53 ms a call against FlashAttention's 0.6.)
 """
 import torch
 
 # --attention values (auto resolves to one of the others).
-ATTENTIONS = ["auto", "sdpa", "flex", "flash", "cudnn", "cudnn-varlen"]
+ATTENTIONS = ["auto", "sdpa", "flex", "flash", "cudnn", "cudnn-masked"]
 
 
 def resolve_attention(attention, device, precision):
@@ -123,88 +125,52 @@ class CudnnSelfAttention(SelfAttention):
         return out.transpose(1, 2).reshape(b, t, inner)
 
 
-_CUDNN_VARLEN_META = []
+# Head dimensions `--attention cudnn-masked` adds: one carries the key-padding mask, the rest keep
+# the head dimension a multiple of 8 (cuDNN's rule; 72 × 2 bytes keeps each row 16-byte aligned).
+MASK_DIMS = 8
+# A padded key's mask dimension: × the query's 1 × the scale (1/8 at head dimension 64) = −3750 in
+# the score, whose exponential is 0 in fp32 — as the reference's −1e10 bias makes it. Exact in bf16
+# and fp16 to three digits; valid keys carry 0 there, so their scores are the reference's.
+MASKED_KEY = -30000.0
 
 
-def register_cudnn_varlen_meta():
-    """A shape function (Meta kernel) for `aten::_cudnn_attention_forward`, which torch 2.11 lacks:
-    `torch.export` traces with shapes alone and would otherwise run the kernel on zeros, fixing
-    the dynamic batch and frames. Shapes as the CUDA kernel's: output `[Nq, heads, d_v]`
-    (contiguous), log-sum-exp `[heads, Nq]` when asked for. Once per process; none where torch
-    has one."""
-    op = torch.ops.aten._cudnn_attention_forward.default
-    if _CUDNN_VARLEN_META or op.has_kernel_for_dispatch_key(torch._C.DispatchKey.Meta):
-        return
-    lib = torch.library.Library("aten", "IMPL")
-
-    def meta(query, key, value, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, compute_log_sumexp,
-             dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
-        n, heads = query.size(0), query.size(1)
-        out = query.new_empty((n, heads, value.size(-1)))
-        lse = query.new_empty((heads, n) if compute_log_sumexp else (0,), dtype=torch.float)
-        seed = query.new_empty((), dtype=torch.long)
-        return (out, lse, cum_seq_q.new_empty(cum_seq_q.shape), cum_seq_k.new_empty(cum_seq_k.shape), max_q, max_k,
-                seed, seed.new_empty(()), query.new_empty((0,)))
-
-    lib.impl("_cudnn_attention_forward", meta, "Meta")
-    _CUDNN_VARLEN_META.append(lib)  # the registration lives as long as its Library
+def mask_in_head_dims(query, key, value, valid, heads):
+    """`[B, T, heads·d]` query, key and value → `[B, heads, T, d + MASK_DIMS]` each, the key-padding
+    mask folded into the added dimensions: the query's first is 1, a valid key's 0, a padded key's
+    `MASKED_KEY`; the value's are 0 (the output's added dimensions are 0 and dropped). An item with
+    no valid frame keeps every key, as the exportable chunk mask makes the reference attend to all."""
+    b, t, inner = query.shape
+    d = inner // heads
+    valid = valid | (valid.sum(dim=-1, keepdim=True) == 0)
+    zeros = query.new_zeros(b, t, heads, MASK_DIMS - 1)
+    one = query.new_ones(b, t, heads, 1)
+    key_mask = torch.where(valid, 0.0, MASKED_KEY).to(query.dtype)[:, :, None, None].expand(b, t, heads, 1)
+    q = torch.cat([query.view(b, t, heads, d), one, zeros], dim=-1)
+    k = torch.cat([key.view(b, t, heads, d), key_mask, zeros], dim=-1)
+    v = torch.cat([value.view(b, t, heads, d), zeros, zeros[..., :1]], dim=-1)
+    return (x.transpose(1, 2) for x in (q, k, v))
 
 
-def varlen_key_rows(valid):
-    """Where each item's valid keys go when they are laid end to end: `valid` `[B, T]` → (the
-    source row, in the padded `[B·T, …]` layout, of each of `B·T` packed rows; the cumulative key
-    offsets `[B + 1]`). Static shapes: the packed rows past the valid ones repeat a valid row and
-    are never read. An item with no valid frame keeps all `T` keys, as the exportable chunk mask
-    makes the reference attend to every key then."""
-    b, t = valid.shape
-    lengths = valid.sum(dim=-1)
-    lengths = torch.where(lengths == 0, torch.full_like(lengths, t), lengths)
-    ends = lengths.cumsum(0)
-    starts = ends - lengths
-    # Packed row r holds item i's key j: i = the items ending at or before r, j = r − start(i).
-    rows = torch.arange(b * t, device=valid.device)
-    item = torch.searchsorted(ends, rows, right=True).clamp(max=b - 1)
-    source = (item * t + rows - starts[item]).clamp(0, b * t - 1)
-    return source, torch.cat([torch.zeros(1, dtype=ends.dtype, device=valid.device), ends])
-
-
-def varlen_attention(q, k, v, cum_q, cum_k):
-    """What a variable-length attention kernel computes, item by item with SDPA (`--eager-check`
-    on a CPU, where cuDNN does not run): query rows `cum_q[i]..cum_q[i+1]` of `[N, heads, d]`
-    attend to key rows `cum_k[i]..cum_k[i+1]`."""
-    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-    for i in range(cum_q.numel() - 1):
-        qs, ks = slice(int(cum_q[i]), int(cum_q[i + 1])), slice(int(cum_k[i]), int(cum_k[i + 1]))
-        a = torch.nn.functional.scaled_dot_product_attention(q[qs].transpose(0, 1), k[ks].transpose(0, 1), v[ks].transpose(0, 1))
-        out[qs] = a.transpose(0, 1)
-    return out
-
-
-class CudnnVarlenSelfAttention(SelfAttention):
-    """Through cuDNN's fused attention on variable-length sequences (`--attention cudnn-varlen`,
-    experimental): aten's `_cudnn_attention_forward` (the kernel nested tensors' SDPA calls) with
-    cumulative offsets — the query rows in the padded layout (`[B·T, heads, d]`, item `i` at row
-    `i·T`, every row attending as in the reference), the keys and values of each item's valid frames
-    gathered end to end (`varlen_key_rows`). No bias in memory, padded keys never read. On a CPU or
-    in fp32 the same gather, then each item's attention by SDPA (`varlen_attention`): what
-    `--eager-check` compares with the reference."""
+class CudnnMaskedSelfAttention(SelfAttention):
+    """Through cuDNN's fused attention with no mask (`--attention cudnn-masked`, experimental): the
+    key-padding mask folded into `MASK_DIMS` more head dimensions (`mask_in_head_dims`), so that a
+    padded key's score is −3750 and its weight 0 while a valid key's score is the reference's, and
+    the scale stays the reference's `1/sqrt(d)`. On an H100 (2026-12-06, bf16, 512 rows of 280
+    frames, 8 × 64 heads, tools/bench_attention_kernels.py) cuDNN's kernel with no mask took 0.438
+    ms against FlashAttention 2's 0.619, and with the mask as a bias (`cudnn`) 0.675. On a CPU or in
+    fp32 the same tensors through SDPA: what `--eager-check` compares with the reference."""
 
     def attend(self, query, key, value, valid, heads):
         b, t, inner = query.shape
         d = inner // heads
-        source, cum_k = varlen_key_rows(valid)
-        q, k, v = (x.reshape(b * t, heads, d) for x in (query, key, value))
-        k, v = k.index_select(0, source), v.index_select(0, source)
-        cum_q = torch.arange(b + 1, device=query.device, dtype=torch.int32) * t
-        cum_k = cum_k.to(torch.int32)
+        q, k, v = mask_in_head_dims(query, key, value, valid, heads)
         if query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16):
-            register_cudnn_varlen_meta()
-            out = torch.ops.aten._cudnn_attention_forward(q, k, v, None, cum_q, cum_k, t, t, False, 0.0, False)[0]
+            out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, scale=d ** -0.5)[0]
         else:
-            out = varlen_attention(q, k, v, cum_q, cum_k)
-        return out.reshape(b, t, inner)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=d ** -0.5)
+        return out[..., :d].transpose(1, 2).reshape(b, t, inner)
 
 
 # The processors voxbatch adds (sdpa keeps the reference's own).
 PROCESSORS = {"flex": FlexSelfAttention, "flash": FlashSelfAttention, "cudnn": CudnnSelfAttention,
-              "cudnn-varlen": CudnnVarlenSelfAttention}
+              "cudnn-masked": CudnnMaskedSelfAttention}
