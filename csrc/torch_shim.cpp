@@ -126,4 +126,16 @@ int voxbatch_to_host_pinned(void* src, void** out, char* err, size_t err_len) {
   }, err, err_len);
 }
 
+// The same copy queued on the calling thread's current stream without waiting for it: `out` is
+// valid once the stream has passed the copy (an event recorded after this call says when). The
+// pinned block stays reserved until then (the host allocator records the copy's stream).
+int voxbatch_to_host_pinned_async(void* src, void** out, char* err, size_t err_len) {
+  return guarded([&] {
+    const auto& tensor = *static_cast<at::Tensor*>(src);
+    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(tensor, /*non_blocking=*/true);
+    *out = new at::Tensor(std::move(host));
+  }, err, err_len);
+}
+
 }  // extern "C"

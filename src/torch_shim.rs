@@ -220,6 +220,7 @@ pub fn flash_attention_varlen(
 
 extern "C" {
     fn voxbatch_to_host_pinned(src: *mut std::ffi::c_void, out: *mut *mut std::ffi::c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_to_host_pinned_async(src: *mut std::ffi::c_void, out: *mut *mut std::ffi::c_void, err: *mut c_char, err_len: usize) -> i32;
 }
 
 /// `t` on the host: a CUDA tensor is copied into page-locked memory (`voxbatch_to_host_pinned` in
@@ -230,6 +231,21 @@ pub fn to_host(t: &tch::Tensor) -> Result<tch::Tensor, ShimError> {
         return Ok(t.shallow_clone());
     }
     pinned_copy(t)
+}
+
+/// [`to_host`] without waiting: a CUDA tensor's copy into page-locked memory is queued on the
+/// calling thread's current stream, and the tensor returned may be read only once the stream has
+/// passed it (a `cuda_stream::CudaEvent` recorded after this call says when). A CPU tensor is
+/// returned as it is.
+pub fn to_host_queued(t: &tch::Tensor) -> Result<tch::Tensor, ShimError> {
+    if t.device() == tch::Device::Cpu {
+        return Ok(t.shallow_clone());
+    }
+    let mut out = std::ptr::null_mut();
+    // SAFETY: as `pinned_copy`'s.
+    checked("queued pinned copy to host", |err, len| unsafe { voxbatch_to_host_pinned_async(t.as_ptr() as *mut _, &mut out, err, len) })?;
+    // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
+    Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
 }
 
 fn pinned_copy(t: &tch::Tensor) -> Result<tch::Tensor, ShimError> {

@@ -4,6 +4,8 @@
 //! on theirs, and [`synchronize`], which waits for the calling thread's current stream alone.
 //! Text kinds run token2wav's buckets on a side stream beside the LLM's decode steps, the decode
 //! on a stream of high priority (`tts`, `[llm] overlap_token2wav`, `[llm] prioritise_decode`).
+//! A [`CudaEvent`] marks a point of the calling thread's stream, which another thread can wait
+//! for and time from (`[llm] pipelined_buckets`: the cutter thread waits for a bucket's waveforms).
 //!
 //! Without the CUDA runtime headers at build time (build.rs) there is no side stream (a thread
 //! keeps the default stream) and [`synchronize`] waits for the whole device.
@@ -26,6 +28,10 @@ extern "C" {
     fn voxbatch_stream_free(s: *mut c_void);
     fn voxbatch_stream_enter(s: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_synchronize_current(device: i32, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_event_record(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_event_synchronize(event: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_event_elapsed_ms(start: *mut c_void, end: *mut c_void, ms: *mut f64, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_event_free(event: *mut c_void);
 }
 
 /// A stream of libtorch's pool on one CUDA device, kept for a model's life (the caching allocator
@@ -144,4 +150,66 @@ pub fn synchronize(device: Device) {
     }
     #[cfg(not(voxbatch_cuda_graphs))]
     tch::Cuda::synchronize(index as i64);
+}
+
+/// A timing event recorded on the calling thread's current CUDA stream ([`CudaEvent::record`]):
+/// another thread may wait for the stream to reach it and read the GPU time between two of them.
+pub struct CudaEvent {
+    #[cfg(voxbatch_cuda_graphs)]
+    ptr: *mut c_void,
+}
+
+// SAFETY: a c10::Event may be waited for, timed and freed from any thread; the pointer is owned
+// by this value alone.
+unsafe impl Send for CudaEvent {}
+
+impl CudaEvent {
+    /// An event at this point of the calling thread's current stream on `device`. `Ok(None)` on a
+    /// CPU and without the CUDA headers at build time (then nothing is queued: there is nothing
+    /// to wait for beyond what the caller's own synchronisation gives).
+    pub fn record(device: Device) -> Result<Option<CudaEvent>, ShimError> {
+        let Device::Cuda(_index) = device else { return Ok(None) };
+        #[cfg(voxbatch_cuda_graphs)]
+        {
+            let mut ptr = std::ptr::null_mut();
+            // SAFETY: a device index and an out pointer the shim writes a new c10::Event into;
+            // exceptions are caught in C++.
+            checked("record a CUDA event", |err, len| unsafe { voxbatch_event_record(_index as i32, &mut ptr, err, len) })?;
+            Ok(Some(CudaEvent { ptr }))
+        }
+        #[cfg(not(voxbatch_cuda_graphs))]
+        Ok(None)
+    }
+
+    /// Waits until the stream has reached this event.
+    pub fn wait(&self) -> Result<(), ShimError> {
+        #[cfg(voxbatch_cuda_graphs)]
+        // SAFETY: `self.ptr` is a live c10::Event of this value's.
+        checked("wait for a CUDA event", |err, len| unsafe { voxbatch_event_synchronize(self.ptr, err, len) })?;
+        Ok(())
+    }
+
+    /// Seconds of GPU time from this event to `end` (both reached: [`CudaEvent::wait`] on `end` first).
+    pub fn seconds_to(&self, end: &CudaEvent) -> Result<f64, ShimError> {
+        #[cfg(voxbatch_cuda_graphs)]
+        {
+            let mut ms = 0.0;
+            // SAFETY: both pointers are live c10::Events; exceptions are caught in C++.
+            checked("time between CUDA events", |err, len| unsafe { voxbatch_event_elapsed_ms(self.ptr, end.ptr, &mut ms, err, len) })?;
+            Ok(ms / 1000.0)
+        }
+        #[cfg(not(voxbatch_cuda_graphs))]
+        {
+            let _ = end;
+            Ok(0.0)
+        }
+    }
+}
+
+#[cfg(voxbatch_cuda_graphs)]
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        // SAFETY: `self.ptr` came from voxbatch_event_record and is freed once, here.
+        unsafe { voxbatch_event_free(self.ptr) };
+    }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tch::{Kind, Tensor};
 
+use super::cuda_stream::CudaEvent;
 use super::layers::R;
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::{Device, Manifest, ModelError, Precision, SynthItem, Synthesizer, VoicePrompt};
@@ -197,30 +198,74 @@ pub type MelAndWave = (Tensor, Vec<f32>);
 /// and each item's length in samples. [`HostWaves::into_rows`] cuts one `Vec` per item: host work
 /// the caller may hand to another thread (the text model does, so that the GPU does not wait on it:
 /// ≈ 0.1 s per bucket of 128 on the H200, 2026-12-04).
+///
+/// Made by [`HostWaves::queued`] (pipelined buckets, `[llm] pipelined_buckets`), the copy is still
+/// on its way: [`HostWaves::into_timed_rows`] waits for it, on whichever thread cuts, and says how
+/// much GPU time the batch took on its stream.
 pub struct HostWaves {
     wav: Tensor,
     samples: Vec<i64>,
+    /// With a queued copy: the events before the batch's first kernel and after its copy.
+    pending: Option<(CudaEvent, CudaEvent)>,
 }
 
 impl HostWaves {
     /// `wav` (`[B, samples]` on the device, any float dtype) copied to the host as fp32, with
-    /// each item's `frames` of 480 samples.
+    /// each item's `frames` of 480 samples. Returns once the copy is done.
     pub fn from_device(wav: &Tensor, frames: &[i64]) -> Result<HostWaves, tch::TchError> {
         let wav = super::shim::to_host(&wav.f_to_kind(Kind::Float)?)?;
-        Ok(HostWaves { wav, samples: frames.iter().map(|f| f * super::vocoder::SAMPLES_PER_FRAME).collect() })
+        Ok(HostWaves { wav, samples: Self::samples(frames), pending: None })
+    }
+
+    /// The same copy queued on the calling thread's stream, not waited for: `started`, an event
+    /// recorded before the batch's first kernel, and one recorded now after the copy travel with
+    /// the waveforms. Without events (a CPU; no CUDA headers at build time) the copy is waited for
+    /// here, as [`HostWaves::from_device`]'s.
+    pub fn queued(wav: &Tensor, frames: &[i64], started: Option<CudaEvent>, device: super::Device) -> Result<HostWaves, tch::TchError> {
+        let Some(started) = started else { return Self::from_device(wav, frames) };
+        let host = super::shim::to_host_queued(&wav.f_to_kind(Kind::Float)?)?;
+        match CudaEvent::record(device)? {
+            Some(copied) => Ok(HostWaves { wav: host, samples: Self::samples(frames), pending: Some((started, copied)) }),
+            None => Self::from_device(wav, frames),
+        }
+    }
+
+    /// Whether the copy was queued and not yet waited for.
+    pub fn is_queued(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn samples(frames: &[i64]) -> Vec<i64> {
+        frames.iter().map(|f| f * super::vocoder::SAMPLES_PER_FRAME).collect()
     }
 
     /// Each item's samples, in batch order.
     pub fn into_rows(self) -> Result<Vec<Vec<f32>>, ModelError> {
+        Ok(self.into_timed_rows()?.0)
+    }
+
+    /// Each item's samples, in batch order, and for a queued copy the GPU seconds from the batch's
+    /// first kernel to its copy's end (waited for first).
+    pub fn into_timed_rows(self) -> Result<(Vec<Vec<f32>>, Option<f64>), ModelError> {
+        let gpu_seconds = match &self.pending {
+            Some((started, copied)) => {
+                let failed = |e: super::shim::ShimError| ModelError::BadOutput(format!("the waveforms' copy to the host: {e}"));
+                copied.wait().map_err(failed)?;
+                Some(started.seconds_to(copied).map_err(failed)?)
+            }
+            None => None,
+        };
         let bad = |row: usize, e: tch::TchError| ModelError::BadOutput(format!("waveform of item {row}: {e}"));
-        self.samples
+        let rows = self
+            .samples
             .iter()
             .enumerate()
             .map(|(row, &n)| {
                 let samples = self.wav.f_get(row as i64).and_then(|w| w.f_narrow(0, 0, n)).and_then(|w| w.f_contiguous()).map_err(|e| bad(row, e))?;
                 Vec::<f32>::try_from(samples).map_err(|e| bad(row, e))
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((rows, gpu_seconds))
     }
 }
 
@@ -288,6 +333,13 @@ pub trait TextToken2Wav: Token2WavModel + Send {
     fn run_to_host(&mut self, items: &[SynthItem]) -> Result<(Vec<Tensor>, HostWaves), ModelError>;
     /// Device seconds of the batches run since the last [`Synthesizer::take_stages`].
     fn work_seconds(&self) -> f64;
+    /// On CUDA, `on`: batches pipelined — no waits between the stages, the waveforms' copy queued
+    /// ([`HostWaves::queued`]), so that the next batch is queued while this one runs; their GPU
+    /// time is not in [`TextToken2Wav::work_seconds`] until the caller adds it
+    /// ([`TextToken2Wav::add_work_seconds`]) from [`HostWaves::into_timed_rows`]. Nothing on a CPU.
+    fn set_pipelined(&mut self, on: bool);
+    /// Adds pipelined batches' GPU seconds to the work [`Synthesizer::take_stages`] reports.
+    fn add_work_seconds(&mut self, seconds: f64);
 }
 
 #[cfg(test)]
@@ -317,6 +369,22 @@ mod tests {
         }
         assert_eq!(Vec::<f32>::try_from(at_speed(mel.shallow_clone(), Some(1.0)).unwrap().reshape([-1])).unwrap(), values, "speed 1: as it is");
         assert_eq!(at_speed(mel, None).unwrap().size(), [80, 7]);
+    }
+
+    /// Without a CUDA stream to queue on (a CPU), a queued copy is the plain one: nothing to wait
+    /// for, no GPU time, the same rows. (The queued copy itself runs on a GPU:
+    /// `cosyvoice2_tts::on_a_gpu_pipelined_buckets_give_the_same_audio_and_bill_token2wavs_gpu_time`.)
+    #[test]
+    fn on_a_cpu_queued_waveforms_are_the_plain_copy() {
+        let wav = Tensor::from_slice(&(0..2 * 960).map(|v| v as f32).collect::<Vec<_>>()).reshape([2, 960]);
+        let started = crate::model::cuda_stream::CudaEvent::record(super::super::Device::Cpu).unwrap();
+        assert!(started.is_none(), "no event on a CPU");
+        let waves = HostWaves::queued(&wav, &[2, 1], started, super::super::Device::Cpu).unwrap();
+        assert!(!waves.is_queued());
+        let (rows, gpu_seconds) = waves.into_timed_rows().unwrap();
+        assert_eq!(gpu_seconds, None);
+        assert_eq!(rows.iter().map(Vec::len).collect::<Vec<_>>(), [960, 480], "each item's frames × 480 samples");
+        assert_eq!(rows[1][..3], [960.0, 961.0, 962.0]);
     }
 
     #[test]

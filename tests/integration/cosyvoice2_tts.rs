@@ -121,3 +121,41 @@ fn each_segment_is_stretched_to_its_frames_over_the_jobs_speed() {
     }
     assert_eq!(out[5].as_ref().unwrap().len(), (80.0f64 / 1.5).floor() as usize * 480, "the speech-token job: 40 tokens at speed 1.5");
 }
+
+/// `[llm] pipelined_buckets` on a GPU: with no waits between a bucket's stages and its waveforms'
+/// copy waited for by the cutter thread, the same jobs give the same audio as with the stages
+/// waited for one by one (the vocoder's draws seeded alike), and token2wav's row of the bill still
+/// holds its buckets' GPU time, read from CUDA events. On a CPU the flag changes nothing, so this
+/// runs on a GPU only: `scripts/device/run.sh parity TESTS=cosyvoice2_tts::`.
+#[test]
+#[ignore = "needs a CUDA device (VOXBATCH_TEST_DEVICE=cuda:0): scripts/device/run.sh parity TESTS=cosyvoice2_tts::"]
+fn on_a_gpu_pipelined_buckets_give_the_same_audio_and_bill_token2wavs_gpu_time() {
+    let device: Device = std::env::var("VOXBATCH_TEST_DEVICE").expect("VOXBATCH_TEST_DEVICE=cuda:N").parse().unwrap();
+    let (cfg, dir, frontend) = short_segments();
+    let texts = [
+        "Hello there. This sentence is long enough to make several segments of speech.",
+        "A second job, shorter.",
+        "The third job speaks of buckets, streams and the waveforms' way back to the host.",
+    ];
+    let jobs: Vec<SynthItem> = texts.iter().enumerate().map(|(n, t)| job(&frontend, n as u128 + 1, t, (n % 2) as i64, None, None)).collect();
+    let run = |pipelined: bool| -> (Vec<Vec<f32>>, f64) {
+        let mut llm = cfg.llm.clone();
+        llm.pipelined_buckets = pipelined;
+        let plan = TextPlan { token2wav_max_batch: 2, ..TextPlan::small(llm) };
+        let mut tts = TextToSpeech::load(dir.path(), device, Precision::Fp32, plan).unwrap();
+        tch::manual_seed(5);
+        let audio = tts.synthesize_text(&jobs).unwrap().into_iter().map(|r| r.unwrap().into_samples()).collect();
+        let token2wav = tts.take_stages().into_iter().find(|s| s.stage == Stage::Token2Wav).map_or(0.0, |s| s.seconds);
+        (audio, token2wav)
+    };
+    let (waited, waited_seconds) = run(false);
+    let (pipelined, pipelined_seconds) = run(true);
+    assert_eq!(waited.len(), pipelined.len());
+    for (job, (a, b)) in waited.iter().zip(&pipelined).enumerate() {
+        assert_eq!(a.len(), b.len(), "job {job}: the same length");
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "job {job}: pipelined differs by {worst}");
+    }
+    println!("PIPELINED token2wav seconds: waited {waited_seconds:.4}, pipelined {pipelined_seconds:.4}");
+    assert!(pipelined_seconds > 0.0, "the pipelined buckets' GPU time is billed");
+}

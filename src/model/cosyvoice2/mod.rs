@@ -40,6 +40,7 @@ use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 use super::compiled::{compiled_stage, packages_digest};
+use super::cuda_stream::CudaEvent;
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
 use super::token2wav::{pack_mels, TextToken2Wav, Token2WavModel, Voices};
@@ -74,6 +75,10 @@ pub struct Token2Wav {
     vocoder_precision: Precision,
     /// Time split of the last batch (encoder+flow, vocoder), device-synchronised.
     pub last_timing: Option<StageTiming>,
+    /// Batches pipelined (`[llm] pipelined_buckets`, the text pipeline on CUDA): no waits between
+    /// the stages, the waveforms' copy queued ([`HostWaves::queued`]), the stage times only the
+    /// launches', the GPU time added by the caller once the copy is waited for.
+    pipelined: bool,
     /// Work since the last [`Synthesizer::take_stages`].
     work: StageTime,
 }
@@ -119,7 +124,7 @@ impl Token2Wav {
         hift.set_compiled(compiled_stage(dir, "hift", device, dims.vocoder(), digest.as_ref()));
 
         let voices = Voices::load(dir, &manifest, dev, dims.vocab_size)?;
-        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision: dims.vocoder(), last_timing: None, work: idle_work() })
+        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision: dims.vocoder(), last_timing: None, work: idle_work(), pipelined: false })
     }
 
     /// Gives the caching allocator's free blocks back to the device (after an out-of-memory error).
@@ -177,7 +182,10 @@ impl Token2Wav {
         let started = Instant::now();
         let (result, timing) = self.forward(items, draws)?;
         self.last_timing = Some(timing);
-        self.work.seconds += started.elapsed().as_secs_f64();
+        // A queued copy's GPU time is the text pipeline's to add, once the cutter has waited for it.
+        if !result.1.is_queued() {
+            self.work.seconds += started.elapsed().as_secs_f64();
+        }
         self.work.items += items.len() as u64;
         self.work.tokens += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
         for (compiled, eager) in [self.flow.take_step_counts(), self.hift.take_call_counts()] {
@@ -195,8 +203,15 @@ impl Token2Wav {
 
     fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
         let dev = self.device.to_tch();
-        // The calling thread's stream alone: kind cosyvoice2 runs token2wav beside the LLM's decode.
-        let sync = || crate::model::cuda_stream::synchronize(self.device);
+        // Pipelined (`set_pipelined`): an event before the first kernel, no waits between the
+        // stages, the waveforms' copy queued. Else the calling thread's stream is waited for after
+        // each stage (kind cosyvoice2 runs token2wav beside the LLM's decode), for the stage times.
+        let started = self.pipelined_start()?;
+        let sync = || {
+            if started.is_none() {
+                crate::model::cuda_stream::synchronize(self.device)
+            }
+        };
         let flow_items: Vec<FlowItem> = items
             .iter()
             .map(|i| {
@@ -232,9 +247,17 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let waves = HostWaves::from_device(&wav, &frames).map_err(failed)?;
+        let waves = HostWaves::queued(&wav, &frames, started, self.device).map_err(failed)?;
         let t3 = t0.elapsed();
         Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO }))
+    }
+
+    /// Pipelined on CUDA: the event before a batch's first kernel. `None` otherwise.
+    fn pipelined_start(&self) -> Result<Option<CudaEvent>, ModelError> {
+        match self.pipelined {
+            true => CudaEvent::record(self.device).map_err(|e| ModelError::Inference(e.into())),
+            false => Ok(None),
+        }
     }
 
     /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;
@@ -329,6 +352,14 @@ impl TextToken2Wav for Token2Wav {
 
     fn work_seconds(&self) -> f64 {
         Token2Wav::work_seconds(self)
+    }
+
+    fn set_pipelined(&mut self, on: bool) {
+        self.pipelined = on && matches!(self.device, Device::Cuda(_));
+    }
+
+    fn add_work_seconds(&mut self, seconds: f64) {
+        self.work.seconds += seconds;
     }
 }
 

@@ -45,6 +45,7 @@ use self::dit::DitDims;
 use self::flow::{Flow, FlowDims};
 use self::hift::Hift;
 use super::compiled::{compiled_stage, packages_digest};
+use super::cuda_stream::CudaEvent;
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
 use super::token2wav::{at_speed, check_flow_prompt, cut_rows, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, TextToken2Wav, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
@@ -75,6 +76,8 @@ pub struct Token2Wav {
     vocoder_precision: Precision,
     /// Time split of the last batch, device-synchronised.
     pub last_timing: Option<StageTiming>,
+    /// Batches pipelined (`[llm] pipelined_buckets`): as CosyVoice2's `Token2Wav::pipelined`.
+    pipelined: bool,
     /// Work since the last [`Synthesizer::take_stages`].
     work: StageTime,
 }
@@ -106,7 +109,7 @@ impl Token2Wav {
         flow.set_compiled(compiled_stage(dir, "estimator", device, precision, digest.as_ref()));
         hift.set_compiled(compiled_stage(dir, "hift", device, vocoder_precision, digest.as_ref()));
         let voices = Voices::load(dir, &manifest, dev, dims.vocab_size)?;
-        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision, last_timing: None, work: idle_work() })
+        Ok(Token2Wav { flow, hift, voices, manifest, device, precision, vocoder_precision, last_timing: None, work: idle_work(), pipelined: false })
     }
 
     pub fn voices(&self) -> &[Voice] {
@@ -129,7 +132,7 @@ impl Token2Wav {
         let flow_items: Vec<FlowItem> = items.iter().zip(&voices).map(|(i, v)| FlowItem::new(&i.tokens, v)).collect();
         let speeds: Vec<Option<f64>> = items.iter().map(|i| i.speed).collect();
         let ((mels, waves), timing) = self.forward(&flow_items, &speeds)?;
-        self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing);
+        self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing, waves.is_queued());
         Ok((mels, waves))
     }
 
@@ -137,14 +140,18 @@ impl Token2Wav {
     /// `token2wav` takes them), each at its speed: per item the mel and the waveform.
     pub fn run_flow_items(&mut self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<Vec<MelAndWave>, ModelError> {
         let ((mels, waves), timing) = self.forward(items, speeds)?;
-        self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing);
+        self.account(items.len(), items.iter().map(|i| i.tokens.len()).sum(), timing, false);
         cut_rows(mels, waves, &mut self.last_timing, &mut self.work)
     }
 
-    fn account(&mut self, items: usize, tokens: usize, timing: StageTiming) {
+    /// `queued`: the waveforms' copy not yet waited for (pipelined), whose GPU time the text
+    /// pipeline adds once the cutter has waited for it.
+    fn account(&mut self, items: usize, tokens: usize, timing: StageTiming, queued: bool) {
         let total = timing.encoder + timing.flow_steps + timing.vocoder + timing.audio_out;
         self.last_timing = Some(timing);
-        self.work.seconds += total.as_secs_f64();
+        if !queued {
+            self.work.seconds += total.as_secs_f64();
+        }
         self.work.items += items as u64;
         self.work.tokens += tokens as u64;
         for (compiled, eager) in [self.flow.take_step_counts(), self.hift.take_call_counts()] {
@@ -183,8 +190,18 @@ impl Token2Wav {
 
     fn forward(&self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
         let _no_grad = tch::no_grad_guard();
-        // The calling thread's stream alone: kind cosyvoice2 runs token2wav beside the LLM's decode.
-        let sync = || crate::model::cuda_stream::synchronize(self.device);
+        // Pipelined (`set_pipelined`): an event before the first kernel, no waits between the
+        // stages, the waveforms' copy queued. Else the calling thread's stream alone is waited for
+        // after each stage (the text kinds run token2wav beside the LLM's decode), for the stage times.
+        let started = match self.pipelined {
+            true => CudaEvent::record(self.device).map_err(|e| ModelError::Inference(e.into()))?,
+            false => None,
+        };
+        let sync = || {
+            if started.is_none() {
+                crate::model::cuda_stream::synchronize(self.device)
+            }
+        };
         let failed = |e: tch::TchError| classify(e, items.len());
         let t0 = Instant::now();
         let (mels, t1, t2) = self.in_flow_precision(|flow| {
@@ -204,7 +221,7 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let waves = HostWaves::from_device(&wav, &frames).map_err(failed)?;
+        let waves = HostWaves::queued(&wav, &frames, started, self.device).map_err(failed)?;
         let t3 = t0.elapsed();
         let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO };
         Ok(((mels, waves), timing))
@@ -298,6 +315,14 @@ impl TextToken2Wav for Token2Wav {
 
     fn work_seconds(&self) -> f64 {
         self.work.seconds
+    }
+
+    fn set_pipelined(&mut self, on: bool) {
+        self.pipelined = on && matches!(self.device, Device::Cuda(_));
+    }
+
+    fn add_work_seconds(&mut self, seconds: f64) {
+        self.work.seconds += seconds;
     }
 }
 

@@ -221,9 +221,11 @@ pub(super) fn run_bucket(
             // Where a bucket's time went on this thread, the waveforms' copy to the host included
             // (RUST_LOG=voxbatch::model::tts=debug); cutting them is the cutter's.
             if let Some(t) = token2wav.last_timing() {
+                // Pipelined (`queued`), the stage times are their launches' only.
                 tracing::debug!(
                     target: "voxbatch::model::tts",
                     segments = batch.len(),
+                    queued = waves.is_queued(),
                     total_ms = started.elapsed().as_millis() as u64,
                     encoder_ms = t.encoder.as_millis() as u64,
                     flow_steps_ms = t.flow_steps.as_millis() as u64,
@@ -250,15 +252,21 @@ pub(super) fn run_bucket(
 }
 
 /// Cuts each bucket's waveforms (the segments' (item, segment) in batch order, the bucket's host
-/// waveforms) into each segment's samples, until every sender is gone.
-pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) -> Result<Vec<(usize, usize, Vec<f32>)>, ModelError> {
+/// waveforms) into each segment's samples, until every sender is gone. A queued copy (pipelined
+/// buckets) is waited for here, off the token2wav thread; returns with the samples the GPU seconds
+/// of the queued buckets (each from its first kernel to its copy's end, on its stream: the spans
+/// of one stream do not overlap), 0 when none was queued.
+pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) -> Result<(Vec<(usize, usize, Vec<f32>)>, f64), ModelError> {
     let mut out = Vec::new();
+    let mut queued_seconds = 0.0;
     for (owners, waves) in buckets {
-        for ((item, segment), samples) in owners.into_iter().zip(waves.into_rows()?) {
+        let (rows, gpu_seconds) = waves.into_timed_rows()?;
+        queued_seconds += gpu_seconds.unwrap_or(0.0);
+        for ((item, segment), samples) in owners.into_iter().zip(rows) {
             out.push((item, segment, samples));
         }
     }
-    Ok(out)
+    Ok((out, queued_seconds))
 }
 
 /// The token2wav thread of `TextToSpeech::decode_and_vocode`: takes the segments the LLM

@@ -5,7 +5,9 @@
 //! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
 //! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
 //! two stages share the GPU at once and neither waits for the batch's slowest sequence. Each
-//! bucket's waveforms are cut into segments on a thread of their own, and a job's segments come
+//! bucket's waveforms are cut into segments on a thread of their own (with `[llm]
+//! pipelined_buckets` on CUDA, that thread also waits for their copy, so the next bucket is queued
+//! while the last one runs), and a job's segments come
 //! back in order as the pieces of its `audio::Waveform` (joined where the job is encoded, off this
 //! thread). A warm-up sentence runs through both stages at load on CUDA. Jobs that carry speech
 //! tokens (as for the `-token2wav` kinds) skip the LLM. A job whose segment yields no speech
@@ -186,7 +188,7 @@ impl TextToSpeech {
         };
         // Where a load's seconds go (the worker consumes meanwhile, but the GPU waits for it).
         let started = std::time::Instant::now();
-        let token2wav = super::family_token2wav(dir, manifest, device, precision)?;
+        let mut token2wav = super::family_token2wav(dir, manifest, device, precision)?;
         for voice in token2wav.voices() {
             fits_llm(&voice.name, &voice.llm_prompt_tokens, &voice.prompt_text, &dims).map_err(err)?;
         }
@@ -210,6 +212,10 @@ impl TextToSpeech {
             true => SideStream::new(device, Priority::High).map_err(|e| err(format!("cannot create the decode's CUDA stream: {e}")))?,
             false => None,
         };
+        if plan.llm.pipelined_buckets && matches!(device, Device::Cuda(_)) {
+            token2wav.set_pipelined(true);
+            tracing::info!("token2wav's buckets pipelined: the next queued while the last runs, its waveforms waited for by the cutter");
+        }
         if side_stream.is_some() {
             tracing::info!(decode_priority = if decode_stream.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");
         }
@@ -303,7 +309,7 @@ impl TextToSpeech {
         // Each bucket's waveforms are cut into its segments' audio on a thread of their own, while
         // the GPU runs on (≈ 0.1 s of host work per bucket of 128 on the H200, 2026-12-04).
         let (cut_tx, cut_rx) = std::sync::mpsc::channel::<(Vec<(usize, usize)>, HostWaves)>();
-        let cut = std::thread::scope(|scope| -> Result<Vec<(usize, usize, Vec<f32>)>, ModelError> {
+        let (cut, queued_seconds) = std::thread::scope(|scope| -> Result<(Vec<(usize, usize, Vec<f32>)>, f64), ModelError> {
             let cutter = scope.spawn(move || cut_segments(cut_rx));
             let ran = self.decode_and_vocode(&requests, &owners, items, &mut failed, std::mem::take(&mut ready), &cut_tx, &mut stats);
             // The cutter ends once the last bucket's waveforms are cut.
@@ -341,7 +347,9 @@ impl TextToSpeech {
             "llm decode"
         );
         // The batch's time is billed once: token2wav's row holds its buckets' time, the LLM's the
-        // rest of the batch's (with the stages overlapped, the time the LLM ran alone).
+        // rest of the batch's (with the stages overlapped, the time the LLM ran alone). Pipelined
+        // buckets' GPU time is known once the cutter has waited for their copies.
+        self.token2wav.add_work_seconds(queued_seconds);
         let t2w = self.token2wav.work_seconds() - t2w_before;
         self.llm_work.seconds += (started.elapsed().as_secs_f64() - t2w).max(0.0);
         Ok(failed
