@@ -70,6 +70,9 @@ def ms_fields_summed(marker):
 # Each bucket's time by stage (tts.rs, debug), and the LLM's share of each text batch by phase
 # (tts.rs "llm decode"): seconds summed over the drain.
 summary["token2wav_bucket_seconds"] = ms_fields_summed("token2wav bucket ")
+# With [llm] pipelined_buckets (queued=true) a bucket's stages are not waited for: its times are
+# the launches' only, and its GPU time is in the stage report's token2wav row instead.
+summary["token2wav_bucket_seconds_launches_only"] = any("token2wav bucket " in l and "queued=true" in l for l in WORKER_LOG)
 summary["llm_decode_seconds"] = ms_fields_summed("llm decode")
 # From each text batch's last token2wav bucket to its end as the inference stage saw it (the
 # model thread's work after the GPU's: what the GPU idles through at each batch's end).
