@@ -18,8 +18,8 @@ attention over each item's valid keys.
 - `cudnn-masked` (experimental, not yet measured in a package): cuDNN's fused attention with no
   mask and no bias (`CudnnMaskedSelfAttention`), the key-padding mask folded into added head
   dimensions. FlashAttention 2 is a quarter of token2wav's kernel time on the H100 (2026-12-06,
-  docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's kernel with no mask is 30 % faster at the
-  pipeline's shapes. (`cudnn-varlen`, cuDNN on each item's valid keys gathered end to end, was
+  docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's kernel with no mask at head dimension 64 is 30 %
+  faster at the pipeline's shapes (at 72, as here, not yet measured). (`cudnn-varlen`, cuDNN on each item's valid keys gathered end to end, was
   tried and dropped on 2026-12-06: AOTInductor cannot package `aten::_cudnn_attention_forward`,
   which returns SymInts, and the kernel took 40–53 ms a call against FlashAttention's 0.6.)
 """
@@ -157,7 +157,8 @@ class CudnnMaskedSelfAttention(SelfAttention):
     padded key's score is −3750 and its weight 0 while a valid key's score is the reference's, and
     the scale stays the reference's `1/sqrt(d)`. On an H100 (2026-12-06, bf16, 512 rows of 280
     frames, 8 × 64 heads, tools/bench_attention_kernels.py) cuDNN's kernel with no mask took 0.438
-    ms against FlashAttention 2's 0.619, and with the mask as a bias (`cudnn`) 0.675. On a CPU or in
+    ms against FlashAttention 2's 0.619, and with the mask as a bias (`cudnn`) 0.675; at the 72 head
+    dimensions this form runs, not yet measured (`cudnn-aug8` of that tool). On a CPU or in
     fp32 the same tensors through SDPA: what `--eager-check` compares with the reference."""
 
     def attend(self, query, key, value, valid, heads):
