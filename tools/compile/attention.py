@@ -19,9 +19,10 @@ attention over each item's valid keys.
   mask and no bias (`CudnnMaskedSelfAttention`), the key-padding mask folded into added head
   dimensions. FlashAttention 2 is a quarter of token2wav's kernel time on the H100 (2026-12-06,
   docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's kernel with no mask at head dimension 64 is 30 %
-  faster at the pipeline's shapes (at 72, as here, not yet measured). (`cudnn-varlen`, cuDNN on each item's valid keys gathered end to end, was
-  tried and dropped on 2026-12-06: AOTInductor cannot package `aten::_cudnn_attention_forward`,
-  which returns SymInts, and the kernel took 40–53 ms a call against FlashAttention's 0.6.)
+  faster at the pipeline's shapes (at 72, as here, not yet measured). `cudnn-varlen`, cuDNN on
+  each item's valid keys gathered end to end, was tried and dropped on 2026-12-06: AOTInductor
+  cannot package `aten::_cudnn_attention_forward`, which returns SymInts, and the kernel took
+  40–59 ms a call against FlashAttention's 0.6.
 """
 import torch
 
