@@ -7,8 +7,9 @@
 #
 # target     one call                                                       carry (pack.sh)
 # parity     LLM parity, token2wav parity (bf16/fp16 fixtures built there), .whl .t2w, for the LLM part
-#            the tiny model's packages compiled there vs the eager port     models/cosyvoice2-llm-parity
-#                                                                           models/cosyvoice2-tiny
+#            the tiny model's packages compiled there vs the eager port;    models/cosyvoice2-llm-parity
+#            PARTS=tts: the text pipeline's GPU tests on the tiny text      models/cosyvoice2-tiny
+#            model built there                                              (tts: not the tiny model)
 # llm        the LLM's GPU tests, then `bench llm` (graphs, eager) and the  .whl .t2w
 #            reference Qwen2LM at batch 1 on a full-size random LLM         models/cosyvoice2-llm-parity
 #                                                                           models/cosyvoice2-tiny

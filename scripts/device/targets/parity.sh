@@ -13,6 +13,12 @@
 #              (compiled::, --ignored): each compiled stage against the eager port at the same
 #              precision. Needs the converted tiny model: the token2wav part's, or its fixtures
 #              alone when that part is not asked for.
+#   tts        (not in the default PARTS) the whole tiny text model built there — the token2wav
+#              fixtures with the carried LLM fixtures, converted with the LLM reference's
+#              transformers, as bootstrap builds models/cosyvoice2-tiny — and the text pipeline's GPU
+#              tests (cosyvoice2_tts::, --ignored: `[llm] pipelined_buckets` against the stages waited
+#              for). Carry models/cosyvoice2-llm-parity, not models/cosyvoice2-tiny (62 MB with .t2w's
+#              24 is past the carry limit).
 # Carry: .whl .t2w (pack.sh), and for the llm part models/cosyvoice2-llm-parity models/cosyvoice2-tiny.
 # Env: PARTS ("llm token2wav compiled"; ONLY=compiled means PARTS=compiled), DEVICE (cuda:0),
 #      COMPILED_STAGES (encoder,estimator,hift: all three, the encoder too, though not in the tool's
@@ -25,7 +31,7 @@ PARTS=${PARTS:-llm token2wav compiled}
 DEVICE=${DEVICE:-cuda:0}
 has_part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 for part in $PARTS; do
-  case $part in llm|token2wav|compiled) ;; *) log "unknown part '$part' (llm, token2wav, compiled)"; exit 2 ;; esac
+  case $part in llm|token2wav|compiled|tts) ;; *) log "unknown part '$part' (llm, token2wav, compiled, tts)"; exit 2 ;; esac
 done
 
 use_libtorch
@@ -40,6 +46,17 @@ if has_part llm; then
   else
     log "LLM parity skipped: models/cosyvoice2-llm-parity was not carried"
   fi
+fi
+
+if has_part tts; then
+  [ -d models/cosyvoice2-llm-parity ] || { log "the tts part needs models/cosyvoice2-llm-parity carried"; exit 1; }
+  install_wheels llm
+  log "the whole tiny text model (token2wav fixtures and the LLM fixtures, reference code), converted"
+  $PY tools/make_parity_fixtures.py --config tiny --out models/cosyvoice2-tiny-parity --precisions bf16 2>&1 | tail -1
+  cp -r models/cosyvoice2-llm-parity/official/. models/cosyvoice2-tiny-parity/official/
+  $LLM_PY tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny | tail -1
+  log "text pipeline GPU tests on $DEVICE"
+  VOXBATCH_TEST_DEVICE=$DEVICE "$TESTS_BIN" cosyvoice2_tts:: --ignored --test-threads 1 --nocapture 2>&1 | grep -E "^PIPELINED|^test |test result|panicked"
 fi
 
 has_part token2wav || has_part compiled || exit 0
