@@ -126,9 +126,9 @@ fn each_segment_is_stretched_to_its_frames_over_the_jobs_speed() {
 /// copy waited for by the cutter thread, the same jobs give the same audio as with the stages
 /// waited for one by one (the vocoder's draws seeded alike), and token2wav's row of the bill still
 /// holds its buckets' GPU time, read from CUDA events. On a CPU the flag changes nothing, so this
-/// runs on a GPU only: `scripts/device/run.sh parity TESTS=cosyvoice2_tts::`.
+/// runs on a GPU only: `scripts/device/run.sh parity PARTS=tts`.
 #[test]
-#[ignore = "needs a CUDA device (VOXBATCH_TEST_DEVICE=cuda:0): scripts/device/run.sh parity TESTS=cosyvoice2_tts::"]
+#[ignore = "needs a CUDA device (VOXBATCH_TEST_DEVICE=cuda:0): scripts/device/run.sh parity PARTS=tts"]
 fn on_a_gpu_pipelined_buckets_give_the_same_audio_and_bill_token2wavs_gpu_time() {
     let device: Device = std::env::var("VOXBATCH_TEST_DEVICE").expect("VOXBATCH_TEST_DEVICE=cuda:N").parse().unwrap();
     let (cfg, dir, frontend) = short_segments();
