@@ -115,25 +115,16 @@ int voxbatch_flash_varlen(void* q, void* k, void* v, void* cu_q, void* cu_k, voi
 // A copy of `src` in page-locked host memory from libtorch's caching host allocator (its blocks
 // are reused, so pinning is paid once per size class): a device-to-host copy then runs at the
 // link's speed, where one into pageable memory ran at ≈ 2 GB/s (65 ms for a batch of 128 × 10 s
-// of audio on the H200, 2026-12-04). Returns when the copy is done. Throws (caught) where no
+// of audio on the H200, 2026-12-04). Returns when the copy is done, or with `queued` non-zero once
+// it is queued on the calling thread's current stream: `out` is then valid once the stream has
+// passed the copy (an event recorded after this call says when), and the pinned block stays
+// reserved until then (the host allocator records the copy's stream). Throws (caught) where no
 // CUDA device can pin memory.
-int voxbatch_to_host_pinned(void* src, void** out, char* err, size_t err_len) {
+int voxbatch_to_host_pinned(void* src, int queued, void** out, char* err, size_t err_len) {
   return guarded([&] {
     const auto& tensor = *static_cast<at::Tensor*>(src);
     auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    host.copy_(tensor);
-    *out = new at::Tensor(std::move(host));
-  }, err, err_len);
-}
-
-// The same copy queued on the calling thread's current stream without waiting for it: `out` is
-// valid once the stream has passed the copy (an event recorded after this call says when). The
-// pinned block stays reserved until then (the host allocator records the copy's stream).
-int voxbatch_to_host_pinned_async(void* src, void** out, char* err, size_t err_len) {
-  return guarded([&] {
-    const auto& tensor = *static_cast<at::Tensor*>(src);
-    auto host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU).pinned_memory(true));
-    host.copy_(tensor, /*non_blocking=*/true);
+    host.copy_(tensor, /*non_blocking=*/queued != 0);
     *out = new at::Tensor(std::move(host));
   }, err, err_len);
 }

@@ -219,8 +219,7 @@ pub fn flash_attention_varlen(
 }
 
 extern "C" {
-    fn voxbatch_to_host_pinned(src: *mut std::ffi::c_void, out: *mut *mut std::ffi::c_void, err: *mut c_char, err_len: usize) -> i32;
-    fn voxbatch_to_host_pinned_async(src: *mut std::ffi::c_void, out: *mut *mut std::ffi::c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_to_host_pinned(src: *mut std::ffi::c_void, queued: i32, out: *mut *mut std::ffi::c_void, err: *mut c_char, err_len: usize) -> i32;
 }
 
 /// `t` on the host: a CUDA tensor is copied into page-locked memory (`voxbatch_to_host_pinned` in
@@ -230,7 +229,7 @@ pub fn to_host(t: &tch::Tensor) -> Result<tch::Tensor, ShimError> {
     if t.device() == tch::Device::Cpu {
         return Ok(t.shallow_clone());
     }
-    pinned_copy(t)
+    pinned_copy(t, false)
 }
 
 /// [`to_host`] without waiting: a CUDA tensor's copy into page-locked memory is queued on the
@@ -241,19 +240,16 @@ pub fn to_host_queued(t: &tch::Tensor) -> Result<tch::Tensor, ShimError> {
     if t.device() == tch::Device::Cpu {
         return Ok(t.shallow_clone());
     }
-    let mut out = std::ptr::null_mut();
-    // SAFETY: as `pinned_copy`'s.
-    checked("queued pinned copy to host", |err, len| unsafe { voxbatch_to_host_pinned_async(t.as_ptr() as *mut _, &mut out, err, len) })?;
-    // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
-    Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
+    pinned_copy(t, true)
 }
 
-fn pinned_copy(t: &tch::Tensor) -> Result<tch::Tensor, ShimError> {
+/// `t` copied into page-locked memory; `queued`: the copy queued, not waited for.
+fn pinned_copy(t: &tch::Tensor, queued: bool) -> Result<tch::Tensor, ShimError> {
     let mut out = std::ptr::null_mut();
     // SAFETY: `t` is a live tch tensor (an at::Tensor*) borrowed for the call; on success the shim
     // writes a new heap at::Tensor into `out`, whose ownership passes to the Tensor below.
     // Exceptions are caught in C++.
-    checked("pinned copy to host", |err, len| unsafe { voxbatch_to_host_pinned(t.as_ptr() as *mut _, &mut out, err, len) })?;
+    checked("pinned copy to host", |err, len| unsafe { voxbatch_to_host_pinned(t.as_ptr() as *mut _, i32::from(queued), &mut out, err, len) })?;
     // SAFETY: `out` is the at::Tensor the shim allocated; from_ptr takes ownership.
     Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
 }
@@ -268,7 +264,7 @@ mod tests {
         assert_eq!(Vec::<f32>::try_from(to_host(&t).unwrap().view([-1])).unwrap(), (0..12).map(|x| x as f32).collect::<Vec<_>>());
         // Pinning needs a CUDA device: without one libtorch throws, which must come back as an
         // error (not an abort); with one, the pinned copy holds the values.
-        match pinned_copy(&t) {
+        match pinned_copy(&t, false) {
             Ok(host) => {
                 assert!(host.is_pinned(tch::Device::Cuda(0)));
                 assert!(host.equal(&t));

@@ -269,6 +269,39 @@ impl HostWaves {
     }
 }
 
+/// How a family's `forward` meets its stream, once per batch: pipelined
+/// ([`TextToken2Wav::set_pipelined`]), an event before the batch's first kernel, no waits between
+/// the stages and the waveforms' copy queued ([`HostWaves::queued`]); otherwise the calling
+/// thread's stream alone waited for after each stage, for the stage times (the text kinds run
+/// token2wav beside the LLM's decode).
+pub(super) struct StageWaits {
+    started: Option<CudaEvent>,
+    device: Device,
+}
+
+impl StageWaits {
+    /// Before the batch's first kernel. `pipelined` is only ever set on CUDA.
+    pub(super) fn begin(pipelined: bool, device: Device) -> Result<StageWaits, ModelError> {
+        let started = match pipelined {
+            true => CudaEvent::record(device).map_err(|e| ModelError::Inference(e.into()))?,
+            false => None,
+        };
+        Ok(StageWaits { started, device })
+    }
+
+    /// After a stage: its work waited for, unless pipelined.
+    pub(super) fn stage_done(&self) {
+        if self.started.is_none() {
+            super::cuda_stream::synchronize(self.device);
+        }
+    }
+
+    /// The batch's waveforms (`[B, samples]` on the device) on their way to the host.
+    pub(super) fn waves(self, wav: &Tensor, frames: &[i64]) -> Result<HostWaves, tch::TchError> {
+        HostWaves::queued(wav, frames, self.started, self.device)
+    }
+}
+
 /// Each item's mel with its samples cut from the batch's waveforms on the caller's thread (what
 /// both families' `run` do after `run_to_host`), the time it took counted as the last batch's
 /// `audio_out` and as work.

@@ -40,10 +40,9 @@ use self::estimator::EstimatorDims;
 use self::flow::{Flow, FlowDims, FlowItem};
 use self::hift::{Hift, SourceDraws, SAMPLES_PER_FRAME};
 use super::compiled::{compiled_stage, packages_digest};
-use super::cuda_stream::CudaEvent;
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
-use super::token2wav::{pack_mels, TextToken2Wav, Token2WavModel, Voices};
+use super::token2wav::{pack_mels, StageWaits, TextToken2Wav, Token2WavModel, Voices};
 use super::torchscript::{classify, prepare_device};
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer};
 use crate::model::VoicePrompt;
@@ -203,15 +202,7 @@ impl Token2Wav {
 
     fn forward(&self, items: &[SynthItem], draws: Option<&SourceDraws>) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
         let dev = self.device.to_tch();
-        // Pipelined (`set_pipelined`): an event before the first kernel, no waits between the
-        // stages, the waveforms' copy queued. Else the calling thread's stream is waited for after
-        // each stage (kind cosyvoice2 runs token2wav beside the LLM's decode), for the stage times.
-        let started = self.pipelined_start()?;
-        let sync = || {
-            if started.is_none() {
-                crate::model::cuda_stream::synchronize(self.device)
-            }
-        };
+        let waits = StageWaits::begin(self.pipelined, self.device)?;
         let flow_items: Vec<FlowItem> = items
             .iter()
             .map(|i| {
@@ -223,10 +214,10 @@ impl Token2Wav {
         let failed = |e: tch::TchError| classify(e, items.len());
         let (mels, t1, t2) = self.in_flow_precision(|flow| {
             let encoded = flow.encode(&flow_items).map_err(failed)?;
-            sync();
+            waits.stage_done();
             let t1 = t0.elapsed();
             let mels = flow.sample(&flow_items, &encoded).map_err(failed)?;
-            sync();
+            waits.stage_done();
             Ok((mels, t1, t0.elapsed()))
         })?;
         // Each item at its speed, as upstream stretches the mel between the flow and the vocoder.
@@ -247,17 +238,9 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let waves = HostWaves::queued(&wav, &frames, started, self.device).map_err(failed)?;
+        let waves = waits.waves(&wav, &frames).map_err(failed)?;
         let t3 = t0.elapsed();
         Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO }))
-    }
-
-    /// Pipelined on CUDA: the event before a batch's first kernel. `None` otherwise.
-    fn pipelined_start(&self) -> Result<Option<CudaEvent>, ModelError> {
-        match self.pipelined {
-            true => CudaEvent::record(self.device).map_err(|e| ModelError::Inference(e.into())),
-            false => Ok(None),
-        }
     }
 
     /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;

@@ -45,10 +45,9 @@ use self::dit::DitDims;
 use self::flow::{Flow, FlowDims};
 use self::hift::Hift;
 use super::compiled::{compiled_stage, packages_digest};
-use super::cuda_stream::CudaEvent;
 use super::flow_graphs::{FlowGraphSettings, FlowGraphStats};
 use super::shim::{AutocastGuard, Tf32Scope};
-use super::token2wav::{at_speed, check_flow_prompt, cut_rows, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, TextToken2Wav, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
+use super::token2wav::{at_speed, check_flow_prompt, cut_rows, pack_mels, FlowItem, HostWaves, MelAndWave, StageTiming, StageWaits, TextToken2Wav, Token2WavModel, Voice, Voices, WEIGHTS_FILE};
 use super::torchscript::{classify, prepare_device};
 use super::weights::Weights;
 use super::{Device, Manifest, ModelError, Precision, Stage, StageTime, SynthItem, Synthesizer, VoicePrompt};
@@ -190,26 +189,15 @@ impl Token2Wav {
 
     fn forward(&self, items: &[FlowItem], speeds: &[Option<f64>]) -> Result<((Vec<Tensor>, HostWaves), StageTiming), ModelError> {
         let _no_grad = tch::no_grad_guard();
-        // Pipelined (`set_pipelined`): an event before the first kernel, no waits between the
-        // stages, the waveforms' copy queued. Else the calling thread's stream alone is waited for
-        // after each stage (the text kinds run token2wav beside the LLM's decode), for the stage times.
-        let started = match self.pipelined {
-            true => CudaEvent::record(self.device).map_err(|e| ModelError::Inference(e.into()))?,
-            false => None,
-        };
-        let sync = || {
-            if started.is_none() {
-                crate::model::cuda_stream::synchronize(self.device)
-            }
-        };
+        let waits = StageWaits::begin(self.pipelined, self.device)?;
         let failed = |e: tch::TchError| classify(e, items.len());
         let t0 = Instant::now();
         let (mels, t1, t2) = self.in_flow_precision(|flow| {
             let encoded = flow.encode(items).map_err(failed)?;
-            sync();
+            waits.stage_done();
             let t1 = t0.elapsed();
             let mels = flow.sample(items, &encoded).map_err(failed)?;
-            sync();
+            waits.stage_done();
             Ok((mels, t1, t0.elapsed()))
         })?;
         // Each item at its speed: upstream stretches the mel between the flow and the vocoder.
@@ -221,7 +209,7 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let waves = HostWaves::queued(&wav, &frames, started, self.device).map_err(failed)?;
+        let waves = waits.waves(&wav, &frames).map_err(failed)?;
         let t3 = t0.elapsed();
         let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO };
         Ok(((mels, waves), timing))
