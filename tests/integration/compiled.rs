@@ -150,12 +150,8 @@ fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
 /// the compiled package is then checked against its eager module (`--check`).
 #[test]
 fn every_compile_variant_computes_the_reference_stages() {
-    let variants: [&[&str]; 5] = [
+    let variants: [&[&str]; 4] = [
         &["--layout", "time-major-strided", "--mish", "exp", "--hift-channel-multiple", "4", "--attention", "flash", "--qkv", "fused"],
-        // cuDNN's attention with the key-padding mask folded into added head dimensions: on a CPU
-        // the same tensors through SDPA — the folding is what this checks (a padded key's mask
-        // dimension at 0 instead of -30000 differs by 1.8).
-        &["--attention", "cudnn-masked", "--qkv", "fused"],
         &["--layout", "time-major-shift", "--hift-channel-multiple", "8", "--hift-dilation", "phases"],
         &["--layout", "time-major-strided-copy"],
         // The defaults before 2026-12-05 (commit d1195c5) (the tool's defaults are the first line's, `--qkv auto`).
@@ -222,20 +218,6 @@ fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
     assert!(!window_with_mish(&time_major).is_empty(), "the diagnosed kernel is gone from the time-major layout: {time_major:?}");
     let strided = kernels("time-major-strided");
     assert!(window_with_mish(&strided).is_empty(), "the strided layout still fuses Mish into a window: {:?}", window_with_mish(&strided));
-}
-
-/// `--attention cudnn-masked` exports for CUDA (listed without a GPU, as above) as one call of
-/// cuDNN's attention kernel per attention, with no bias and no mask — the key-padding mask rides
-/// in added head dimensions — and FlashAttention's never.
-#[test]
-fn the_cudnn_masked_attention_exports_as_one_cudnn_call_per_attention() {
-    let reports = cuda_kernel_reports(&["--stages", "estimator", "--attention", "cudnn-masked"]);
-    let report = &reports[0];
-    assert_eq!(report["voxbatch.attention"], "cudnn-masked", "{report}");
-    let extern_calls = |name: &str| report["extern"][name].as_u64().unwrap_or(0);
-    // The tiny estimator's transformer blocks: one in each of its four U-Net levels.
-    assert_eq!(extern_calls("torch.ops.aten._scaled_dot_product_cudnn_attention.default"), 4, "{report}");
-    assert!(report["extern"].as_object().unwrap().keys().all(|k| !k.contains("flash")), "{report}");
 }
 
 /// The strided layout hands each causal convolution's window — an overlapping view of the padded

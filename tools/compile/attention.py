@@ -15,19 +15,18 @@ attention over each item's valid keys.
 - `cudnn`: cuDNN's fused attention (`CudnnSelfAttention`): measured on the H200 (2026-12-04, with
   the FF epilogue) token2wav 647.4 audio-s/s — attention 0.90 s against FlashAttention's 0.31
   (cuDNN with a key bias) — so it stays an experiment.
-- `cudnn-masked` (experimental, not yet measured in a package): cuDNN's fused attention with no
-  mask and no bias (`CudnnMaskedSelfAttention`), the key-padding mask folded into added head
-  dimensions. FlashAttention 2 is a quarter of token2wav's kernel time on the H100 (2026-12-06,
-  docs/PERFORMANCE.md#2026-12-06-h100g); cuDNN's kernel with no mask at head dimension 64 is 30 %
-  faster at the pipeline's shapes (at 72, as here, not yet measured). `cudnn-varlen`, cuDNN on
-  each item's valid keys gathered end to end, was tried and dropped on 2026-12-06: AOTInductor
-  cannot package `aten::_cudnn_attention_forward`, which returns SymInts, and the kernel took
-  40–59 ms a call against FlashAttention's 0.6.
+- `cudnn-masked` (cuDNN with no mask, the key-padding mask folded into 8 added head dimensions)
+  and `cudnn-varlen` (cuDNN on each item's valid keys gathered end to end) were tried and dropped
+  (docs/PERFORMANCE.md#2026-12-06-h100h, #2026-12-07-h100i): at the 72 head dimensions the first
+  needs, cuDNN's kernel is 4 % faster than FlashAttention 2 (at 64, 30 %), and its package ran
+  token2wav at 570.6 audio-s/s against the default's 946.7 (an H100, 2026-12-07); AOTInductor
+  cannot package the second's `aten::_cudnn_attention_forward`, which returns SymInts, and its
+  kernel took 40–59 ms a call against FlashAttention's 0.6.
 """
 import torch
 
 # --attention values (auto resolves to one of the others).
-ATTENTIONS = ["auto", "sdpa", "flex", "flash", "cudnn", "cudnn-masked"]
+ATTENTIONS = ["auto", "sdpa", "flex", "flash", "cudnn"]
 
 
 def resolve_attention(attention, device, precision):
@@ -126,53 +125,5 @@ class CudnnSelfAttention(SelfAttention):
         return out.transpose(1, 2).reshape(b, t, inner)
 
 
-# Head dimensions `--attention cudnn-masked` adds: one carries the key-padding mask, the rest keep
-# the head dimension a multiple of 8 (cuDNN's rule; 72 × 2 bytes keeps each row 16-byte aligned).
-MASK_DIMS = 8
-# A padded key's mask dimension: × the query's 1 × the scale (1/8 at head dimension 64) = −3750 in
-# the score, whose exponential is 0 in fp32 — as the reference's −1e10 bias makes it. Exact in bf16
-# and fp16 to three digits; valid keys carry 0 there, so their scores are the reference's.
-MASKED_KEY = -30000.0
-
-
-def mask_in_head_dims(query, key, value, valid, heads):
-    """`[B, T, heads·d]` query, key and value → `[B, heads, T, d + MASK_DIMS]` each, the key-padding
-    mask folded into the added dimensions: the query's first is 1, a valid key's 0, a padded key's
-    `MASKED_KEY`; the value's are 0 (the output's added dimensions are 0 and dropped). An item with
-    no valid frame keeps every key, as the exportable chunk mask makes the reference attend to all."""
-    b, t, inner = query.shape
-    d = inner // heads
-    valid = valid | (valid.sum(dim=-1, keepdim=True) == 0)
-    zeros = query.new_zeros(b, t, heads, MASK_DIMS - 1)
-    one = query.new_ones(b, t, heads, 1)
-    key_mask = torch.where(valid, 0.0, MASKED_KEY).to(query.dtype)[:, :, None, None].expand(b, t, heads, 1)
-    q = torch.cat([query.view(b, t, heads, d), one, zeros], dim=-1)
-    k = torch.cat([key.view(b, t, heads, d), key_mask, zeros], dim=-1)
-    v = torch.cat([value.view(b, t, heads, d), zeros, zeros[..., :1]], dim=-1)
-    return (x.transpose(1, 2) for x in (q, k, v))
-
-
-class CudnnMaskedSelfAttention(SelfAttention):
-    """Through cuDNN's fused attention with no mask (`--attention cudnn-masked`, experimental): the
-    key-padding mask folded into `MASK_DIMS` more head dimensions (`mask_in_head_dims`), so that a
-    padded key's score is −3750 and its weight 0 while a valid key's score is the reference's, and
-    the scale stays the reference's `1/sqrt(d)`. On an H100 (2026-12-06, bf16, 512 rows of 280
-    frames, 8 × 64 heads, tools/bench_attention_kernels.py) cuDNN's kernel with no mask took 0.438
-    ms against FlashAttention 2's 0.619, and with the mask as a bias (`cudnn`) 0.675; at the 72 head
-    dimensions this form runs, not yet measured (`cudnn-aug8` of that tool). On a CPU or in
-    fp32 the same tensors through SDPA: what `--eager-check` compares with the reference."""
-
-    def attend(self, query, key, value, valid, heads):
-        b, t, inner = query.shape
-        d = inner // heads
-        q, k, v = mask_in_head_dims(query, key, value, valid, heads)
-        if query.device.type == "cuda" and query.dtype in (torch.bfloat16, torch.float16):
-            out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, scale=d ** -0.5)[0]
-        else:
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=d ** -0.5)
-        return out[..., :d].transpose(1, 2).reshape(b, t, inner)
-
-
 # The processors voxbatch adds (sdpa keeps the reference's own).
-PROCESSORS = {"flex": FlexSelfAttention, "flash": FlashSelfAttention, "cudnn": CudnnSelfAttention,
-              "cudnn-masked": CudnnMaskedSelfAttention}
+PROCESSORS = {"flex": FlexSelfAttention, "flash": FlashSelfAttention, "cudnn": CudnnSelfAttention}

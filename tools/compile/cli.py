@@ -15,7 +15,7 @@ the GPU machine scripts/device/run.sh carries them as wheels); cosyvoice3's modu
 own. The entry is tools/compile_token2wav.py.
 
 Usage: compile_token2wav.py --model DIR [--family cosyvoice2|cosyvoice3] [--device cuda:0|cpu] [--stages estimator,hift]
-                            [--attention auto|sdpa|flex|flash|cudnn|cudnn-masked]
+                            [--attention auto|sdpa|flex|flash|cudnn]
                             [--precision bf16|fp16|fp32] [--vocoder-precision tf32|fp32|bf16|fp16]
                             [--max-frames 3000] [--max-batch 1024] [--tuning none|coordinate-descent|max-autotune]
                             [--layout reference|time-major|time-major-strided|time-major-strided-copy|time-major-cudnn|time-major-shift]

@@ -97,8 +97,7 @@ def add_arguments(ap):
     ap.add_argument("--attention", default="auto", choices=attention.ATTENTIONS,
                     help="the estimator's attention: SDPA with the reference's bias, FlexAttention masking padded keys in "
                          "the kernel, FlashAttention reading each item's valid keys only (CUDA, bf16/fp16), or cuDNN's "
-                         "fused attention with a broadcast key bias or (cudnn-masked) with no mask, the key-padding mask "
-                         "folded into added head dimensions (CUDA, bf16/fp16; experimental); "
+                         "fused attention with a broadcast key bias (CUDA, bf16/fp16; experimental); "
                          "auto (default): flash on CUDA at bf16/fp16, else sdpa")
     ap.add_argument("--layout", default="time-major-strided-copy", choices=layouts.LAYOUTS,
                     help="each stage's activations: time-major throughout (the estimator as "
@@ -119,7 +118,7 @@ def add_arguments(ap):
                          "(default): exp with a time-major layout, else exact")
     ap.add_argument("--qkv", default="auto", choices=["auto", "separate", "fused"],
                     help="the estimator's attention projections: fused, query, key and value in one matmul (needs "
-                         "--attention flash, flex, cudnn or cudnn-masked), or separate, as the reference; auto (default): fused where "
+                         "--attention flash, flex or cudnn), or separate, as the reference; auto (default): fused where "
                          "the attention allows it")
     ap.add_argument("--hift-channel-multiple", type=int, default=4, metavar="K",
                     help="the vocoder body's convolutions on the 18 STFT channels padded with zero channels to a "

@@ -78,7 +78,7 @@ def build_estimator(model_dir, device, precision, attention="sdpa", layout="refe
                 if qkv == "fused":
                     layouts.fuse_qkv(module)
     elif qkv == "fused":
-        sys.exit("--qkv fused needs one of voxbatch's attention processors (--attention flash, flex, cudnn or cudnn-masked)")
+        sys.exit("--qkv fused needs one of voxbatch's attention processors (--attention flash, flex or cudnn)")
     if ff_gelu == "epilogue":
         layouts.fuse_ff_gelus(estimator)
     if layout != "reference":
