@@ -1,4 +1,5 @@
-//! Build script: migrations are embedded (rebuild when they change) and the binary is linked so that
+//! Build script: the schema's migrations are listed for `db::migrations` to embed (rebuild when
+//! they change), the libtorch shim (`csrc/`) is compiled, and the binary is linked so that
 //! libtorch's CUDA backend is really loaded.
 //!
 //! tch links `libtorch_cuda` with `--as-needed`; as no symbol of it is referenced directly, the linker
@@ -66,10 +67,43 @@ fn build_cuda_graphs(lib: &std::path::Path) {
     println!("cargo:rustc-cfg=voxbatch_cuda_graphs");
 }
 
+/// `OUT_DIR/migrations.rs`: a slice of (version, description, SQL text) for each file of
+/// `migrations/`, named as sqlx's `migrate!` reads them (`<version>_<description>.sql`, the
+/// description's `_` read as spaces), in version order; the text by `include_str!`, so the binary
+/// carries it. A file that does not follow that form fails the build, naming it.
+fn list_migrations() {
+    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("migrations");
+    let mut found: Vec<(i64, String, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display())) {
+        let path = entry.unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display())).path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !path.is_file() || !name.ends_with(".sql") {
+            continue;
+        }
+        let parsed = name.split_once('_').and_then(|(version, rest)| Some((version.parse::<i64>().ok()?, rest.strip_suffix(".sql")?)));
+        let Some((version, description)) = parsed else {
+            panic!("migrations/{name}: not <version>_<description>.sql (an integer version first)");
+        };
+        if description.ends_with(".up") || description.ends_with(".down") {
+            panic!("migrations/{name}: reversible migrations are not embedded (db::migrations takes simple ones)");
+        }
+        found.push((version, description.replace('_', " "), path));
+    }
+    found.sort_by_key(|(version, _, _)| *version);
+    let mut out = String::from("&[\n");
+    for (version, description, path) in &found {
+        out.push_str(&format!("    ({version}, {description:?}, include_str!({:?})),\n", path.display().to_string()));
+    }
+    out.push_str("]\n");
+    let target = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("migrations.rs");
+    std::fs::write(&target, out).unwrap_or_else(|e| panic!("cannot write {}: {e}", target.display()));
+}
+
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(voxbatch_cuda_graphs)");
     println!("cargo:rerun-if-changed=migrations");
     println!("cargo:rerun-if-changed=build.rs");
+    list_migrations();
     let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         return;
     };

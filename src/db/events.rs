@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{q, Db, DbError};
 
 /// One job's completion as its event carries it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct JobEvent {
     pub job_id: Uuid,
     pub campaign: String,
@@ -25,6 +25,25 @@ pub struct JobEvent {
     pub batch_id: Option<Uuid>,
     pub error: Option<String>,
     pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Read by column name, as sqlx's derive would (written out: sqlx's proc macros are not built).
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for JobEvent {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(JobEvent {
+            job_id: row.try_get("job_id")?,
+            campaign: row.try_get("campaign")?,
+            status: row.try_get("status")?,
+            s3_key: row.try_get("s3_key")?,
+            audio_seconds: row.try_get("audio_seconds")?,
+            chars: row.try_get("chars")?,
+            cost_usd: row.try_get("cost_usd")?,
+            batch_id: row.try_get("batch_id")?,
+            error: row.try_get("error")?,
+            finished_at: row.try_get("finished_at")?,
+        })
+    }
 }
 
 impl Db {

@@ -1,4 +1,5 @@
-//! Postgres: the source of truth for what is done. Schema in `migrations/` (embedded).
+//! Postgres: the source of truth for what is done. Schema in `migrations/` (embedded by
+//! `migrations.rs`).
 //!
 //! Inputs: jobs claimed at the start of a batch, finished batches, rejections, worker heartbeats.
 //! Outputs: claim decisions (proceed / already done / conflict) and the rows reports read.
@@ -18,17 +19,16 @@ use uuid::Uuid;
 use crate::config::DatabaseConfig;
 use crate::job::{Job, Rejection, RejectionKind};
 
-/// Embedded migrations.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
 mod batches;
 mod claim;
 pub mod dead;
 pub mod events;
+mod migrations;
 pub mod progress;
 mod voices;
 pub use batches::{BatchCommit, BatchEvent, BatchRecord, JobResult, StageRecord};
 pub use claim::{Claim, ClaimLease};
+pub use migrations::MIGRATOR;
 pub use voices::{VoiceOrigin, VoiceSource, VoiceSummary};
 
 /// Errors of the database stage. Worker code treats them as transient (retry with backoff).
