@@ -44,7 +44,8 @@ pub struct LlmConfig {
     pub prioritise_decode: bool,
     /// On CUDA: token2wav's buckets pipelined — no waits between a bucket's stages, its waveforms'
     /// copy to the host waited for by the cutter thread — so that the next bucket is queued while
-    /// the last one runs (a batch's closing buckets left gaps of 0.1–0.2 s between them).
+    /// the last one runs. Measured no gain on an H100 (2026-12-07: the launches themselves wait for
+    /// the GPU's queue), so off by default.
     pub pipelined_buckets: bool,
     /// Segments token2wav runs at once at most (the memory model may allow fewer).
     pub token2wav_max_bucket: usize,
