@@ -4,6 +4,9 @@
 //! on theirs, and [`synchronize`], which waits for the calling thread's current stream alone.
 //! Text kinds run token2wav's buckets on a side stream beside the LLM's decode steps, the decode
 //! on a stream of high priority (`tts`, `[llm] overlap_token2wav`, `[llm] prioritise_decode`).
+//! With `[llm] decode_sms`, token2wav's stream is one of a CUDA green context
+//! ([`SideStream::green`]): its kernels run on a share of the SMs ([`green_sms`]), and the rest are
+//! the decode's while a bucket runs.
 //! A [`CudaEvent`] marks a point of the calling thread's stream, which another thread can wait
 //! for and time from (`[llm] pipelined_buckets`: the cutter thread waits for a bucket's waveforms).
 //!
@@ -24,6 +27,8 @@ use super::Device;
 #[cfg(voxbatch_cuda_graphs)]
 extern "C" {
     fn voxbatch_stream_new(device: i32, high_priority: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_device_sm_count(device: i32, out: *mut i32, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_green_stream_new(device: i32, sms: i32, granted: *mut i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_current(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_free(s: *mut c_void);
     fn voxbatch_stream_enter(s: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
@@ -80,6 +85,33 @@ impl SideStream {
         }
     }
 
+    /// A stream of a new CUDA green context of `sms` of `device`'s SMs (a multiple of
+    /// [`GREEN_GRANULARITY`]: [`green_sms`]): the kernels queued on it run on those SMs alone,
+    /// whatever other streams queue. `None` on a CPU, or without the CUDA headers at build time.
+    /// The context lives as long as the process.
+    pub fn green(device: Device, sms: u32) -> Result<Option<SideStream>, ShimError> {
+        let Device::Cuda(_index) = device else { return Ok(None) };
+        #[cfg(voxbatch_cuda_graphs)]
+        {
+            let (mut ptr, mut granted) = (std::ptr::null_mut(), 0i32);
+            let asked = i32::try_from(sms).unwrap_or(i32::MAX);
+            // SAFETY: writes a new stream handle into `ptr` and the SMs given into `granted`;
+            // exceptions (a driver without green contexts, a count the split refuses) are caught
+            // in C++.
+            checked("create a CUDA green context and its stream", |err, len| unsafe { voxbatch_green_stream_new(_index as i32, asked, &mut granted, &mut ptr, err, len) })?;
+            let stream = SideStream { ptr, index: _index as i32 };
+            if granted != asked {
+                return Err(ShimError { call: "create a CUDA green context and its stream", message: format!("the SM split gave {granted} SMs where {asked} were asked for") });
+            }
+            Ok(Some(stream))
+        }
+        #[cfg(not(voxbatch_cuda_graphs))]
+        {
+            let _ = sms;
+            Ok(None)
+        }
+    }
+
     /// Makes this the calling thread's current stream until the guard drops, which makes the
     /// stream current before it current again.
     pub fn enter_scoped(&self) -> Result<EnteredStream, ShimError> {
@@ -132,6 +164,30 @@ impl Drop for SideStream {
             voxbatch_stream_free(self.ptr)
         };
     }
+}
+
+/// The SM count a green context's split is made in multiples of (compute capability 9.0: 8).
+pub const GREEN_GRANULARITY: u32 = 8;
+
+/// The SMs of a green context that leaves at least `reserved` of a device's `total` to other
+/// streams: the largest multiple of [`GREEN_GRANULARITY`] that does, `None` when that is none.
+pub fn green_sms(total: u32, reserved: u32) -> Option<u32> {
+    let sms = total.checked_sub(reserved)? / GREEN_GRANULARITY * GREEN_GRANULARITY;
+    (sms > 0).then_some(sms)
+}
+
+/// `device`'s SM count; `None` on a CPU, or without the CUDA headers at build time.
+pub fn sm_count(device: Device) -> Result<Option<u32>, ShimError> {
+    let Device::Cuda(_index) = device else { return Ok(None) };
+    #[cfg(voxbatch_cuda_graphs)]
+    {
+        let mut sms = 0i32;
+        // SAFETY: a device index and an out integer; exceptions are caught in C++.
+        checked("read the device's SM count", |err, len| unsafe { voxbatch_device_sm_count(_index as i32, &mut sms, err, len) })?;
+        Ok(u32::try_from(sms).ok())
+    }
+    #[cfg(not(voxbatch_cuda_graphs))]
+    Ok(None)
 }
 
 /// Waits for the work the calling thread queued on `device` (its current stream); the whole
@@ -211,5 +267,25 @@ impl Drop for CudaEvent {
     fn drop(&mut self) {
         // SAFETY: `self.ptr` came from voxbatch_event_record and is freed once, here.
         unsafe { voxbatch_event_free(self.ptr) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_green_context_leaves_at_least_the_reserved_sms_in_whole_groups_of_eight() {
+        // An H100 SXM has 132 SMs.
+        assert_eq!(green_sms(132, 16), Some(112), "116 rounds down to whole groups");
+        assert_eq!(green_sms(132, 8), Some(120));
+        assert_eq!(green_sms(132, 4), Some(128));
+        assert_eq!(green_sms(128, 0), Some(128));
+        assert_eq!(green_sms(132, 125), None, "7 SMs make no group");
+        assert_eq!(green_sms(132, 200), None);
+        for (total, reserved) in [(132, 16), (132, 24), (144, 40), (78, 9)] {
+            let sms = green_sms(total, reserved).unwrap();
+            assert!(total - sms >= reserved && sms % GREEN_GRANULARITY == 0 && total - sms - reserved < GREEN_GRANULARITY);
+        }
     }
 }

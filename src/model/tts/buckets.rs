@@ -13,6 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
+use crate::model::cuda_stream::SideStream;
 use crate::model::tch_panic::caught;
 use crate::model::token2wav::{stretched_len, HostWaves, TextToken2Wav};
 use crate::batch::{Admission, BatchOutcome};
@@ -90,8 +91,9 @@ const CALL_FLOOR_TOKENS: usize = 3_500;
 /// long as the admission rule and `max_batch` allow for its longest. With `flush`, the first run of
 /// the split of all of them that costs least ([`cheapest_first_run`]); otherwise the longest run
 /// that is complete (one more segment would not be admitted) and at least [`MIN_FILL`] full, or
-/// none: partial and ragged runs wait for more segments to finish.
-pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max_batch: usize, flush: bool) -> Option<Vec<Ready>> {
+/// (`least` above 0: `[llm] token2wav_least_bucket`) the longest part of a run, at least `least`
+/// long, that is; or none: short and ragged runs wait for more segments to finish.
+pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max_batch: usize, least: usize, flush: bool) -> Option<Vec<Ready>> {
     if ready.is_empty() {
         return None;
     }
@@ -124,12 +126,18 @@ pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max
         let size = admitted(start);
         let complete = size == max_batch || admission.check(size + 1, lengths[start]).is_some();
         // Shorter runs further down admit at least as many and have fewer segments below them:
-        // none of them is complete either.
-        if !complete || start + size > lengths.len() {
+        // none of them is complete or longer either.
+        if !complete && (least == 0 || size < least) {
             return None;
         }
-        let fill = (prefix[start + size] - prefix[start]) as f64 / (size * lengths[start]) as f64;
-        if fill >= MIN_FILL {
+        let fill = |size: usize| (prefix[start + size] - prefix[start]) as f64 / (size * lengths[start]) as f64;
+        // A complete run goes whole; one taken for its length, as far as it is full (longest
+        // first, a run's fill only falls as it grows).
+        let size = match complete {
+            true => size,
+            false => (least..=size).rev().find(|&n| fill(n) >= MIN_FILL).unwrap_or(size),
+        };
+        if fill(size) >= MIN_FILL {
             return Some(ready.drain(start..start + size).collect());
         }
     }
@@ -163,17 +171,20 @@ fn cheapest_first_run(lengths: &[usize], admitted: impl Fn(usize) -> usize) -> u
 const RECOVER_AFTER: usize = 4;
 
 /// The token2wav bucket cap, AIMD: half the size of a bucket that ran out of memory, one more
-/// after every `RECOVER_AFTER` clean buckets, never above `[batching] max_batch`.
+/// after every `RECOVER_AFTER` clean buckets, never above `[llm] token2wav_max_bucket`; and the
+/// least run of like segments taken while the LLM decodes (`[llm] token2wav_least_bucket`; 0:
+/// only runs that fill a bucket).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketCap {
     pub cap: usize,
+    pub least: usize,
     max: usize,
     clean: usize,
 }
 
 impl BucketCap {
-    pub fn new(max: usize) -> BucketCap {
-        BucketCap { cap: max.max(1), max: max.max(1), clean: 0 }
+    pub fn new(max: usize, least: usize) -> BucketCap {
+        BucketCap { cap: max.max(1), least, max: max.max(1), clean: 0 }
     }
 
     pub fn clean(&mut self) {
@@ -272,11 +283,14 @@ pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) 
 /// The token2wav thread of `TextToSpeech::decode_and_vocode`: takes the segments the LLM
 /// finishes from `segments` (and starts with `ready`), runs each full bucket as soon as it is
 /// (`take_bucket`), waits for more when none is, and once the LLM has sent its last segment runs
-/// the rest in the batch's last buckets. Stops early, without error, when `abort` is set.
+/// the rest in the batch's last buckets — on `closing` when given (a stream of every SM, after
+/// the decode's share of them was kept from token2wav: `[llm] decode_sms`). Stops early, without
+/// error, when `abort` is set.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn vocode(
     token2wav: &mut dyn TextToken2Wav,
     segments: Receiver<Ready>,
+    mut closing: Option<&SideStream>,
     mut ready: Vec<Ready>,
     dropped: &[AtomicBool],
     abort: &AtomicBool,
@@ -297,7 +311,15 @@ pub(super) fn vocode(
                 Err(TryRecvError::Disconnected) => decoding = false,
             }
         }
-        if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, !decoding) {
+        if !decoding {
+            // The decode is done: the batch's last buckets may have every SM. The buckets before
+            // were waited for (`run_bucket`), or are waited for by the cutter, and the memory
+            // they leave cached is freed by the allocator when the new stream needs it.
+            if let Some(stream) = closing.take() {
+                stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
+            }
+        }
+        if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, cap.least, !decoding) {
             run_bucket(token2wav, batch, dropped, cut, &mut ready, cap, admission, stats)?;
             continue;
         }
@@ -319,7 +341,7 @@ mod tests {
 
     #[test]
     fn the_bucket_cap_halves_below_an_oom_and_climbs_back_slowly_to_its_maximum() {
-        let mut cap = BucketCap::new(128);
+        let mut cap = BucketCap::new(128, 0);
         cap.out_of_memory(128);
         assert_eq!(cap.cap, 64);
         cap.out_of_memory(64);
@@ -333,7 +355,7 @@ mod tests {
             cap.clean();
         }
         assert_eq!(cap.cap, 128, "never above max_batch");
-        assert_eq!(BucketCap::new(0).cap, 1);
+        assert_eq!(BucketCap::new(0, 0).cap, 1);
     }
 
     fn waiting(lengths: impl IntoIterator<Item = usize>) -> Vec<Ready> {
@@ -345,12 +367,12 @@ mod tests {
         let budget = TokenBudget { max_batch_tokens: 1 << 30 };
         // One long segment among short ones: a bucket led by it would be a third full.
         let mut ready = waiting(std::iter::once(100).chain([10; 6]));
-        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("four like short segments fill a bucket");
+        let bucket = take_bucket(&mut ready, &budget, 4, 0, false).expect("four like short segments fill a bucket");
         assert_eq!(bucket.iter().map(|r| r.tokens.len()).collect::<Vec<_>>(), vec![10; 4]);
-        assert!(take_bucket(&mut ready, &budget, 4, false).is_none(), "100, 10, 10: no complete, full bucket");
+        assert!(take_bucket(&mut ready, &budget, 4, 0, false).is_none(), "100, 10, 10: no complete, full bucket");
         assert_eq!(ready.len(), 3, "nothing taken");
         ready.extend(waiting([98, 95, 90]));
-        let bucket = take_bucket(&mut ready, &budget, 4, false).expect("the long one has peers now");
+        let bucket = take_bucket(&mut ready, &budget, 4, 0, false).expect("the long one has peers now");
         let lengths: Vec<usize> = bucket.iter().map(|r| r.tokens.len()).collect();
         assert_eq!(lengths, vec![100, 98, 95, 90]);
         let mut stats = BucketStats::default();
@@ -361,11 +383,27 @@ mod tests {
         // splits, the first is taken short — 50 alone, then the rest together.
         ready.extend(waiting([50, 1, 1]));
         let mut runs = Vec::new();
-        while let Some(b) = take_bucket(&mut ready, &budget, 4, true) {
+        while let Some(b) = take_bucket(&mut ready, &budget, 4, 0, true) {
             runs.push(b.iter().map(|r| r.tokens.len()).collect::<Vec<_>>());
         }
         assert_eq!(runs, vec![vec![50], vec![10, 10, 1, 1]]);
         assert!(ready.is_empty());
+    }
+
+    #[test]
+    fn with_a_least_bucket_a_full_run_that_long_goes_before_the_bucket_fills() {
+        let budget = TokenBudget { max_batch_tokens: 1 << 30 };
+        let mut ready = waiting([100, 99, 98]);
+        assert!(take_bucket(&mut ready, &budget, 8, 0, false).is_none(), "three of eight: no complete run");
+        assert!(take_bucket(&mut ready, &budget, 8, 4, false).is_none(), "three, shorter than the least");
+        ready.extend(waiting([97, 20]));
+        let bucket = take_bucket(&mut ready, &budget, 8, 4, false).expect("five like segments: longer than the least");
+        // 100, 99, 98, 97 and 20 pad the 20 five-fold (fill 0.83): the run of four like ones goes.
+        assert_eq!(bucket.iter().map(|r| r.tokens.len()).collect::<Vec<_>>(), vec![100, 99, 98, 97]);
+        assert_eq!(ready.len(), 1);
+        // A ragged run is not taken early either.
+        let mut ready = waiting([100, 60, 50, 40]);
+        assert!(take_bucket(&mut ready, &budget, 8, 4, false).is_none(), "fill 0.63");
     }
 
     #[test]
@@ -374,7 +412,7 @@ mod tests {
         // 24-s segments among 1.6-s ones.
         let mut ready = waiting([600, 590, 580].into_iter().chain([40; 200]));
         let mut runs = Vec::new();
-        while let Some(b) = take_bucket(&mut ready, &budget, 128, true) {
+        while let Some(b) = take_bucket(&mut ready, &budget, 128, 0, true) {
             runs.push((b.len(), b[0].tokens.len()));
         }
         // Longest first would pad 125 short segments to 600 (76,800 tokens for 6,770). The three
@@ -387,7 +425,7 @@ mod tests {
         // A lone segment past what memory admits still goes (the worker splits what fails).
         let mut ready = waiting([50, 50]);
         let tight = TokenBudget { max_batch_tokens: 10 };
-        assert_eq!(take_bucket(&mut ready, &tight, 128, true).map(|b| b.len()), Some(1));
+        assert_eq!(take_bucket(&mut ready, &tight, 128, 0, true).map(|b| b.len()), Some(1));
     }
 
     #[test]
@@ -396,12 +434,12 @@ mod tests {
         // By padding alone three calls (1,200 + 1,200 + 600 tokens + 3 × 1,000) beat one (7,200 +
         // 1,000); each small call costs at least CALL_FLOOR_TOKENS, so one call wins.
         let mut ready = waiting([60; 20].into_iter().chain([30; 40]).chain([10; 60]));
-        let bucket = take_bucket(&mut ready, &budget, 128, true).expect("a bucket");
+        let bucket = take_bucket(&mut ready, &budget, 128, 0, true).expect("a bucket");
         assert_eq!(bucket.len(), 120, "all of them in one call");
         assert!(ready.is_empty());
         // Large runs are still split by length: 100 × 400 padded tokens is far above the floor.
         let mut ready = waiting([400; 100].into_iter().chain([40; 100]));
-        assert_eq!(take_bucket(&mut ready, &budget, 128, true).map(|b| b.len()), Some(100));
+        assert_eq!(take_bucket(&mut ready, &budget, 128, 0, true).map(|b| b.len()), Some(100));
     }
 
     #[test]
@@ -409,11 +447,11 @@ mod tests {
         // 40 padded tokens: two segments of 20.
         let budget = TokenBudget { max_batch_tokens: 40 };
         let mut ready = waiting([20]);
-        assert!(take_bucket(&mut ready, &budget, 128, false).is_none(), "one of two");
+        assert!(take_bucket(&mut ready, &budget, 128, 0, false).is_none(), "one of two");
         ready.extend(waiting([20, 20]));
-        assert_eq!(take_bucket(&mut ready, &budget, 128, false).map(|b| b.len()), Some(2));
+        assert_eq!(take_bucket(&mut ready, &budget, 128, 0, false).map(|b| b.len()), Some(2));
         // A segment past the budget alone still goes (the worker splits what fails).
         let mut ready = waiting([50]);
-        assert_eq!(take_bucket(&mut ready, &budget, 128, true).map(|b| b.len()), Some(1));
+        assert_eq!(take_bucket(&mut ready, &budget, 128, 0, true).map(|b| b.len()), Some(1));
     }
 }

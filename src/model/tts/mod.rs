@@ -4,7 +4,8 @@
 //! continuous refill), and as segments finish their speech tokens go through the family's token2wav
 //! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
 //! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
-//! two stages share the GPU at once and neither waits for the batch's slowest sequence. Each
+//! two stages share the GPU at once — with `[llm] decode_sms`, token2wav's stream is of a green
+//! context that leaves the decode SMs of its own — and neither waits for the batch's slowest sequence. Each
 //! bucket's waveforms are cut into segments on a thread of their own (with `[llm]
 //! pipelined_buckets` on CUDA, that thread also waits for their copy, so the next bucket is queued
 //! while the last one runs), and a job's segments come
@@ -40,7 +41,7 @@ use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use super::token2wav::{HostWaves, TextToken2Wav};
 use crate::audio::Waveform;
-use crate::model::cuda_stream::{Priority, SideStream};
+use crate::model::cuda_stream::{green_sms, sm_count, Priority, SideStream};
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
@@ -157,11 +158,16 @@ pub struct TextToSpeech {
     /// CosyVoice3's system prompt (`None` for CosyVoice2).
     system: Option<SystemPrompt>,
     /// Where the token2wav thread queues its kernels (`[llm] overlap_token2wav` on CUDA): beside
-    /// the decode's. `None`: the default stream, the decode's own.
+    /// the decode's; with `[llm] decode_sms`, on a share of the SMs. `None`: the default stream,
+    /// the decode's own.
     side_stream: Option<SideStream>,
     /// Where the decode queues its kernels while token2wav runs on `side_stream`, with
     /// `[llm] prioritise_decode`: a stream of high priority. `None`: the calling thread's stream.
     decode_stream: Option<SideStream>,
+    /// Where the token2wav thread queues a batch's last buckets once the decode is done, when
+    /// `side_stream` keeps it to a share of the SMs (`[llm] decode_sms`, `closing_on_all_sms`): a
+    /// stream of every SM. `None`: `side_stream` to the end.
+    closing_stream: Option<SideStream>,
 }
 
 impl TextToSpeech {
@@ -204,7 +210,8 @@ impl TextToSpeech {
             "weights loaded"
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
-        let side_stream = match plan.llm.overlap_token2wav {
+        let side_stream = token2wav_stream(&plan.llm, device).map_err(err)?;
+        let closing_stream = match side_stream.is_some() && plan.llm.decode_sms > 0 && plan.llm.closing_on_all_sms {
             true => SideStream::new(device, Priority::Normal).map_err(|e| err(format!("cannot create token2wav's CUDA stream: {e}")))?,
             false => None,
         };
@@ -216,7 +223,7 @@ impl TextToSpeech {
             token2wav.set_pipelined(true);
             tracing::info!("token2wav's buckets pipelined: the next queued while the last runs, its waveforms waited for by the cutter");
         }
-        if side_stream.is_some() {
+        if side_stream.is_some() && plan.llm.decode_sms == 0 {
             tracing::info!(decode_priority = if decode_stream.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");
         }
         let mut tts = TextToSpeech {
@@ -225,12 +232,13 @@ impl TextToSpeech {
             decoder,
             ratios,
             admission: plan.token2wav,
-            cap: BucketCap::new(plan.token2wav_max_batch),
+            cap: BucketCap::new(plan.token2wav_max_batch, plan.llm.token2wav_least_bucket),
             llm_work: StageTime::idle(Stage::Llm),
             llm_dims: dims,
             system,
             side_stream,
             decode_stream,
+            closing_stream,
         };
         if matches!(device, Device::Cuda(_)) {
             // A failed warm-up costs the first batch its speed, not the worker.
@@ -392,7 +400,7 @@ impl TextToSpeech {
         stats: &mut BucketStats,
     ) -> Result<(), ModelError> {
         let ratios = self.ratios;
-        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, side_stream, decode_stream, .. } = self;
+        let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, side_stream, decode_stream, closing_stream, .. } = self;
         // The decode's kernels on its stream of high priority for this batch (made current on this
         // thread, which is the decode's; the stream before it is current again after).
         let _decode_stream = decode_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| ModelError::Inference(e.into()))?;
@@ -402,14 +410,14 @@ impl TextToSpeech {
         let abort = AtomicBool::new(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
         std::thread::scope(|scope| -> Result<(), ModelError> {
-            let (dropped, abort, side_stream) = (&dropped, &abort, side_stream.as_ref());
+            let (dropped, abort, side_stream, closing_stream) = (&dropped, &abort, side_stream.as_ref(), closing_stream.as_ref());
             let vocoder = std::thread::Builder::new()
                 .name("token2wav".into())
                 .spawn_scoped(scope, move || -> Result<(), ModelError> {
                     if let Some(stream) = side_stream {
                         stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
                     }
-                    tch::no_grad(|| vocode(token2wav.as_mut(), ready_rx, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
+                    tch::no_grad(|| vocode(token2wav.as_mut(), ready_rx, closing_stream, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
                 })
                 .map_err(|e| ModelError::BadOutput(format!("cannot start the token2wav thread: {e}")))?;
             let decoded = tch::no_grad(|| {
@@ -467,6 +475,23 @@ impl TextToSpeech {
 /// The sentence [`TextToSpeech::warm_up`] synthesizes at load, and the speech tokens it is forced to.
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
+
+/// The stream token2wav's thread queues its kernels on (`None`: the decode's): with `[llm]
+/// decode_sms` one of a CUDA green context that leaves the decode that many SMs, with
+/// `overlap_token2wav` one of its own; `Err` says why it cannot be made.
+fn token2wav_stream(llm: &LlmConfig, device: Device) -> Result<Option<SideStream>, String> {
+    if llm.decode_sms > 0 {
+        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(None) };
+        let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
+        let stream = SideStream::green(device, sms).map_err(|e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}"))?;
+        tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
+        return Ok(stream);
+    }
+    match llm.overlap_token2wav {
+        true => SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}")),
+        false => Ok(None),
+    }
+}
 
 /// Tokens of the system prompt `manifest`'s LM puts before a text (0 for CosyVoice2's): what a
 /// slot's positions must hold beyond `[llm]`'s limits (`request::max_positions`). Blocking (reads
