@@ -130,7 +130,7 @@ pub(super) fn take_bucket(ready: &mut Vec<Ready>, admission: &dyn Admission, max
         if !complete && (least == 0 || size < least) {
             return None;
         }
-        let fill = |size: usize| (prefix[start + size] - prefix[start]) as f64 / (size * lengths[start]) as f64;
+        let fill = |n: usize| (prefix[start + n] - prefix[start]) as f64 / (n * lengths[start]) as f64;
         // A complete run goes whole; one taken for its length, as far as it is full (longest
         // first, a run's fill only falls as it grows).
         let size = match complete {

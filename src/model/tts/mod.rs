@@ -210,11 +210,7 @@ impl TextToSpeech {
             "weights loaded"
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
-        let side_stream = token2wav_stream(&plan.llm, device).map_err(err)?;
-        let closing_stream = match side_stream.is_some() && plan.llm.decode_sms > 0 && plan.llm.closing_on_all_sms {
-            true => SideStream::new(device, Priority::Normal).map_err(|e| err(format!("cannot create token2wav's CUDA stream: {e}")))?,
-            false => None,
-        };
+        let (side_stream, closing_stream) = token2wav_streams(&plan.llm, device).map_err(err)?;
         let decode_stream = match side_stream.is_some() && plan.llm.prioritise_decode {
             true => SideStream::new(device, Priority::High).map_err(|e| err(format!("cannot create the decode's CUDA stream: {e}")))?,
             false => None,
@@ -476,20 +472,26 @@ impl TextToSpeech {
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
 
-/// The stream token2wav's thread queues its kernels on (`None`: the decode's): with `[llm]
-/// decode_sms` one of a CUDA green context that leaves the decode that many SMs, with
-/// `overlap_token2wav` one of its own; `Err` says why it cannot be made.
-fn token2wav_stream(llm: &LlmConfig, device: Device) -> Result<Option<SideStream>, String> {
+/// The streams token2wav's thread queues its kernels on: its buckets' (`None`: the decode's) —
+/// with `[llm] decode_sms` one of a CUDA green context that leaves the decode that many SMs, with
+/// `overlap_token2wav` one of its own — and, after a green one with `closing_on_all_sms`, the
+/// batch's last buckets' (every SM; `None`: the first to the end). `Err` says why one cannot be made.
+fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<(Option<SideStream>, Option<SideStream>), String> {
+    let own = || SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}"));
     if llm.decode_sms > 0 {
-        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(None) };
+        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok((None, None)) };
         let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
         let stream = SideStream::green(device, sms).map_err(|e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}"))?;
         tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
-        return Ok(stream);
+        let closing = match stream.is_some() && llm.closing_on_all_sms {
+            true => own()?,
+            false => None,
+        };
+        return Ok((stream, closing));
     }
     match llm.overlap_token2wav {
-        true => SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}")),
-        false => Ok(None),
+        true => Ok((own()?, None)),
+        false => Ok((None, None)),
     }
 }
 
