@@ -55,11 +55,15 @@ def main():
     x = torch.randn(64 * 1024 * 1024, device=dev)
     decode_stream = torch.cuda.Stream(priority=-1)
     rows = []
+    keep = []
     for sms in [int(s) for s in args.sms.split(",")]:
         if sms:
             from torch.cuda.green_contexts import GreenContext
 
-            flow_stream = GreenContext.create(sms, 0).Stream()
+            # The context must outlive its stream: a dropped GreenContext destroys it.
+            green = GreenContext.create(sms, 0)
+            keep.append(green)
+            flow_stream = green.Stream()
         else:
             flow_stream = torch.cuda.Stream()
         flow = lambda: flow_work(a, b, args.flow_steps)  # noqa: E731
