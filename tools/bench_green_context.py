@@ -6,7 +6,13 @@ stream of a green context of N SMs, or of every SM) and a memory-bound stand-in 
 small reads of a 256-MiB tensor, on a stream of high priority of the primary context), timed
 alone and at once. Prints one JSON line per setting: each side's seconds alone and together.
 
-    python3 tools/bench_green_context.py [--sms 0,104,112,120] [--shape 8192x8192x8192] [--out FILE]
+`--decode chain` models the real decode step instead (2026-12-07: the reads above are large
+kernels that need no free SM at a given moment, and beside the flow's projection they kept 70 % of
+their speed, while the real decode got 5-9 % of the GPU beside a bucket): per step `--chain`
+(400) tiny dependent kernels on a [512, 896] bf16 tensor, then the host waits for them (the picks'
+round trip), `--decode-steps` times; its seconds are the host's wall clock.
+
+    python3 tools/bench_green_context.py [--sms 0,104,112,120] [--shape 8192x8192x8192] [--decode reads|chain] [--out FILE]
 
 `--sms 0`: no green context (both on ordinary streams, the decode's of high priority). Needs
 torch's `torch.cuda.green_contexts` (2.10+) and a driver with green contexts.
@@ -30,6 +36,17 @@ def decode_work(x, steps):
         x.sum()
 
 
+def chain_work(y, steps, chain, stream):
+    # Latency-bound: each kernel waits for the one before, and each step for the host.
+    for _ in range(steps):
+        for i in range(chain):
+            if i % 2:
+                y.mul_(0.999)
+            else:
+                y.add_(1e-3)
+        stream.synchronize()
+
+
 def timed(stream, fn):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
@@ -44,15 +61,20 @@ def main():
     p.add_argument("--sms", default="0,104,112,120")
     p.add_argument("--flow-steps", type=int, default=200)
     p.add_argument("--shape", default="8192x8192x8192", help="the flow stand-in's matmul, MxKxN")
-    p.add_argument("--decode-steps", type=int, default=2000)
+    p.add_argument("--decode", choices=["reads", "chain"], default="reads")
+    p.add_argument("--decode-steps", type=int, default=None, help="2,000 reads, or 200 chained steps")
+    p.add_argument("--chain", type=int, default=400, help="kernels per chained step")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.decode_steps is None:
+        args.decode_steps = 2000 if args.decode == "reads" else 200
     dev = torch.device("cuda:0")
     total = torch.cuda.get_device_properties(0).multi_processor_count
     m, k, n = (int(v) for v in args.shape.split("x"))
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
     x = torch.randn(64 * 1024 * 1024, device=dev)
+    y = torch.randn(512, 896, device=dev, dtype=torch.bfloat16)
     decode_stream = torch.cuda.Stream(priority=-1)
     rows = []
     keep = []
@@ -67,11 +89,14 @@ def main():
         else:
             flow_stream = torch.cuda.Stream()
         flow = lambda: flow_work(a, b, args.flow_steps)  # noqa: E731
-        decode = lambda: decode_work(x, args.decode_steps)  # noqa: E731
+        if args.decode == "reads":
+            decode = lambda: decode_work(x, args.decode_steps)  # noqa: E731
+        else:
+            decode = lambda: chain_work(y, args.decode_steps, args.chain, decode_stream)  # noqa: E731
         for fn, stream in ((flow, flow_stream), (decode, decode_stream)):
             timed(stream, fn)  # warm-up
         torch.cuda.synchronize()
-        out = {"shape": args.shape, "sms_total": total, "flow_sms": sms or total}
+        out = {"shape": args.shape, "decode": args.decode, "sms_total": total, "flow_sms": sms or total}
         for name, fn, stream in (("flow", flow, flow_stream), ("decode", decode, decode_stream)):
             s, e = timed(stream, fn)
             torch.cuda.synchronize()
