@@ -10,7 +10,12 @@ alone and at once. Prints one JSON line per setting: each side's seconds alone a
 kernels that need no free SM at a given moment, and beside the flow's projection they kept 70 % of
 their speed, while the real decode got 5-9 % of the GPU beside a bucket): per step `--chain`
 (400) tiny dependent kernels on a [512, 896] bf16 tensor, then the host waits for them (the picks'
-round trip), `--decode-steps` times; its seconds are the host's wall clock.
+round trip), `--decode-steps` times; its events span the host's waits, so its seconds are the
+steps' wall time.
+
+At once, the flow's launches come from a thread of their own: a stream takes only so many pending
+kernels before a launch blocks the host, and the runs of 2026-12-07 07:38 launched 3,000 matmuls
+first, so the decode's launches waited for most of them to finish.
 
     python3 tools/bench_green_context.py [--sms 0,104,112,120] [--shape 8192x8192x8192] [--decode reads|chain] [--out FILE]
 
@@ -20,6 +25,7 @@ torch's `torch.cuda.green_contexts` (2.10+) and a driver with green contexts.
 
 import argparse
 import json
+import threading
 import time
 
 import torch
@@ -102,8 +108,12 @@ def main():
             torch.cuda.synchronize()
             out[f"{name}_alone_s"] = s.elapsed_time(e) / 1000
         wall = time.perf_counter()
-        fs, fe = timed(flow_stream, flow)
+        flow_events = []
+        launcher = threading.Thread(target=lambda: flow_events.extend(timed(flow_stream, flow)))
+        launcher.start()
         ds, de = timed(decode_stream, decode)
+        launcher.join()
+        fs, fe = flow_events
         torch.cuda.synchronize()
         out["together_wall_s"] = time.perf_counter() - wall
         out["flow_together_s"] = fs.elapsed_time(fe) / 1000
