@@ -2,20 +2,20 @@
 
 A compute-bound stand-in for token2wav's flow (bf16 matmuls, M×K×N: 8,192³, or the flow's own
 shape of 143,360×256×1,024 — 512 CFG rows × 280 frames through a 256 → 1,024 projection — on a
-stream of a green context of N SMs, or of every SM) and a memory-bound stand-in for the LLM's decode (a chain of
-small reads of a 256-MiB tensor, on a stream of high priority of the primary context), timed
-alone and at once. Prints one JSON line per setting: each side's seconds alone and together.
+stream of a green context of N SMs, or of every SM) and a memory-bound stand-in for the LLM's
+decode (`--decode reads`: reads of a 256-MiB tensor, one kernel each, on a stream of high priority
+of the primary context), timed alone and at once. Prints one JSON line per setting: each side's seconds alone and together.
 
-`--decode chain` models the real decode step instead (2026-12-07: the reads above are large
-kernels that need no free SM at a given moment, and beside the flow's projection they kept 70 % of
-their speed, while the real decode got 5-9 % of the GPU beside a bucket): per step `--chain`
+`--decode chain` models the real decode step instead (the reads above are large kernels that need
+no free SM at a given moment; the real decode got 5-9 % of the GPU beside a bucket, h100g in
+docs/PERFORMANCE.md): per step `--chain`
 (400) tiny dependent kernels on a [512, 896] bf16 tensor, then the host waits for them (the picks'
 round trip), `--decode-steps` times; its events span the host's waits, so its seconds are the
 steps' wall time.
 
-At once, the flow's launches come from a thread of their own: a stream takes only so many pending
-kernels before a launch blocks the host, and the runs of 2026-12-07 07:38 launched 3,000 matmuls
-first, so the decode's launches waited for most of them to finish.
+At once, the flow's launches come from a thread of their own: CUDA takes only so many pending
+launches before a launch blocks the host, and the runs of 2026-12-07 07:38 launched 3,000 matmuls
+first from one thread, so the decode's launches most likely waited for most of them to finish.
 
     python3 tools/bench_green_context.py [--sms 0,104,112,120] [--shape 8192x8192x8192] [--decode reads|chain] [--out FILE]
 
