@@ -60,10 +60,12 @@ async fn the_policy_bench_compares_the_policy_with_fixed_sizes_without_losing_jo
     let m = voxbatch::batch::memory::MemoryModel { m0: 1e8, a: 4.0 * 512.0 * 240.0, b: 0.0 };
     let admission = voxbatch::batch::memory::MemoryBudget::new(m, 6, 2e9, 1 << 20, Default::default());
     // Six jobs (every configuration synthesizes all of them, seven times over): the comparison
-    // and the no-loss accounting, in a fraction of a minute on two cores.
+    // and the no-loss accounting. Seed 2's are 13 to 308 characters (631 in all; seed 3's were
+    // 3,601 with two of 1,272 and 1,934, and the test took 35-38 s on two cores, half of it the
+    // kernel's page faults).
     let opts = voxbatch::bench::policy::PolicyBenchOptions {
         jobs: 6,
-        seed: 3,
+        seed: 2,
         max_batch: 4,
         gpu_name: "cpu".into(),
         profile_source: "test".into(),
