@@ -6,7 +6,9 @@
 //! on a stream of high priority (`tts`, `[llm] overlap_token2wav`, `[llm] prioritise_decode`).
 //! With `[llm] decode_sms`, token2wav's stream is one of a CUDA green context
 //! ([`SideStream::green`]): its kernels run on a share of the SMs ([`green_sms`]), and the rest are
-//! the decode's while a bucket runs.
+//! the decode's while a bucket runs; with `[llm] decode_on_its_sms` too, the decode's stream is one
+//! of a green context of those others ([`SideStream::green_rest`]), so that neither stage's kernels
+//! wait for the other's to leave an SM.
 //! A [`CudaEvent`] marks a point of the calling thread's stream, which another thread can wait
 //! for and time from (`[llm] pipelined_buckets`: the cutter thread waits for a bucket's waveforms).
 //!
@@ -28,7 +30,7 @@ use super::Device;
 extern "C" {
     fn voxbatch_stream_new(device: i32, high_priority: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_device_sm_count(device: i32, out: *mut i32, err: *mut c_char, err_len: usize) -> i32;
-    fn voxbatch_green_stream_new(device: i32, sms: i32, granted: *mut i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_green_stream_new(device: i32, sms: i32, rest: i32, granted: *mut i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_current(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_free(s: *mut c_void);
     fn voxbatch_stream_enter(s: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
@@ -90,6 +92,17 @@ impl SideStream {
     /// whatever other streams queue. `None` on a CPU, or without the CUDA headers at build time.
     /// The context lives as long as the process.
     pub fn green(device: Device, sms: u32) -> Result<Option<SideStream>, ShimError> {
+        Ok(SideStream::green_share(device, sms, false)?.map(|(stream, _)| stream))
+    }
+
+    /// A stream of a new CUDA green context of the SMs of `device` that [`SideStream::green`]`(sms)`
+    /// leaves beside its own, with how many they are: the two contexts' kernels never share an SM.
+    /// `None` on a CPU, or without the CUDA headers at build time.
+    pub fn green_rest(device: Device, sms: u32) -> Result<Option<(SideStream, u32)>, ShimError> {
+        SideStream::green_share(device, sms, true)
+    }
+
+    fn green_share(device: Device, sms: u32, rest: bool) -> Result<Option<(SideStream, u32)>, ShimError> {
         let Device::Cuda(_index) = device else { return Ok(None) };
         #[cfg(voxbatch_cuda_graphs)]
         {
@@ -98,16 +111,18 @@ impl SideStream {
             // SAFETY: writes a new stream handle into `ptr` and the SMs given into `granted`;
             // exceptions (a driver without green contexts, a count the split refuses) are caught
             // in C++.
-            checked("create a CUDA green context and its stream", |err, len| unsafe { voxbatch_green_stream_new(_index as i32, asked, &mut granted, &mut ptr, err, len) })?;
+            checked("create a CUDA green context and its stream", |err, len| unsafe {
+                voxbatch_green_stream_new(_index as i32, asked, i32::from(rest), &mut granted, &mut ptr, err, len)
+            })?;
             let stream = SideStream { ptr, index: _index as i32 };
-            if granted != asked {
+            if !rest && granted != asked {
                 return Err(ShimError { call: "create a CUDA green context and its stream", message: format!("the SM split gave {granted} SMs where {asked} were asked for") });
             }
-            Ok(Some(stream))
+            Ok(Some((stream, u32::try_from(granted).unwrap_or(0))))
         }
         #[cfg(not(voxbatch_cuda_graphs))]
         {
-            let _ = sms;
+            let _ = (sms, rest);
             Ok(None)
         }
     }
@@ -287,5 +302,11 @@ mod tests {
             let sms = green_sms(total, reserved).unwrap();
             assert!(total - sms >= reserved && sms % GREEN_GRANULARITY == 0 && total - sms - reserved < GREEN_GRANULARITY);
         }
+    }
+
+    #[test]
+    fn on_a_cpu_neither_share_of_a_green_split_makes_a_stream_or_an_error() {
+        assert!(SideStream::green(Device::Cpu, 120).unwrap().is_none());
+        assert!(SideStream::green_rest(Device::Cpu, 120).unwrap().is_none());
     }
 }

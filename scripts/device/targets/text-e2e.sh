@@ -28,7 +28,7 @@
 # PGPORT, AMQP_PORT, NODENAME (lib/services.sh), any VOXBATCH_* setting (e.g. the stages one after
 # the other: VOXBATCH_LLM__OVERLAP_TOKEN2WAV=false; token2wav's buckets pipelined, the summary's
 # token2wav_bucket_seconds then the launches' only: VOXBATCH_LLM__PIPELINED_BUCKETS=true; token2wav on a green context that
-# leaves the decode at least 8 SMs: VOXBATCH_LLM__DECODE_SMS=8; like runs of 128 before a bucket fills:
+# leaves the decode at least 8 SMs: VOXBATCH_LLM__DECODE_SMS=8, and the decode on a green context of those alone: VOXBATCH_LLM__DECODE_ON_ITS_SMS=true; like runs of 128 before a bucket fills:
 # VOXBATCH_LLM__TOKEN2WAV_LEAST_BUCKET=128; longer segments:
 # VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
 # VOXBATCH_AMQP__QUEUE…), PY.

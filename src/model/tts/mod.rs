@@ -5,7 +5,8 @@
 //! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
 //! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
 //! two stages share the GPU at once — with `[llm] decode_sms`, token2wav's stream is of a green
-//! context that leaves the decode SMs of its own — and neither waits for the batch's slowest sequence. Each
+//! context that leaves the decode SMs of its own (with `[llm] decode_on_its_sms`, the decode's
+//! stream is of a green context of those SMs: the two never share one) — and neither waits for the batch's slowest sequence. Each
 //! bucket's waveforms are cut into segments on a thread of their own (with `[llm]
 //! pipelined_buckets` on CUDA, that thread also waits for their copy, so the next bucket is queued
 //! while the last one runs), and a job's segments come
@@ -161,8 +162,9 @@ pub struct TextToSpeech {
     /// the decode's; with `[llm] decode_sms`, on a share of the SMs. `None`: the default stream,
     /// the decode's own.
     side_stream: Option<SideStream>,
-    /// Where the decode queues its kernels while token2wav runs on `side_stream`, with
-    /// `[llm] prioritise_decode`: a stream of high priority. `None`: the calling thread's stream.
+    /// Where the decode queues its kernels while token2wav runs on `side_stream`: with
+    /// `[llm] decode_on_its_sms`, a stream of a green context of the SMs token2wav's leaves; else
+    /// with `[llm] prioritise_decode`, a stream of high priority. `None`: the calling thread's stream.
     decode_stream: Option<SideStream>,
     /// Where the token2wav thread queues a batch's last buckets once the decode is done, when
     /// `side_stream` keeps it to a share of the SMs (`[llm] decode_sms`, `closing_on_all_sms`): a
@@ -210,11 +212,8 @@ impl TextToSpeech {
             "weights loaded"
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
-        let (side_stream, closing_stream) = token2wav_streams(&plan.llm, device).map_err(err)?;
-        let decode_stream = match side_stream.is_some() && plan.llm.prioritise_decode {
-            true => SideStream::new(device, Priority::High).map_err(|e| err(format!("cannot create the decode's CUDA stream: {e}")))?,
-            false => None,
-        };
+        let Token2WavStreams { buckets: side_stream, closing: closing_stream, green_sms } = token2wav_streams(&plan.llm, device).map_err(err)?;
+        let decode_stream = decode_stream(&plan.llm, device, side_stream.is_some(), green_sms).map_err(err)?;
         if plan.llm.pipelined_buckets && matches!(device, Device::Cuda(_)) {
             token2wav.set_pipelined(true);
             tracing::info!("token2wav's buckets pipelined: the next queued while the last runs, its waveforms waited for by the cutter");
@@ -472,14 +471,23 @@ impl TextToSpeech {
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
 
-/// The streams token2wav's thread queues its kernels on: its buckets' (`None`: the decode's) —
-/// with `[llm] decode_sms` one of a CUDA green context that leaves the decode that many SMs, with
-/// `overlap_token2wav` one of its own — and, after a green one with `closing_on_all_sms`, the
-/// batch's last buckets' (every SM; `None`: the first to the end). `Err` says why one cannot be made.
-fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<(Option<SideStream>, Option<SideStream>), String> {
+/// The streams token2wav's thread queues its kernels on ([`token2wav_streams`]).
+struct Token2WavStreams {
+    /// Its buckets' (`None`: the decode's): with `[llm] decode_sms` one of a CUDA green context
+    /// that leaves the decode that many SMs, with `overlap_token2wav` one of its own.
+    buckets: Option<SideStream>,
+    /// After a green one with `closing_on_all_sms`, the batch's last buckets' (every SM; `None`:
+    /// `buckets` to the end).
+    closing: Option<SideStream>,
+    /// The green context's SMs (`None` without one).
+    green_sms: Option<u32>,
+}
+
+/// token2wav's streams as `[llm]` asks for them. `Err` says why one cannot be made.
+fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<Token2WavStreams, String> {
     let own = || SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}"));
     if llm.decode_sms > 0 {
-        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok((None, None)) };
+        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(Token2WavStreams { buckets: None, closing: None, green_sms: None }) };
         let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
         let stream = SideStream::green(device, sms).map_err(|e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}"))?;
         tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
@@ -487,11 +495,31 @@ fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<(Option<SideStre
             true => own()?,
             false => None,
         };
-        return Ok((stream, closing));
+        let green_sms = stream.as_ref().map(|_| sms);
+        return Ok(Token2WavStreams { buckets: stream, closing, green_sms });
     }
-    match llm.overlap_token2wav {
-        true => Ok((own()?, None)),
-        false => Ok((None, None)),
+    let buckets = match llm.overlap_token2wav {
+        true => own()?,
+        false => None,
+    };
+    Ok(Token2WavStreams { buckets, closing: None, green_sms: None })
+}
+
+/// The stream the decode queues its steps on while token2wav runs on a side stream (`None`: the
+/// calling thread's): with `[llm] decode_on_its_sms` beside token2wav's green context of
+/// `token2wav_sms`, one of a green context of the SMs it leaves; else with `prioritise_decode` one
+/// of high priority. `Err` says why it cannot be made.
+fn decode_stream(llm: &LlmConfig, device: Device, side_stream: bool, token2wav_sms: Option<u32>) -> Result<Option<SideStream>, String> {
+    if let (true, Some(sms)) = (llm.decode_on_its_sms, token2wav_sms) {
+        let Some((stream, decode_sms)) = SideStream::green_rest(device, sms).map_err(|e| format!("cannot give the decode the SMs beside token2wav's {sms} ([llm] decode_on_its_sms): {e}"))? else {
+            return Ok(None);
+        };
+        tracing::info!(decode_sms, token2wav_sms = sms, "the decode on a CUDA green context of its own: the two stages never share an SM");
+        return Ok(Some(stream));
+    }
+    match side_stream && llm.prioritise_decode {
+        true => SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}")),
+        false => Ok(None),
     }
 }
 
