@@ -155,7 +155,7 @@ async fn a_worker_killed_mid_chapter_loses_nothing_and_the_chapter_is_synthesize
     let patient = tiny_cosyvoice2_with_max_ratio("200.0");
     let mut env = TestEnv::new("cv2kill").await;
     env.cfg.model.dir = patient.path().to_path_buf();
-    // 23 segments (25 repeats made 47 for no more checked).
+    // 23 segments (25 repeats made about twice as many, for no more checked).
     let chapter = text_job(&"今天天气很好，我们去公园散步。The price was $1,299.50, paid on 2024-01-15. ".repeat(12), "voice1", Some(Mode::CrossLingual), None);
     let lines: Vec<Job> = (0..3).map(|i| text_job(&format!("第{i}行。Line {i} of the book."), "voice0", Some(Mode::CrossLingual), None)).collect();
     env.publish(std::slice::from_ref(&chapter)).await;
