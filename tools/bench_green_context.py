@@ -13,6 +13,9 @@ docs/PERFORMANCE.md): per step `--chain`
 round trip), `--decode-steps` times; its events span the host's waits, so its seconds are the
 steps' wall time.
 
+`--decode-on-rest`: the decode's stream is one of a green context of the SMs the flow's leaves
+(`[llm] decode_on_its_sms`; tools/check_green_split.py makes both), so the two never share an SM.
+
 At once, the flow's launches come from a thread of their own: CUDA takes only so many pending
 launches before a launch blocks the host, and the runs of 2026-12-07 07:38 launched 3,000 matmuls
 first from one thread, so the decode's launches most likely waited for most of them to finish.
@@ -70,6 +73,7 @@ def main():
     p.add_argument("--decode", choices=["reads", "chain"], default="reads")
     p.add_argument("--decode-steps", type=int, default=None, help="2,000 reads, or 200 chained steps")
     p.add_argument("--chain", type=int, default=400, help="kernels per chained step")
+    p.add_argument("--decode-on-rest", action="store_true", help="the decode on a green context of the SMs the flow's leaves (`[llm] decode_on_its_sms`)")
     p.add_argument("--out")
     args = p.parse_args()
     if args.decode_steps is None:
@@ -85,7 +89,12 @@ def main():
     rows = []
     keep = []
     for sms in [int(s) for s in args.sms.split(",")]:
-        if sms:
+        decode_on = decode_stream
+        if sms and args.decode_on_rest:
+            from check_green_split import split_streams
+
+            (flow_stream, _), (decode_on, _), _ = split_streams(sms)
+        elif sms:
             from torch.cuda.green_contexts import GreenContext
 
             # The context must outlive its stream: a dropped GreenContext destroys it.
@@ -98,12 +107,12 @@ def main():
         if args.decode == "reads":
             decode = lambda: decode_work(x, args.decode_steps)  # noqa: E731
         else:
-            decode = lambda: chain_work(y, args.decode_steps, args.chain, decode_stream)  # noqa: E731
-        for fn, stream in ((flow, flow_stream), (decode, decode_stream)):
+            decode = lambda: chain_work(y, args.decode_steps, args.chain, decode_on)  # noqa: E731
+        for fn, stream in ((flow, flow_stream), (decode, decode_on)):
             timed(stream, fn)  # warm-up
         torch.cuda.synchronize()
-        out = {"shape": args.shape, "decode": args.decode, "sms_total": total, "flow_sms": sms or total}
-        for name, fn, stream in (("flow", flow, flow_stream), ("decode", decode, decode_stream)):
+        out = {"shape": args.shape, "decode": args.decode, "sms_total": total, "flow_sms": sms or total, "decode_on_rest": bool(sms and args.decode_on_rest)}
+        for name, fn, stream in (("flow", flow, flow_stream), ("decode", decode, decode_on)):
             s, e = timed(stream, fn)
             torch.cuda.synchronize()
             out[f"{name}_alone_s"] = s.elapsed_time(e) / 1000
@@ -111,7 +120,7 @@ def main():
         flow_events = []
         launcher = threading.Thread(target=lambda: flow_events.extend(timed(flow_stream, flow)))
         launcher.start()
-        ds, de = timed(decode_stream, decode)
+        ds, de = timed(decode_on, decode)
         launcher.join()
         fs, fe = flow_events
         torch.cuda.synchronize()

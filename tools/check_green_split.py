@@ -37,29 +37,37 @@ def timed_matmuls(a, stream, n=20):
     return time.perf_counter() - start
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--sms", type=int, default=120, help="the group's SMs (token2wav's)")
-    args = p.parse_args()
-    torch.zeros(1, device="cuda")  # the primary context, before the green ones
+def split_streams(sms, device=0):
+    """Streams of two green contexts of `device`: a group of `sms` SMs and the rest of the split,
+    as torch streams, with the SM count of each. The contexts are never destroyed (the process's life)."""
+    torch.zeros(1, device=f"cuda:{device}")  # the primary context, before the green ones
     cu = C.CDLL("libcuda.so.1")
     dev = C.c_int()
-    check(cu.cuDeviceGet(C.byref(dev), 0), "cuDeviceGet")
+    check(cu.cuDeviceGet(C.byref(dev), device), "cuDeviceGet")
     every = C.create_string_buffer(256)
     check(cu.cuDeviceGetDevResource(dev, every, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
     group, rest, groups = C.create_string_buffer(256), C.create_string_buffer(256), C.c_uint(1)
-    check(cu.cuDevSmResourceSplitByCount(group, C.byref(groups), every, rest, 0, args.sms), "cuDevSmResourceSplitByCount")
-    print("SMs: all", sm_count(every), "group", sm_count(group), "rest", sm_count(rest), flush=True)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    print("every SM: 20 matmuls 8192^3 s", round(timed_matmuls(a, torch.cuda.Stream()), 4), flush=True)
+    check(cu.cuDevSmResourceSplitByCount(group, C.byref(groups), every, rest, 0, sms), "cuDevSmResourceSplitByCount")
+    streams = []
     for name, share in (("group", group), ("rest", rest)):
         desc, context, stream = C.c_void_p(), C.c_void_p(), C.c_void_p()
         check(cu.cuDevResourceGenerateDesc(C.byref(desc), share, 1), f"{name}: cuDevResourceGenerateDesc")
         check(cu.cuGreenCtxCreate(C.byref(context), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), f"{name}: cuGreenCtxCreate")
         check(cu.cuGreenCtxStreamCreate(C.byref(stream), context, CU_STREAM_NON_BLOCKING, 0), f"{name}: cuGreenCtxStreamCreate")
-        seconds = timed_matmuls(a, torch.cuda.ExternalStream(stream.value))
-        print(f"{name}: 20 matmuls 8192^3 s", round(seconds, 4), flush=True)
+        streams.append((torch.cuda.ExternalStream(stream.value, device=f"cuda:{device}"), sm_count(share)))
+    return streams[0], streams[1], sm_count(every)
 
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sms", type=int, default=120, help="the group's SMs (token2wav's)")
+    args = p.parse_args()
+    (group, group_sms), (rest, rest_sms), every = split_streams(args.sms)
+    print("SMs: all", every, "group", group_sms, "rest", rest_sms, flush=True)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    print("every SM: 20 matmuls 8192^3 s", round(timed_matmuls(a, torch.cuda.Stream()), 4), flush=True)
+    for name, stream in (("group", group), ("rest", rest)):
+        print(f"{name}: 20 matmuls 8192^3 s", round(timed_matmuls(a, stream), 4), flush=True)
 
 if __name__ == "__main__":
     main()
