@@ -212,8 +212,11 @@ impl TextToSpeech {
             "weights loaded"
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
-        let Token2WavStreams { buckets: side_stream, closing: closing_stream, green_sms } = token2wav_streams(&plan.llm, device).map_err(err)?;
-        let decode_stream = decode_stream(&plan.llm, device, side_stream.is_some(), green_sms).map_err(err)?;
+        let Token2WavStreams { buckets: side_stream, closing: closing_stream, decode: green_decode } = token2wav_streams(&plan.llm, device).map_err(err)?;
+        let decode_stream = match green_decode {
+            Some(stream) => Some(stream),
+            None => decode_stream(&plan.llm, device, side_stream.is_some()).map_err(err)?,
+        };
         if plan.llm.pipelined_buckets && matches!(device, Device::Cuda(_)) {
             token2wav.set_pipelined(true);
             tracing::info!("token2wav's buckets pipelined: the next queued while the last runs, its waveforms waited for by the cutter");
@@ -471,7 +474,8 @@ impl TextToSpeech {
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
 
-/// The streams token2wav's thread queues its kernels on ([`token2wav_streams`]).
+/// The streams token2wav's thread queues its kernels on ([`token2wav_streams`]), and the
+/// decode's where the split that gives token2wav its SMs gives the decode the others.
 struct Token2WavStreams {
     /// Its buckets' (`None`: the decode's): with `[llm] decode_sms` one of a CUDA green context
     /// that leaves the decode that many SMs, with `overlap_token2wav` one of its own.
@@ -479,44 +483,52 @@ struct Token2WavStreams {
     /// After a green one with `closing_on_all_sms`, the batch's last buckets' (every SM; `None`:
     /// `buckets` to the end).
     closing: Option<SideStream>,
-    /// The green context's SMs (`None` without one).
-    green_sms: Option<u32>,
+    /// With `decode_sms` and `decode_on_its_sms`: the decode's, of a green context of the SMs the
+    /// same split leaves beside token2wav's.
+    decode: Option<SideStream>,
 }
 
 /// token2wav's streams as `[llm]` asks for them. `Err` says why one cannot be made.
 fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<Token2WavStreams, String> {
     let own = || SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}"));
     if llm.decode_sms > 0 {
-        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(Token2WavStreams { buckets: None, closing: None, green_sms: None }) };
+        let none = Token2WavStreams { buckets: None, closing: None, decode: None };
+        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(none) };
         let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
-        let stream = SideStream::green(device, sms).map_err(|e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}"))?;
-        tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
-        let closing = match stream.is_some() && llm.closing_on_all_sms {
+        let refused = |e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}");
+        let (stream, decode) = match llm.decode_on_its_sms {
+            true => match SideStream::green_split(device, sms).map_err(refused)? {
+                Some((stream, (decode, decode_sms))) => {
+                    tracing::info!(token2wav_sms = sms, decode_sms, "token2wav and the decode on CUDA green contexts of their own: the two stages never share an SM");
+                    (stream, Some(decode))
+                }
+                None => return Ok(none),
+            },
+            false => match SideStream::green(device, sms).map_err(refused)? {
+                Some(stream) => {
+                    tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
+                    (stream, None)
+                }
+                None => return Ok(none),
+            },
+        };
+        let closing = match llm.closing_on_all_sms {
             true => own()?,
             false => None,
         };
-        let green_sms = stream.as_ref().map(|_| sms);
-        return Ok(Token2WavStreams { buckets: stream, closing, green_sms });
+        return Ok(Token2WavStreams { buckets: Some(stream), closing, decode });
     }
     let buckets = match llm.overlap_token2wav {
         true => own()?,
         false => None,
     };
-    Ok(Token2WavStreams { buckets, closing: None, green_sms: None })
+    Ok(Token2WavStreams { buckets, closing: None, decode: None })
 }
 
-/// The stream the decode queues its steps on while token2wav runs on a side stream (`None`: the
-/// calling thread's): with `[llm] decode_on_its_sms` beside token2wav's green context of
-/// `token2wav_sms`, one of a green context of the SMs it leaves; else with `prioritise_decode` one
-/// of high priority. `Err` says why it cannot be made.
-fn decode_stream(llm: &LlmConfig, device: Device, side_stream: bool, token2wav_sms: Option<u32>) -> Result<Option<SideStream>, String> {
-    if let (true, Some(sms)) = (llm.decode_on_its_sms, token2wav_sms) {
-        let Some((stream, decode_sms)) = SideStream::green_rest(device, sms).map_err(|e| format!("cannot give the decode the SMs beside token2wav's {sms} ([llm] decode_on_its_sms): {e}"))? else {
-            return Ok(None);
-        };
-        tracing::info!(decode_sms, token2wav_sms = sms, "the decode on a CUDA green context of its own: the two stages never share an SM");
-        return Ok(Some(stream));
-    }
+/// The stream the decode queues its steps on while token2wav runs on a side stream of every SM
+/// (`None`: the calling thread's): with `[llm] prioritise_decode` one of high priority. `Err`
+/// says why it cannot be made.
+fn decode_stream(llm: &LlmConfig, device: Device, side_stream: bool) -> Result<Option<SideStream>, String> {
     match side_stream && llm.prioritise_decode {
         true => SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}")),
         false => Ok(None),
