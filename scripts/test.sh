@@ -25,7 +25,8 @@ sweep() {
 # One libtorch (OpenMP) thread per test process: nextest runs the tests side by side, and each
 # process's default of a thread per core had them spin against each other on the two cores — the
 # 293 tests took 373.9 s with it and 301.9 s without (2026-12-06; 36 model tests: 56.4 s → 16.9 s).
-# (Four tests at a time on the two cores: 268.1 s and 320.8 s in two runs — no clear gain; not set.)
+# (Four tests at a time on the two cores: 268.1 s and 320.8 s in two runs — no clear gain. The
+# profile `suite`, .config/nextest.toml, runs four only where tests that mostly wait are among them.)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 sweep
@@ -36,7 +37,7 @@ status=0
 # Postgres and stop SeaweedFS), one at a time. FAULTS=only runs just those; FAULTS=skip skips them.
 FAULTS=${FAULTS:-run}
 if cargo nextest --version >/dev/null 2>&1; then
-  [ "$FAULTS" = only ] || cargo nextest run --no-fail-fast "$@" || status=$?
+  [ "$FAULTS" = only ] || cargo nextest run --profile suite --no-fail-fast "$@" || status=$?
   [ "$FAULTS" = skip ] || cargo nextest run --no-fail-fast --test integration --run-ignored only --test-threads 1 -E 'test(/^faults::/)' || status=$?
 else
   [ "$FAULTS" = only ] || cargo test --no-fail-fast "$@" || status=$?
