@@ -69,5 +69,6 @@ def main():
     for name, stream in (("group", group), ("rest", rest)):
         print(f"{name}: 20 matmuls 8192^3 s", round(timed_matmuls(a, stream), 4), flush=True)
 
+
 if __name__ == "__main__":
     main()

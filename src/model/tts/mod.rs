@@ -4,9 +4,8 @@
 //! continuous refill), and as segments finish their speech tokens go through the family's token2wav
 //! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
 //! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
-//! two stages share the GPU at once — with `[llm] decode_sms`, token2wav's stream is of a green
-//! context that leaves the decode SMs of its own (with `[llm] decode_on_its_sms`, the decode's
-//! stream is of a green context of those SMs: the two never share one) — and neither waits for the batch's slowest sequence. Each
+//! two stages share the GPU at once, each on the stream `streams` chose for it — and neither
+//! waits for the batch's slowest sequence. Each
 //! bucket's waveforms are cut into segments on a thread of their own (with `[llm]
 //! pipelined_buckets` on CUDA, that thread also waits for their copy, so the next bucket is queued
 //! while the last one runs), and a job's segments come
@@ -23,12 +22,14 @@
 //! Sizes come from a [`TextPlan`] (`sizing::text_plan`: LLM slots from `[llm]` and the memory
 //! budget, token2wav buckets from the token2wav memory model over what the LLM leaves).
 //!
-//! Neighbours: [`buckets`] (which finished segments go through token2wav together), `frontend`
+//! Neighbours: [`buckets`] (which finished segments go through token2wav together), `streams`
+//! (which CUDA stream, or share of the SMs, each stage's kernels go to), `frontend`
 //! (text → segments), `model::llm` (`SpeechLm::generate_with`, `BatchDecoder`, `prompt`),
 //! `model::token2wav` (the token2wav seam), `worker::intake` (prepares), `model` (the seam, the
 //! one loader).
 
 pub mod buckets;
+mod streams;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,13 +37,14 @@ use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use self::buckets::{cut_segments, vocode, BucketCap, BucketStats, Ready};
+use self::streams::StageStreams;
 use super::llm::batch::BatchDecoder;
 use super::llm::prompt::{self, PromptError, SystemPrompt, END_OF_PROMPT, SYSTEM_PROMPT};
 use super::llm::sampler::SamplingParams;
 use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm};
 use super::token2wav::{HostWaves, TextToken2Wav};
 use crate::audio::Waveform;
-use crate::model::cuda_stream::{green_sms, sm_count, Priority, SideStream};
+use crate::model::cuda_stream::SideStream;
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
@@ -212,17 +214,10 @@ impl TextToSpeech {
             "weights loaded"
         );
         let warm_up_text = tokenizer.encode(WARM_UP_TEXT).map_err(|e| err(e.to_string()))?;
-        let Token2WavStreams { buckets: side_stream, closing: closing_stream, decode: green_decode } = token2wav_streams(&plan.llm, device).map_err(err)?;
-        let decode_stream = match green_decode {
-            Some(stream) => Some(stream),
-            None => decode_stream(&plan.llm, device, side_stream.is_some()).map_err(err)?,
-        };
+        let StageStreams { buckets: side_stream, closing: closing_stream, decode: decode_stream } = StageStreams::new(&plan.llm, device).map_err(err)?;
         if plan.llm.pipelined_buckets && matches!(device, Device::Cuda(_)) {
             token2wav.set_pipelined(true);
             tracing::info!("token2wav's buckets pipelined: the next queued while the last runs, its waveforms waited for by the cutter");
-        }
-        if side_stream.is_some() && plan.llm.decode_sms == 0 {
-            tracing::info!(decode_priority = if decode_stream.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");
         }
         let mut tts = TextToSpeech {
             token2wav,
@@ -473,67 +468,6 @@ impl TextToSpeech {
 /// The sentence [`TextToSpeech::warm_up`] synthesizes at load, and the speech tokens it is forced to.
 const WARM_UP_TEXT: &str = "Warming up.";
 const WARM_UP_SPEECH_TOKENS: usize = 50;
-
-/// The streams token2wav's thread queues its kernels on ([`token2wav_streams`]), and the
-/// decode's where the split that gives token2wav its SMs gives the decode the others.
-struct Token2WavStreams {
-    /// Its buckets' (`None`: the decode's): with `[llm] decode_sms` one of a CUDA green context
-    /// that leaves the decode that many SMs, with `overlap_token2wav` one of its own.
-    buckets: Option<SideStream>,
-    /// After a green one with `closing_on_all_sms`, the batch's last buckets' (every SM; `None`:
-    /// `buckets` to the end).
-    closing: Option<SideStream>,
-    /// With `decode_sms` and `decode_on_its_sms`: the decode's, of a green context of the SMs the
-    /// same split leaves beside token2wav's.
-    decode: Option<SideStream>,
-}
-
-/// token2wav's streams as `[llm]` asks for them. `Err` says why one cannot be made.
-fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<Token2WavStreams, String> {
-    let own = || SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}"));
-    if llm.decode_sms > 0 {
-        let none = Token2WavStreams { buckets: None, closing: None, decode: None };
-        let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(none) };
-        let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
-        let refused = |e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}");
-        let (stream, decode) = match llm.decode_on_its_sms {
-            true => match SideStream::green_split(device, sms).map_err(refused)? {
-                Some((stream, (decode, decode_sms))) => {
-                    tracing::info!(token2wav_sms = sms, decode_sms, "token2wav and the decode on CUDA green contexts of their own: the two stages never share an SM");
-                    (stream, Some(decode))
-                }
-                None => return Ok(none),
-            },
-            false => match SideStream::green(device, sms).map_err(refused)? {
-                Some(stream) => {
-                    tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
-                    (stream, None)
-                }
-                None => return Ok(none),
-            },
-        };
-        let closing = match llm.closing_on_all_sms {
-            true => own()?,
-            false => None,
-        };
-        return Ok(Token2WavStreams { buckets: Some(stream), closing, decode });
-    }
-    let buckets = match llm.overlap_token2wav {
-        true => own()?,
-        false => None,
-    };
-    Ok(Token2WavStreams { buckets, closing: None, decode: None })
-}
-
-/// The stream the decode queues its steps on while token2wav runs on a side stream of every SM
-/// (`None`: the calling thread's): with `[llm] prioritise_decode` one of high priority. `Err`
-/// says why it cannot be made.
-fn decode_stream(llm: &LlmConfig, device: Device, side_stream: bool) -> Result<Option<SideStream>, String> {
-    match side_stream && llm.prioritise_decode {
-        true => SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}")),
-        false => Ok(None),
-    }
-}
 
 /// Tokens of the system prompt `manifest`'s LM puts before a text (0 for CosyVoice2's): what a
 /// slot's positions must hold beyond `[llm]`'s limits (`request::max_positions`). Blocking (reads
