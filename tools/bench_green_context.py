@@ -14,7 +14,8 @@ round trip), `--decode-steps` times; its events span the host's waits, so its se
 steps' wall time.
 
 `--decode-on-rest`: the decode's stream is one of a green context of the SMs the flow's leaves
-(`[llm] decode_on_its_sms`; tools/check_green_split.py makes both), so the two never share an SM.
+(tools/check_green_split.py makes both), so the two never share an SM — the stand-in of the worker's
+`[llm] decode_on_its_sms`, removed on 2026-12-07 (docs/PERFORMANCE.md#2026-12-07-h100l-e2e).
 
 At once, the flow's launches come from a thread of their own: CUDA takes only so many pending
 launches before a launch blocks the host, and the runs of 2026-12-07 07:38 launched 3,000 matmuls
@@ -73,7 +74,7 @@ def main():
     p.add_argument("--decode", choices=["reads", "chain"], default="reads")
     p.add_argument("--decode-steps", type=int, default=None, help="2,000 reads, or 200 chained steps")
     p.add_argument("--chain", type=int, default=400, help="kernels per chained step")
-    p.add_argument("--decode-on-rest", action="store_true", help="the decode on a green context of the SMs the flow's leaves (`[llm] decode_on_its_sms`)")
+    p.add_argument("--decode-on-rest", action="store_true", help="the decode on a green context of the SMs the flow's leaves")
     p.add_argument("--out")
     args = p.parse_args()
     if args.decode_steps is None:

@@ -1,5 +1,6 @@
 """Whether the CUDA driver makes green contexts of both shares of an SM split (`[llm] decode_sms`
-with `decode_on_its_sms`: token2wav on the group, the decode on the remainder), and how fast 20
+with the decode on the remainder, as the worker's `decode_on_its_sms` ran it until its removal on
+2026-12-07: its matmuls failed in cuBLAS on an H100, docs/PERFORMANCE.md#2026-12-07-h100l-e2e), and how fast 20
 bf16 matmuls of 8,192³ run on every SM, on the group and on the remainder. Through the driver API
 with ctypes, as csrc/cuda_stream.cpp calls it (CUdevResource: the SM count at byte 96, the layout of
 CUDA 12.4+ and 13).

@@ -87,7 +87,33 @@ impl ModelError {
     pub fn is_oom(&self) -> bool {
         matches!(self, ModelError::OutOfMemory { .. })
     }
+
+    /// True when the GPU itself failed running the batch — a CUDA, cuBLAS or cuDNN error other than
+    /// out-of-memory (an execution failure, an illegal address, a launch failure). That is no job's
+    /// fault, and the CUDA context may be unusable from here on: the worker gives its work back and
+    /// stops rather than fail jobs one by one (`worker::infer`). On an H100 on 2026-12-07 a worker
+    /// whose decode ran on a green context of 12 SMs failed two jobs this way
+    /// (docs/PERFORMANCE.md#2026-12-07-h100l-e2e).
+    pub fn is_device_fault(&self) -> bool {
+        if self.is_oom() {
+            return false;
+        }
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        if text.contains("out of memory") {
+            return false;
+        }
+        DEVICE_FAULTS.iter().any(|marker| text.contains(marker))
+    }
 }
+
+/// What libtorch's messages say when the GPU failed (CUDA's runtime errors, cuBLAS's and cuDNN's
+/// statuses); out-of-memory is told apart before.
+const DEVICE_FAULTS: &[&str] = &["CUDA error", "CUBLAS_STATUS_", "CUDNN_STATUS_", "cuDNN error", "an illegal memory access", "unspecified launch failure"];
 
 /// One item of a batch: token ids and the index of its voice — in [`Manifest::voices`] for a
 /// TorchScript model; for CosyVoice2, in the model thread's voice table, which a worker's
@@ -356,5 +382,25 @@ mod tests {
         assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
         assert!("int8".parse::<Precision>().is_err());
         assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+    }
+
+    /// A GPU failure is the worker's to stop on, not a job's to fail: the messages libtorch gave on
+    /// an H100 on 2026-12-07 (cuBLAS on a green context) and CUDA's sticky errors are device faults;
+    /// out-of-memory (split and retried) and errors of the input are not.
+    #[test]
+    fn a_cuda_or_cublas_failure_is_a_device_fault_and_out_of_memory_or_bad_input_is_not() {
+        let torch = |m: &str| tch::TchError::Torch(m.to_string());
+        let fault = |m: &str| ModelError::Inference(torch(m)).is_device_fault();
+        assert!(fault("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( handle, opa, opb, m, n, k, &falpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &fbeta, c, CUDA_R_16BF, ldc, compute_type, CUBLAS_GEMM_DEFAULT_TENSOR_OP)`"));
+        assert!(fault("CUDA error: an illegal memory access was encountered"));
+        assert!(fault("CUDA error: unspecified launch failure"));
+        assert!(fault("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"));
+        assert!(!fault("CUDA error: out of memory"));
+        assert!(!ModelError::OutOfMemory { batch_size: 8, source: torch("CUDA out of memory. Tried to allocate 7.33 GiB") }.is_device_fault());
+        assert!(!fault("ZeroDivisionError"));
+        assert!(!fault("index 70000 is out of bounds for dimension 0 with size 6561"));
+        assert!(!ModelError::BadInput("a segment of no speech tokens".into()).is_device_fault());
+        // Through the model thread's wrapper, as the worker sees it.
+        assert!(ModelError::NotLoaded(std::sync::Arc::new(ModelError::Inference(torch("CUDA error: unspecified launch failure")))).is_device_fault());
     }
 }

@@ -281,6 +281,13 @@ impl Infer {
         self.record_events(batch_id, &run.events).await;
         let given_back_ids: Vec<Uuid> = run.given_back.iter().map(|r| r.job.job_id).collect();
         self.settler.give_back_claimed(&given_back_ids, run.given_back.into_iter().map(|r| r.delivery).collect()).await;
+        if let Some(e) = &run.device_fault {
+            // Not the jobs' fault: they went back to the queue; a fresh process gets a fresh CUDA
+            // context (its supervisor restarts it; the delivery limit still bounds a job that
+            // brings the GPU down each time).
+            error!(given_back = given_back_ids.len(), error = %error_chain(e), "the GPU failed; giving the batch back and stopping the worker");
+            self.settler.retry.fatal.raise("the GPU", e);
+        }
         for (r, reason) in run.failed {
             self.settler.fail(r.job.job_id, &reason, r.delivery).await;
         }
@@ -390,7 +397,7 @@ fn split_duplicates(items: Vec<Received>) -> (Vec<Received>, Vec<Received>) {
 pub struct ModelRun<T> {
     pub done: Vec<(T, Waveform)>,
     pub failed: Vec<(T, String)>,
-    /// Not attempted: the inference thread is gone.
+    /// Not attempted: the inference thread is gone, or the GPU failed (`device_fault`).
     pub given_back: Vec<T>,
     pub events: Vec<SplitEvent>,
     /// Highest peak memory over the forward passes.
@@ -400,6 +407,9 @@ pub struct ModelRun<T> {
     pub forward_padded_tokens: u64,
     /// Where the model's time went, per stage, over every pass (models with stages).
     pub stages: Vec<StageTime>,
+    /// The GPU failed (`ModelError::is_device_fault`): the rest was given back, and the worker
+    /// should stop.
+    pub device_fault: Option<ModelError>,
 }
 
 /// Runs `items` on `model`; on an out-of-memory error (the model thread releases cached memory)
@@ -411,12 +421,13 @@ pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_i
     let peak = Arc::new(AtomicU64::new(0));
     let stages = Arc::new(tokio::sync::Mutex::new(Vec::<StageTime>::new()));
     let (mut forward_tokens, mut forward_padded_tokens) = (0u64, 0u64);
+    let device_fault = Arc::new(std::sync::OnceLock::<ModelError>::new());
     let run = run_splitting(items, |t: &T| synth_item(t).len(), |part: &[T]| {
         let batch: Vec<SynthItem> = part.iter().map(&synth_item).collect();
         let longest = batch.iter().map(SynthItem::len).max().unwrap_or(0) as u64;
         forward_tokens += batch.iter().map(|i| i.len() as u64).sum::<u64>();
         forward_padded_tokens += longest * batch.len() as u64;
-        let (model, peak, stages) = (model.clone(), peak.clone(), stages.clone());
+        let (model, peak, stages, device_fault) = (model.clone(), peak.clone(), stages.clone(), device_fault.clone());
         async move {
             match model.synthesize(batch).await {
                 Ok(out) => {
@@ -428,6 +439,11 @@ pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_i
                 }
                 Err(e @ (ModelError::ThreadGone | ModelError::NotLoaded(_))) => Err(AttemptError::Fatal(error_chain(&e))),
                 Err(e) if e.is_oom() => Err(AttemptError::OutOfMemory(error_chain(&e))),
+                Err(e) if e.is_device_fault() => {
+                    let reason = error_chain(&e);
+                    let _ = device_fault.set(e);
+                    Err(AttemptError::Fatal(reason))
+                }
                 Err(e) => Err(AttemptError::Failed(error_chain(&e))),
             }
         }
@@ -454,7 +470,8 @@ pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_i
     }
     let peak = peak.load(Ordering::SeqCst);
     let stages = std::mem::take(&mut *stages.lock().await);
-    ModelRun { done, failed, given_back: run.given_back, events, peak: (peak > 0).then_some(peak), forward_tokens, forward_padded_tokens, stages }
+    let device_fault = Arc::into_inner(device_fault).and_then(std::sync::OnceLock::into_inner);
+    ModelRun { done, failed, given_back: run.given_back, events, peak: (peak > 0).then_some(peak), forward_tokens, forward_padded_tokens, stages, device_fault }
 }
 
 /// An error and its sources, one line.

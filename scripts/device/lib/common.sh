@@ -69,6 +69,25 @@ unpack_tests() {
   unpack .t2w/integration.xz "$TESTS_BIN"
 }
 
+# The worker, drained, under `timeout SECONDS`, its output in LOG; sets rc. In the background with
+# its pid kept, so that a target's EXIT trap stops it (stop_worker) before the services: a call cut
+# short by the device tool's or a caller's timeout signals the target's shell alone, and on
+# 2026-12-07 a worker left running so reconnected to the next run's services on the same ports.
+WORKER_PID=
+run_worker() {  # SECONDS LOG ARGS...
+  local seconds=$1 log=$2; shift 2
+  timeout "$seconds" $BIN work --drain "$@" > "$log" 2>&1 &
+  WORKER_PID=$!
+  wait "$WORKER_PID"; rc=$?
+  WORKER_PID=
+}
+stop_worker() {  # a graceful stop (the batch in hand finished, the rest requeued), killed after 30 s
+  [ -n "${WORKER_PID:-}" ] || return 0
+  kill -TERM "$WORKER_PID" 2>/dev/null  # timeout passes it on to the worker
+  for _ in $(seq 30); do kill -0 "$WORKER_PID" 2>/dev/null || break; sleep 1; done
+  pkill -KILL -P "$WORKER_PID" 2>/dev/null; kill -KILL "$WORKER_PID" 2>/dev/null
+  WORKER_PID=
+}
 link_work_main() {
   mkdir -p /work && { [ -e /work/main ] || ln -s "$PWD" /work/main; }
 }

@@ -11,7 +11,7 @@
 # Output: OUT/worker.log, report-campaign.json, and e2e-summary.json with bench/ (or throughput.txt).
 E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
 source "$DEVICE_DIR/lib/services.sh"
-trap stop_services EXIT
+trap 'stop_worker; stop_services' EXIT
 start_services || exit 1
 
 use_libtorch
@@ -34,7 +34,7 @@ log "worker: drain"
 # Timed to the worker's exit: without /metrics' 20-s linger after the drain (text-e2e.sh says why).
 export VOXBATCH_METRICS__LINGER=${VOXBATCH_METRICS__LINGER:-0s}
 t0=$(date +%s.%N)
-timeout "${WORK_TIMEOUT:-300}" $BIN work --drain ${DEVICES:+--devices "$DEVICES"} ${WORKERS_PER_DEVICE:+--workers-per-device "$WORKERS_PER_DEVICE"} > "$OUT/worker.log" 2>&1; rc=$?
+run_worker "${WORK_TIMEOUT:-300}" "$OUT/worker.log" ${DEVICES:+--devices "$DEVICES"} ${WORKERS_PER_DEVICE:+--workers-per-device "$WORKERS_PER_DEVICE"}
 t1=$(date +%s.%N)
 log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"
 tail -3 "$OUT/worker.log"

@@ -28,7 +28,7 @@
 # PGPORT, AMQP_PORT, NODENAME (lib/services.sh), any VOXBATCH_* setting (e.g. the stages one after
 # the other: VOXBATCH_LLM__OVERLAP_TOKEN2WAV=false; token2wav's buckets pipelined, the summary's
 # token2wav_bucket_seconds then the launches' only: VOXBATCH_LLM__PIPELINED_BUCKETS=true; token2wav on a green context that
-# leaves the decode at least 8 SMs: VOXBATCH_LLM__DECODE_SMS=8, and the decode on a green context of those alone: VOXBATCH_LLM__DECODE_ON_ITS_SMS=true; like runs of 128 before a bucket fills:
+# leaves the decode at least 8 SMs: VOXBATCH_LLM__DECODE_SMS=8; like runs of 128 before a bucket fills:
 # VOXBATCH_LLM__TOKEN2WAV_LEAST_BUCKET=128; longer segments:
 # VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
 # VOXBATCH_AMQP__QUEUE…), PY.
@@ -74,7 +74,7 @@ fi
 
 source "$DEVICE_DIR/lib/services.sh"
 NVSMI_PID=
-finish() { [ -n "$NVSMI_PID" ] && kill "$NVSMI_PID" 2>/dev/null; stop_services; }
+finish() { [ -n "$NVSMI_PID" ] && kill "$NVSMI_PID" 2>/dev/null; stop_worker; stop_services; }
 trap finish EXIT
 start_services || exit 1
 
@@ -127,7 +127,7 @@ fi
 # scrape after the queue drained), which the runs up to 2026-12-06 16:50 UTC counted in their wall.
 export VOXBATCH_METRICS__LINGER=${VOXBATCH_METRICS__LINGER:-0s}
 t0=$(date +%s.%N)
-timeout "${WORK_TIMEOUT:-420}" $BIN work --drain > "$OUT/worker.log" 2>&1; rc=$?
+run_worker "${WORK_TIMEOUT:-420}" "$OUT/worker.log"
 t1=$(date +%s.%N)
 kill "$NVSMI_PID" 2>/dev/null; NVSMI_PID=
 log "worker exited $rc after $($PY -c "print(round($t1 - $t0, 2))") s (model load included)"

@@ -2,8 +2,7 @@
 //! from `[llm]`: token2wav's buckets (the decode's stream, one of their own with
 //! `overlap_token2wav`, or a CUDA green context's with `decode_sms`), a batch's closing buckets
 //! (every SM again with `closing_on_all_sms`) and the decode's steps (high priority with
-//! `prioritise_decode`, or with `decode_on_its_sms` a green context of the SMs token2wav's leaves,
-//! from the same split). On a CPU, or without the CUDA headers at build time, there are none.
+//! `prioritise_decode`). On a CPU, or without the CUDA headers at build time, there are none.
 //!
 //! Neighbours: `mod.rs` (`TextToSpeech::load` makes them, the decode and token2wav threads enter
 //! them), `model::cuda_stream` (the streams and the SM split).
@@ -20,9 +19,8 @@ pub(super) struct StageStreams {
     /// After a green one with `closing_on_all_sms`, the batch's last buckets' (every SM; `None`:
     /// `buckets` to the end).
     pub closing: Option<SideStream>,
-    /// The decode's while token2wav runs on `buckets`: with `decode_on_its_sms`, of a green
-    /// context of the SMs the same split leaves beside token2wav's; else with `prioritise_decode`,
-    /// one of high priority.
+    /// The decode's while token2wav runs on `buckets`: with `prioritise_decode`, one of high
+    /// priority.
     pub decode: Option<SideStream>,
 }
 
@@ -30,7 +28,7 @@ impl StageStreams {
     /// The streams `[llm]` asks for on `device`. `Err` says why one cannot be made.
     pub(super) fn new(llm: &LlmConfig, device: Device) -> Result<StageStreams, String> {
         let mut streams = token2wav_streams(llm, device)?;
-        if streams.decode.is_none() && streams.buckets.is_some() && llm.prioritise_decode {
+        if streams.buckets.is_some() && llm.prioritise_decode {
             streams.decode = SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}"))?;
         }
         if streams.buckets.is_some() && llm.decode_sms == 0 {
@@ -40,8 +38,7 @@ impl StageStreams {
     }
 }
 
-/// token2wav's streams, and the decode's where the split that gives token2wav its SMs gives the
-/// decode the others.
+/// token2wav's streams (the decode's is `StageStreams::new`'s).
 fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<StageStreams, String> {
     let none = || StageStreams { buckets: None, closing: None, decode: None };
     let own = || SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}"));
@@ -51,22 +48,8 @@ fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<StageStreams, St
     let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(none()) };
     let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
     let refused = |e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}");
-    let (buckets, decode) = match llm.decode_on_its_sms {
-        true => match SideStream::green_split(device, sms).map_err(refused)? {
-            Some((stream, (decode, decode_sms))) => {
-                tracing::info!(token2wav_sms = sms, decode_sms, "token2wav and the decode on CUDA green contexts of their own: the two stages never share an SM");
-                (stream, Some(decode))
-            }
-            None => return Ok(none()),
-        },
-        false => match SideStream::green(device, sms).map_err(refused)? {
-            Some(stream) => {
-                tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
-                (stream, None)
-            }
-            None => return Ok(none()),
-        },
-    };
+    let Some(buckets) = SideStream::green(device, sms).map_err(refused)? else { return Ok(none()) };
+    tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
     let closing = if llm.closing_on_all_sms { own()? } else { None };
-    Ok(StageStreams { buckets: Some(buckets), closing, decode })
+    Ok(StageStreams { buckets: Some(buckets), closing, decode: None })
 }
