@@ -2,7 +2,8 @@
 //!
 //! [`synthesize_splitting`] is the one split-on-failure path around the model (the policy bench
 //! calls it too): an out-of-memory error or any inference error splits the batch in halves down
-//! to single jobs; a job that fails alone is failed with its reason. Claims decide per job:
+//! to single jobs; a job that fails alone is failed with its reason; a GPU failure gives the
+//! batch back and stops the worker (no job's fault). Claims decide per job:
 //! synthesize it, ack it (already done), reject it (conflicting content), or park it for a
 //! while when another delivery of the same job is being synthesized right now. A job claimed
 //! again whose finished audio is in the spool (its batch was given back after it was made) goes to
@@ -415,8 +416,9 @@ pub struct ModelRun<T> {
 /// Runs `items` on `model`; on an out-of-memory error (the model thread releases cached memory)
 /// or any inference error, splits the batch in two and retries each half, down to single items
 /// (see `batch::split`). An item the model fails alone (a text job whose segment yields no speech)
-/// fails with its reason without touching the others. `synth_item` says what each item gives the
-/// model.
+/// fails with its reason without touching the others. A GPU failure (`ModelError::is_device_fault`)
+/// is no item's: what was not done goes back (`given_back`, `device_fault`), nothing is split or
+/// failed for it. `synth_item` says what each item gives the model.
 pub async fn synthesize_splitting<T>(model: &ModelHandle, items: Vec<T>, synth_item: impl Fn(&T) -> SynthItem) -> ModelRun<T> {
     let peak = Arc::new(AtomicU64::new(0));
     let stages = Arc::new(tokio::sync::Mutex::new(Vec::<StageTime>::new()));
