@@ -92,7 +92,7 @@ impl ModelError {
     /// out-of-memory (an execution failure, an illegal address, a launch failure). That is no job's
     /// fault, and the CUDA context may be unusable from here on: the worker gives its work back and
     /// stops rather than fail jobs one by one (`worker::infer`). On an H100 on 2026-12-07 a worker
-    /// whose decode ran on a green context of 12 SMs failed two jobs this way
+    /// whose decode ran on a green context of 12 SMs failed a job this way
     /// (docs/PERFORMANCE.md#2026-12-07-h100l-e2e).
     pub fn is_device_fault(&self) -> bool {
         if self.is_oom() {

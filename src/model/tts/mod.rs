@@ -5,11 +5,10 @@
 //! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
 //! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
 //! two stages share the GPU at once, each on the stream `streams` chose for it — and neither
-//! waits for the batch's slowest sequence. Each
-//! bucket's waveforms are cut into segments on a thread of their own (with `[llm]
-//! pipelined_buckets` on CUDA, that thread also waits for their copy, so the next bucket is queued
-//! while the last one runs), and a job's segments come
-//! back in order as the pieces of its `audio::Waveform` (joined where the job is encoded, off this
+//! waits for the batch's slowest sequence. Each bucket's waveforms are cut into segments on a
+//! thread of their own (with `[llm] pipelined_buckets` on CUDA, that thread also waits for their
+//! copy, so the next bucket is queued while the last one runs), and a job's segments come back in
+//! order as the pieces of its `audio::Waveform` (joined where the job is encoded, off this
 //! thread). A warm-up sentence runs through both stages at load on CUDA. Jobs that carry speech
 //! tokens (as for the `-token2wav` kinds) skip the LLM. A job whose segment yields no speech
 //! tokens or runs into the LLM's `max_len`, or whose voice cannot serve its mode, fails alone with

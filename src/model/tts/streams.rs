@@ -27,29 +27,29 @@ pub(super) struct StageStreams {
 impl StageStreams {
     /// The streams `[llm]` asks for on `device`. `Err` says why one cannot be made.
     pub(super) fn new(llm: &LlmConfig, device: Device) -> Result<StageStreams, String> {
-        let mut streams = token2wav_streams(llm, device)?;
-        if streams.buckets.is_some() && llm.prioritise_decode {
-            streams.decode = SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}"))?;
+        let (buckets, closing) = token2wav_streams(llm, device)?;
+        let decode = match buckets.is_some() && llm.prioritise_decode {
+            true => SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}"))?,
+            false => None,
+        };
+        if buckets.is_some() && llm.decode_sms == 0 {
+            tracing::info!(decode_priority = if decode.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");
         }
-        if streams.buckets.is_some() && llm.decode_sms == 0 {
-            tracing::info!(decode_priority = if streams.decode.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");
-        }
-        Ok(streams)
+        Ok(StageStreams { buckets, closing, decode })
     }
 }
 
-/// token2wav's streams (the decode's is `StageStreams::new`'s).
-fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<StageStreams, String> {
-    let none = || StageStreams { buckets: None, closing: None, decode: None };
+/// token2wav's buckets' stream and its closing buckets' (the decode's is `StageStreams::new`'s).
+fn token2wav_streams(llm: &LlmConfig, device: Device) -> Result<(Option<SideStream>, Option<SideStream>), String> {
     let own = || SideStream::new(device, Priority::Normal).map_err(|e| format!("cannot create token2wav's CUDA stream: {e}"));
     if llm.decode_sms == 0 {
-        return Ok(StageStreams { buckets: if llm.overlap_token2wav { own()? } else { None }, ..none() });
+        return Ok((if llm.overlap_token2wav { own()? } else { None }, None));
     }
-    let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok(none()) };
+    let Some(total) = sm_count(device).map_err(|e| format!("cannot read the GPU's SM count: {e}"))? else { return Ok((None, None)) };
     let sms = green_sms(total, llm.decode_sms).ok_or_else(|| format!("[llm] decode_sms = {} leaves token2wav no group of SMs of the GPU's {total}", llm.decode_sms))?;
     let refused = |e| format!("cannot give token2wav {sms} of the GPU's {total} SMs ([llm] decode_sms): {e}");
-    let Some(buckets) = SideStream::green(device, sms).map_err(refused)? else { return Ok(none()) };
+    let Some(buckets) = SideStream::green(device, sms).map_err(refused)? else { return Ok((None, None)) };
     tracing::info!(token2wav_sms = sms, decode_sms = total - sms, "token2wav on a CUDA green context: the decode keeps the other SMs while a bucket runs");
     let closing = if llm.closing_on_all_sms { own()? } else { None };
-    Ok(StageStreams { buckets: Some(buckets), closing, decode: None })
+    Ok((Some(buckets), closing))
 }
