@@ -9,7 +9,8 @@
 #      LLM parity fixtures (transformers 4.x in .run/llm-site);
 #   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
-#      [test] the tiny model's stages compiled for this CPU, the tiny CosyVoice3 converted and compiled;
+#      [test] the tiny CosyVoice3 converted (scripts/test.sh compiles the tiny models' stages for
+#      this CPU, scripts/tiny-packages.sh, while the tests that do not need them run);
 #   5. cargo build: the binary alone for the demo, [test] every target.
 # Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
 # The build needs only libtorch (step 1) and mold; the rest of the bootstrap is mostly downloads and
@@ -38,9 +39,8 @@ SEAWEEDFS_VERSION=4.48
 # Every link needs mold first.
 EARLY_PID=
 CARGO_PID=
-TINY_PKG_PID=
 # A failing step stops the builds started in the background too.
-trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; [ -n "${TINY_PKG_PID:-}" ] && kill "$TINY_PKG_PID" 2>/dev/null; true' EXIT
+trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; true' EXIT
 CARGO=$(PATH="$HOME/.cargo/bin:$PATH" command -v cargo || true)
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if ! command -v mold > /dev/null; then
@@ -175,21 +175,6 @@ if [ "$LLM_BUILT" = 1 ] || [ ! -f models/cosyvoice2-tiny-parity/parity.safetenso
   PYTHONPATH="$LLM_SITE" .venv/bin/python tools/convert_cosyvoice.py models/cosyvoice2-tiny-parity/official models/cosyvoice2-tiny --name cosyvoice2-tiny > /dev/null
 fi
 
-# The tiny model's flow encoder and estimator and vocoder body compiled for this CPU (AOTInductor, ≈ 2 minutes),
-# in a directory of its own (links to the tiny model's files): tests compare them with the eager port
-# and check that a broken or mismatched package falls back to eager. The plain tiny model stays eager.
-TINY_PKG=models/cosyvoice2-tiny-compiled/compiled/cpu-torch2.11.0-fp32/hift.pt2
-if [ "$FOR" = test ] && { [ ! -f "$TINY_PKG" ] || [ tools/compile_token2wav.py -nt "$TINY_PKG" ] || [ -n "$(find tools/compile -name '*.py' -newer "$TINY_PKG")" ] || [ models/cosyvoice2-tiny/token2wav.safetensors -nt "$TINY_PKG" ]; }; then
-  log "compiling the tiny model's flow encoder and estimator and vocoder body (AOTInductor, CPU)"
-  mkdir -p models/cosyvoice2-tiny-compiled
-  for f in models/cosyvoice2-tiny/*; do ln -sfn "../cosyvoice2-tiny/$(basename "$f")" models/cosyvoice2-tiny-compiled/; done
-  # In the background, beside the tiny CosyVoice3's compile below (each compile is mostly one Python
-  # thread's lowering): waited for after it.
-  .venv/bin/python tools/compile_token2wav.py --model models/cosyvoice2-tiny-compiled --device cpu --stages encoder,estimator,hift --precision fp32 \
-    --max-frames 600 --max-batch 64 > /dev/null 2>&1 &
-  TINY_PKG_PID=$!
-fi
-
 # [test, and `make demo MODEL=cosyvoice3-tiny`] The tiny CosyVoice3 (random weights; tests/data/cosyvoice3
 # holds its official-format files and parity fixtures, made by tools/make_cv3_fixtures.py from the reference
 # repository) as a voxbatch model, with the speech tokenizer's and CAM++'s random stand-ins (the v3 file's
@@ -202,21 +187,6 @@ if { [ "$FOR" = test ] || [ "${MODEL:-}" = cosyvoice3-tiny ]; } && { [ ! -f "$CV
   .venv/bin/python tools/convert_cosyvoice.py tests/data/cosyvoice3/official models/cosyvoice3-tiny \
     --name cosyvoice3-tiny --noise-seconds 30 > /dev/null
   cp models/voice-parity/speech_tokenizer_v3.onnx models/voice-parity/campplus.onnx models/cosyvoice3-tiny/
-fi
-# [test] Its DiT and vocoder body compiled for this CPU (`--family cosyvoice3`, ≈ 1 minute: small limits,
-# 256 frames and 16 rows, what the tests run), in a directory of its own (links to its files), as the
-# CosyVoice2 one above: tests compare them with the eager port. The plain tiny CosyVoice3 stays eager.
-CV3_PKG=models/cosyvoice3-tiny-compiled/compiled/cpu-torch2.11.0-fp32/hift.pt2
-if [ "$FOR" = test ] && { [ ! -f "$CV3_PKG" ] || [ tools/compile_token2wav.py -nt "$CV3_PKG" ] || [ -n "$(find tools/compile -name '*.py' -newer "$CV3_PKG")" ] || [ "$CV3" -nt "$CV3_PKG" ]; }; then
-  log "compiling the tiny CosyVoice3's DiT and vocoder body (AOTInductor, CPU)"
-  mkdir -p models/cosyvoice3-tiny-compiled
-  for f in models/cosyvoice3-tiny/*; do ln -sfn "../cosyvoice3-tiny/$(basename "$f")" models/cosyvoice3-tiny-compiled/; done
-  .venv/bin/python tools/compile_token2wav.py --family cosyvoice3 --model models/cosyvoice3-tiny-compiled --device cpu --precision fp32 \
-    --max-frames 256 --max-batch 16 > /dev/null 2>&1 || { log "compiling the tiny CosyVoice3's stages failed (a C++ compiler is needed)"; exit 1; }
-fi
-if [ -n "${TINY_PKG_PID:-}" ]; then
-  wait "$TINY_PKG_PID" || { TINY_PKG_PID=; log "compiling the tiny model's stages failed (a C++ compiler is needed)"; exit 1; }
-  TINY_PKG_PID=
 fi
 
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)

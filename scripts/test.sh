@@ -29,17 +29,50 @@ sweep() {
 # profile `suite`, .config/nextest.toml, runs four only where tests that mostly wait are among them.)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
+# The fault tests stop and restart the services and mostly wait (5 tests, ≈ 80 s of wall at a
+# fraction of a core): beside them run tests that need no service and compute (the Inductor
+# listings and compiles, the converter), and the unit tests. VOXBATCH_TEST_SERVICES=none makes a
+# test of this set that reaches for a service fail (tests/integration/common, `test_config`).
+BESIDE_FAULTS='test(/^(compiled|cosyvoice3_compiled|converter)::/)'
+
 sweep
 status=0
 # 0. deploy/ validated offline (schemas, lint, cross-references): seconds.
 [ "${FAULTS:-run}" = only ] || scripts/validate-deploy.sh || status=$?
-# 1. Everything that can run in parallel. 2. The fault-injection tests (they restart RabbitMQ and
-# Postgres and stop SeaweedFS), one at a time. FAULTS=only runs just those; FAULTS=skip skips them.
+# 1. The integration tests, in parallel (nextest: a process each). 2. The fault-injection tests
+# (they restart RabbitMQ and Postgres and stop SeaweedFS), one at a time, and beside them the
+# tests above and the unit tests — the library's and the binary's, in one process each (libtest's
+# threads): 162 tests in 2 s, where a process each costs libtorch's start, ≈ 0.5 CPU-s, 162 times.
+# FAULTS=only runs just the fault tests; FAULTS=skip skips them. Arguments (a filter of one's own)
+# select from the whole suite, as one nextest run, instead of 1 and the unit tests.
 FAULTS=${FAULTS:-run}
+# The tiny models' CPU packages (scripts/tiny-packages.sh; only tests beside the faults use them)
+# compile in the background during 1, or first when a filter of one's own may want them.
+packages_pid=
+if [ "$FAULTS" != only ]; then
+  if [ $# -gt 0 ]; then scripts/tiny-packages.sh || status=$?; else scripts/tiny-packages.sh & packages_pid=$!; fi
+fi
 if cargo nextest --version >/dev/null 2>&1; then
-  [ "$FAULTS" = only ] || cargo nextest run --profile suite --no-fail-fast "$@" || status=$?
-  [ "$FAULTS" = skip ] || cargo nextest run --no-fail-fast --test integration --run-ignored only --test-threads 1 -E 'test(/^faults::/)' || status=$?
+  if [ "$FAULTS" != only ]; then
+    if [ $# -gt 0 ]; then
+      cargo nextest run --profile suite --no-fail-fast "$@" || status=$?
+    else
+      cargo nextest run --profile suite --no-fail-fast --test integration -E "not ($BESIDE_FAULTS)" || status=$?
+    fi
+  fi
+  if [ -n "$packages_pid" ]; then wait "$packages_pid" || status=$?; fi
+  fault_pid=
+  if [ "$FAULTS" != skip ]; then
+    cargo nextest run --no-fail-fast --test integration --run-ignored only --test-threads 1 -E 'test(/^faults::/)' &
+    fault_pid=$!
+  fi
+  if [ "$FAULTS" != only ] && [ $# -eq 0 ]; then
+    cargo test --quiet --no-fail-fast --lib --bins -- --test-threads 2 || status=$?
+    VOXBATCH_TEST_SERVICES=none cargo nextest run --profile suite --no-fail-fast --test integration -E "$BESIDE_FAULTS" || status=$?
+  fi
+  if [ -n "$fault_pid" ]; then wait "$fault_pid" || status=$?; fi
 else
+  if [ -n "$packages_pid" ]; then wait "$packages_pid" || status=$?; fi
   [ "$FAULTS" = only ] || cargo test --no-fail-fast "$@" || status=$?
   [ "$FAULTS" = skip ] || cargo test --no-fail-fast --test integration -- --ignored --test-threads 1 faults:: || status=$?
 fi

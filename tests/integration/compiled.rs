@@ -1,5 +1,5 @@
 //! Compiled token2wav stages (issue 16) on the CPU: the tiny model's flow encoder, estimator and
-//! vocoder body compiled by `tools/compile_token2wav.py` (AOTInductor; bootstrap builds
+//! vocoder body compiled by `tools/compile_token2wav.py` (AOTInductor; scripts/tiny-packages.sh builds
 //! `models/cosyvoice2-tiny-compiled`) give the eager port's mel and audio, and every package that
 //! cannot serve — absent for this machine's key, unreadable, or made from other weights — leaves
 //! its stage on the eager port instead of failing the model. On a GPU (ignored here;
@@ -26,7 +26,7 @@ fn load(dir: &Path) -> Token2Wav {
 fn variant() -> tempfile::TempDir {
     let src = repo_path("models/cosyvoice2-tiny-compiled");
     let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/bootstrap.sh): {e}", src.display())) {
+    for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/tiny-packages.sh): {e}", src.display())) {
         let entry = entry.unwrap();
         if entry.file_name() != "compiled" {
             std::os::unix::fs::symlink(std::fs::canonicalize(entry.path()).unwrap(), dir.path().join(entry.file_name())).unwrap();
@@ -59,7 +59,7 @@ fn compiled_stages_give_the_eager_ports_output_and_a_package_that_cannot_serve_f
     assert!(compiled.flow.encoder_is_compiled(), "the encoder package of this machine's key is used");
     // The vocoder's package is filed under its own precision (tf32, which on a CPU is fp32).
     assert!(compiled.hift.compiled().is_some(), "the vocoder package of this machine's key is used");
-    // Which variant a package computes comes from its metadata (for the log): bootstrap compiles the defaults.
+    // Which variant a package computes comes from its metadata (for the log): scripts/tiny-packages.sh compiles the defaults.
     let hift_variant = &compiled.hift.compiled().unwrap().variant;
     assert!(
         hift_variant.contains("layout=time-major-strided-copy") && hift_variant.contains("hift_channel_multiple=4") && hift_variant.contains("hift_dilation=phases"),
@@ -126,7 +126,7 @@ fn a_package_given_bf16_inputs_reads_them_as_the_fp32_it_was_traced_with() {
     use tch::{Kind, Tensor};
     use voxbatch::model::compiled::CompiledPackage;
     let path = repo_path("models/cosyvoice2-tiny-compiled").join("compiled").join(KEY).join("estimator.pt2");
-    let package = CompiledPackage::load(&path, Device::Cpu).expect("the tiny estimator package (scripts/bootstrap.sh)");
+    let package = CompiledPackage::load(&path, Device::Cpu).expect("the tiny estimator package (scripts/tiny-packages.sh)");
     tch::manual_seed(3);
     let (b, frames) = (4, 40);
     let x = Tensor::randn([b, 80, frames], (Kind::Float, tch::Device::Cpu));
@@ -182,6 +182,7 @@ fn cuda_kernel_reports(args: &[&str]) -> Vec<serde_json::Value> {
     let out = std::process::Command::new(repo_path(".venv/bin/python"))
         .arg(repo_path("tools/compile_token2wav.py"))
         .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--cuda-kernels"])
+        .args(["--kernels-batch", "16", "--kernels-frames", "200"])
         .args(args)
         .output()
         .expect("the project venv's python (scripts/bootstrap.sh)");
@@ -189,87 +190,78 @@ fn cuda_kernel_reports(args: &[&str]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
-/// The estimator's kernels as a CUDA compile generates them, listed on this machine without a GPU
-/// (`compile_token2wav.py --cuda-kernels`, tools/compile/fake_cuda.py): the time-major layout's window
-/// kernel fuses the ResNet blocks' Mish into the `cat` of each convolution's three frames (the
-/// H200 profile's slowest element-wise kernel, `…add_cat_constant_pad_nd_mish…`: Mish evaluated
-/// once per window copy), and the strided layout has no such kernel — the window is read from the
-/// padded frames, written once.
-#[test]
-fn the_strided_window_takes_mish_out_of_the_cuda_window_kernel() {
-    let kernels = |layout: &str| -> Vec<String> {
-        // Mish as torch computes it (its kernels are named `mish`) and the weights not folded: the
-        // layout alone differs.
-        let reports = cuda_kernel_reports(&[
-            "--stages", "estimator", "--layout", layout, "--mish", "exact", "--inductor-option", "estimator:freezing=False",
-            "--kernels-batch", "16", "--kernels-frames", "200",
-        ]);
-        let report = &reports[0];
-        assert_eq!(report["voxbatch.layout"], layout);
-        assert!(report["triton_launches"].as_u64().unwrap() > 50, "{layout}: {report}");
-        report["kernels"].as_object().unwrap().keys().cloned().collect()
-    };
-    // A window: the `cat` of shifted slices of the padded frames (the U-Net's skip `cat` has no pad
-    // and computes each value once).
-    let window_with_mish = |names: &[String]| {
-        names.iter().filter(|k| k.contains("_cat_") && k.contains("constant_pad_nd") && k.contains("mish")).cloned().collect::<Vec<_>>()
-    };
-    let time_major = kernels("time-major");
-    assert!(!window_with_mish(&time_major).is_empty(), "the diagnosed kernel is gone from the time-major layout: {time_major:?}");
-    let strided = kernels("time-major-strided");
-    assert!(window_with_mish(&strided).is_empty(), "the strided layout still fuses Mish into a window: {:?}", window_with_mish(&strided));
+/// How many times a report's kernels whose name satisfies `matches` are launched.
+fn launches(report: &serde_json::Value, matches: impl Fn(&str) -> bool) -> u64 {
+    report["kernels"].as_object().unwrap().iter().filter(|(name, _)| matches(name)).map(|(_, n)| n.as_u64().unwrap()).sum()
 }
 
-/// The strided layout hands each causal convolution's window — an overlapping view of the padded
-/// frames — to a batched matmul, which libtorch copies first with its generic strided copy (the
-/// H200 profile's bf16 `direct_copy_kernel_cuda`, 0.081 s of 1.298 per batch of 128, 2026-12-05);
-/// `time-major-strided-copy` writes each window with one kernel of the package
-/// (`…as_strided_clone…`) and multiplies it with a plain `addmm`. Listed without a GPU, as above.
+/// The estimator's kernels as a CUDA compile generates them, listed on this machine without a GPU
+/// (`compile_token2wav.py --cuda-kernels`, tools/compile/fake_cuda.py). Four listings (each a
+/// Python process of its own, run side by side) show three things:
+/// - **the strided window takes Mish out of the CUDA window kernel**: the time-major layout's window
+///   kernel fuses the ResNet blocks' Mish into the `cat` of each convolution's three frames (the
+///   H200 profile's slowest element-wise kernel, `…add_cat_constant_pad_nd_mish…`: Mish evaluated
+///   once per window copy), and the strided layout has no such kernel — the window is read from
+///   the padded frames, written once;
+/// - **the strided-copy layout writes each window with a kernel of the package**: the strided
+///   layout hands each causal convolution's window — an overlapping view of the padded frames — to
+///   a batched matmul, which libtorch copies first with its generic strided copy (the H200
+///   profile's bf16 `direct_copy_kernel_cuda`, 0.081 s of 1.298 per batch of 128, 2026-12-05);
+///   `time-major-strided-copy` writes each window with one kernel of the package
+///   (`…as_strided_clone…`) and multiplies it with a plain `addmm`;
+/// - **the estimator's weights are folded into its package by default** (inductor's `freezing`,
+///   one of the tool's default `--inductor-option`s, stage-prefixed): its kernels cast no fp32
+///   weight to bf16 on each call, while the encoder, compiled in the same run, still does
+///   (freezing failed in the encoder's CUDA compile on an H100: docs/PERFORMANCE.md, 2026-12-05,
+///   commit 5163193); and `estimator:freezing=False` given after the default turns it off again.
 #[test]
-fn the_strided_copy_layout_writes_each_window_with_a_kernel_of_the_package() {
-    let report = |layout: &str| {
-        let reports = cuda_kernel_reports(&["--stages", "estimator", "--layout", layout, "--kernels-batch", "16", "--kernels-frames", "200"]);
-        assert_eq!(reports[0]["voxbatch.layout"], layout);
-        reports[0].clone()
-    };
-    let window_copies = |r: &serde_json::Value| -> u64 {
-        r["kernels"].as_object().unwrap().iter().filter(|(name, _)| name.contains("as_strided_clone")).map(|(_, n)| n.as_u64().unwrap()).sum()
-    };
+fn the_estimators_cuda_kernels_show_its_window_layouts_and_its_folded_weights() {
+    // Mish as torch computes it (its kernels are named `mish`) and the weights not folded: the
+    // layout alone differs between the first two.
+    let unfolded = ["--mish", "exact", "--inductor-option", "estimator:freezing=False"];
+    let configurations: [Vec<&str>; 4] = [
+        [&["--stages", "estimator", "--layout", "time-major"][..], &unfolded].concat(),
+        [&["--stages", "estimator", "--layout", "time-major-strided"][..], &unfolded].concat(),
+        vec!["--stages", "encoder,estimator", "--layout", "time-major-strided"],
+        vec!["--stages", "estimator", "--layout", "time-major-strided-copy"],
+    ];
+    let listings: Vec<Vec<serde_json::Value>> = std::thread::scope(|scope| {
+        let running: Vec<_> = configurations.iter().map(|args| scope.spawn(move || cuda_kernel_reports(args))).collect();
+        running.into_iter().map(|listing| listing.join().unwrap()).collect()
+    });
+    let (time_major, strided_unfolded, encoder_and_strided, strided_copy) = (&listings[0][0], &listings[1][0], &listings[2], &listings[3][0]);
+    assert_eq!(encoder_and_strided.len(), 2, "{encoder_and_strided:?}");
+    let (encoder, strided) = (&encoder_and_strided[0], &encoder_and_strided[1]);
+    assert_eq!((encoder["stage"].as_str(), strided["stage"].as_str()), (Some("encoder"), Some("estimator")));
+    for (report, layout) in [(time_major, "time-major"), (strided_unfolded, "time-major-strided"), (strided, "time-major-strided"), (strided_copy, "time-major-strided-copy")] {
+        assert_eq!(report["voxbatch.layout"], layout);
+    }
+    for report in [time_major, strided_unfolded] {
+        assert!(report["triton_launches"].as_u64().unwrap() > 50, "{report}");
+    }
+
+    // A window: the `cat` of shifted slices of the padded frames (the U-Net's skip `cat` has no pad
+    // and computes each value once).
+    let window_with_mish = |r: &serde_json::Value| launches(r, |k| k.contains("_cat_") && k.contains("constant_pad_nd") && k.contains("mish"));
+    assert!(window_with_mish(time_major) > 0, "the diagnosed kernel is gone from the time-major layout: {time_major}");
+    assert_eq!(window_with_mish(strided_unfolded), 0, "the strided layout still fuses Mish into a window: {strided_unfolded}");
+
+    let window_copies = |r: &serde_json::Value| launches(r, |k| k.contains("as_strided_clone"));
     let bmm = |r: &serde_json::Value| r["extern"]["extern_kernels.bmm"].as_u64().unwrap_or(0);
     // The tiny estimator's causal convolutions of kernel 3: two in each of its four ResNet blocks,
     // the down- and up-sampling ones and the final block's.
     let convolutions = 11;
-    let (strided, copied) = (report("time-major-strided"), report("time-major-strided-copy"));
-    assert_eq!(window_copies(&strided), 0, "{strided}");
-    assert!(bmm(&strided) >= convolutions, "the strided windows go to batched matmuls: {strided}");
-    assert_eq!(window_copies(&copied), convolutions, "one window copy per convolution: {copied}");
-    assert_eq!(bmm(&strided) - bmm(&copied), convolutions, "the copied windows go to plain matmuls: {copied}");
-}
+    assert_eq!(window_copies(strided), 0, "{strided}");
+    assert!(bmm(strided) >= convolutions, "the strided windows go to batched matmuls: {strided}");
+    assert_eq!(window_copies(strided_copy), convolutions, "one window copy per convolution: {strided_copy}");
+    assert_eq!(bmm(strided) - bmm(strided_copy), convolutions, "the copied windows go to plain matmuls: {strided_copy}");
 
-/// The estimator's weights are folded into its package by default (inductor's `freezing`, one of
-/// the tool's default `--inductor-option`s, stage-prefixed): its CUDA kernels (listed without a
-/// GPU, as above) cast no fp32 weight to bf16 on each call, while the encoder, compiled in the same
-/// run, still does (freezing failed in the encoder's CUDA compile on an H100: docs/PERFORMANCE.md,
-/// 2026-12-05, commit 5163193); and `estimator:freezing=False` given after the default turns it off again.
-#[test]
-fn the_estimators_weights_are_folded_by_default_and_a_stage_option_overrides_it() {
     // A plain weight cast is a kernel fusing nothing but `_to_copy`: `triton_poi_fused__to_copy_<n>`.
-    let weight_casts = |report: &serde_json::Value| -> u64 {
-        let kernels = report["kernels"].as_object().unwrap();
-        kernels
-            .iter()
-            .filter(|(name, _)| name.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())))
-            .map(|(_, launches)| launches.as_u64().unwrap())
-            .sum()
-    };
-    let reports = cuda_kernel_reports(&["--stages", "encoder,estimator", "--kernels-batch", "8", "--kernels-frames", "104"]);
-    assert_eq!(reports.len(), 2, "{reports:?}");
-    assert_eq!(reports[0]["stage"], "encoder");
-    assert!(weight_casts(&reports[0]) > 10, "the encoder was frozen too: {}", reports[0]);
-    assert_eq!(reports[1]["stage"], "estimator");
-    assert_eq!(weight_casts(&reports[1]), 0, "the estimator still casts its weights: {}", reports[1]);
-    let unfrozen = cuda_kernel_reports(&["--stages", "estimator", "--inductor-option", "estimator:freezing=False", "--kernels-batch", "8", "--kernels-frames", "104"]);
-    assert!(weight_casts(&unfrozen[0]) > 10, "estimator:freezing=False did not override the default: {}", unfrozen[0]);
+    let weight_casts =
+        |r: &serde_json::Value| launches(r, |k| k.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())));
+    assert!(weight_casts(encoder) > 10, "the encoder was frozen too: {encoder}");
+    assert_eq!(weight_casts(strided), 0, "the estimator still casts its weights: {strided}");
+    assert!(weight_casts(strided_unfolded) > 10, "estimator:freezing=False did not override the default: {strided_unfolded}");
 }
 
 /// Issue 16's check on a GPU: the compiled stages against the eager port at the same precision

@@ -1,5 +1,5 @@
 //! CosyVoice3's compiled stages (issue 43) on the CPU: the tiny model's DiT and causal vocoder body
-//! compiled by `tools/compile_token2wav.py --family cosyvoice3` (AOTInductor; bootstrap builds
+//! compiled by `tools/compile_token2wav.py --family cosyvoice3` (AOTInductor; scripts/tiny-packages.sh builds
 //! `models/cosyvoice3-tiny-compiled`, links to `models/cosyvoice3-tiny`'s files and its packages)
 //! give the eager port's mels and audio, alone and in a padded batch, and a package made from
 //! other weights is not used. The inputs are the parity fixtures' (`tests/data/cosyvoice3`: three
@@ -40,7 +40,7 @@ const WAVEFORM: f64 = 2e-5;
 const BATCH_VS_ALONE_MEL: f64 = 2e-6;
 
 fn load(dir: &Path) -> Token2Wav {
-    let manifest = Manifest::load(dir).unwrap_or_else(|e| panic!("{e}; run scripts/bootstrap.sh (it compiles models/cosyvoice3-tiny-compiled)"));
+    let manifest = Manifest::load(dir).unwrap_or_else(|e| panic!("{e}; run scripts/tiny-packages.sh (it compiles models/cosyvoice3-tiny-compiled)"));
     Token2Wav::load(dir, manifest, Device::Cpu, Precision::Fp32).unwrap()
 }
 
@@ -158,7 +158,7 @@ fn a_cosyvoice3_package_made_from_other_weights_or_for_another_key_is_not_used()
     let copy = || {
         let src = repo_path("models/cosyvoice3-tiny-compiled");
         let dir = tempfile::tempdir().unwrap();
-        for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/bootstrap.sh): {e}", src.display())) {
+        for entry in std::fs::read_dir(&src).unwrap_or_else(|e| panic!("{} (run scripts/tiny-packages.sh): {e}", src.display())) {
             let entry = entry.unwrap();
             std::os::unix::fs::symlink(std::fs::canonicalize(entry.path()).unwrap(), dir.path().join(entry.file_name())).unwrap();
         }

@@ -36,6 +36,13 @@ pub fn repo_path(rel: &str) -> PathBuf {
 /// Test configuration with unique names for `id`: queues `vbt-<id>…`, database `vbt_<id>`,
 /// S3 keys under `vbt-<id>/` in the default bucket, a spool directory of its own; short timeouts.
 pub fn test_config(id: &str) -> Config {
+    // scripts/test.sh runs the modules that need no service beside the fault tests, which stop
+    // and restart the services, with VOXBATCH_TEST_SERVICES=none: a test there that reaches for
+    // them fails here, every time, instead of now and then.
+    assert!(
+        std::env::var_os("VOXBATCH_TEST_SERVICES").is_none_or(|v| v != "none"),
+        "test `{id}` uses RabbitMQ, Postgres and SeaweedFS, but scripts/test.sh runs its module beside the fault tests (SERVICE_FREE there)"
+    );
     let mut cfg = Config::defaults().expect("default config is valid");
     cfg.amqp.exchange = format!("vbt-{id}");
     cfg.amqp.queue = format!("vbt-{id}.jobs");

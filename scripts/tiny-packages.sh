@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The tiny models' token2wav stages compiled for this CPU (AOTInductor), each in a directory of its
+# own (links to the model's files): tests/integration/compiled.rs and cosyvoice3_compiled.rs compare
+# them with the eager port and check that a broken or mismatched package falls back to eager. The
+# plain tiny models stay eager. Each is skipped when its package is newer than the compile tool and
+# the model's weights.
+#   models/cosyvoice2-tiny-compiled: the flow encoder and estimator and the vocoder body, ≈ 2 minutes
+#   models/cosyvoice3-tiny-compiled: the DiT and the vocoder body (`--family cosyvoice3`, ≈ 1 minute:
+#     small limits, 256 frames and 16 rows, what the tests run)
+# The two compile side by side (each is mostly one Python thread's lowering). scripts/test.sh runs
+# this in the background while the tests that do not need the packages run (issue 41: it had been
+# bootstrap's, ≈ 170 CPU-seconds before the first test); it needs what `bootstrap.sh test` made.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { printf '[tiny-packages %s] %s\n' "$(date -u +%T)" "$*" >&2; }
+KEY=cpu-torch2.11.0-fp32
+
+# stale PACKAGE WEIGHTS: whether PACKAGE is missing or older than the compile tool or WEIGHTS.
+stale() {
+  [ ! -f "$1" ] || [ tools/compile_token2wav.py -nt "$1" ] || [ -n "$(find tools/compile -name '*.py' -newer "$1")" ] || [ "$2" -nt "$1" ]
+}
+# compile MODEL ARGS...: models/MODEL-compiled (links to models/MODEL's files) with MODEL's packages.
+compile() {
+  local model=$1; shift
+  mkdir -p "models/$model-compiled"
+  for f in "models/$model"/*; do ln -sfn "../$model/$(basename "$f")" "models/$model-compiled/"; done
+  .venv/bin/python tools/compile_token2wav.py --model "models/$model-compiled" --device cpu --precision fp32 "$@" \
+    > ".run/$model-compile.log" 2>&1 || { log "compiling $model's stages failed (a C++ compiler is needed): .run/$model-compile.log"; return 1; }
+}
+
+mkdir -p .run
+pids=()
+if stale "models/cosyvoice2-tiny-compiled/compiled/$KEY/hift.pt2" models/cosyvoice2-tiny/token2wav.safetensors; then
+  log "compiling the tiny CosyVoice2's flow encoder and estimator and vocoder body (AOTInductor, CPU)"
+  compile cosyvoice2-tiny --stages encoder,estimator,hift --max-frames 600 --max-batch 64 &
+  pids+=($!)
+fi
+if stale "models/cosyvoice3-tiny-compiled/compiled/$KEY/hift.pt2" models/cosyvoice3-tiny/token2wav.safetensors; then
+  log "compiling the tiny CosyVoice3's DiT and vocoder body (AOTInductor, CPU)"
+  compile cosyvoice3-tiny --family cosyvoice3 --max-frames 256 --max-batch 16 &
+  pids+=($!)
+fi
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+[ ${#pids[@]} -eq 0 ] || [ $status -ne 0 ] || log "done"
+exit $status
