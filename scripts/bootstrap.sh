@@ -9,8 +9,8 @@
 #      LLM parity fixtures (transformers 4.x in .run/llm-site);
 #   3. PostgreSQL and RabbitMQ: checked, started with their documented commands when installed but stopped;
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
-#      [test] the tiny CosyVoice3 converted (scripts/test.sh compiles the tiny models' stages for
-#      this CPU, scripts/tiny-packages.sh, while the tests that do not need them run);
+#      [test] the tiny CosyVoice3 converted, and the tiny models' stages compiled for this CPU
+#      (scripts/tiny-packages.sh, beside the build);
 #   5. cargo build: the binary alone for the demo, [test] every target.
 # Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
 # The build needs only libtorch (step 1) and mold; the rest of the bootstrap is mostly downloads and
@@ -40,7 +40,8 @@ SEAWEEDFS_VERSION=4.48
 EARLY_PID=
 CARGO_PID=
 # A failing step stops the builds started in the background too.
-trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; true' EXIT
+TINY_PKG_PID=
+trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; [ -n "${TINY_PKG_PID:-}" ] && kill "$TINY_PKG_PID" 2>/dev/null; true' EXIT
 CARGO=$(PATH="$HOME/.cargo/bin:$PATH" command -v cargo || true)
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if ! command -v mold > /dev/null; then
@@ -189,6 +190,14 @@ if { [ "$FOR" = test ] || [ "${MODEL:-}" = cosyvoice3-tiny ]; } && { [ ! -f "$CV
   cp models/voice-parity/speech_tokenizer_v3.onnx models/voice-parity/campplus.onnx models/cosyvoice3-tiny/
 fi
 
+# [test] The tiny models' token2wav stages compiled for this CPU (AOTInductor, ≈ 170 CPU-seconds), in
+# the background beside the build: waited for at the end. (Run instead beside the tests that do not
+# need them, they slowed those by more than they took here: 2026-12-07, docs/PERFORMANCE.md.)
+if [ "$FOR" = test ]; then
+  scripts/tiny-packages.sh &
+  TINY_PKG_PID=$!
+fi
+
 # 3. PostgreSQL and RabbitMQ (installed from Debian's packages on this kind of machine)
 if ! port_open 5432; then
   if command -v pg_ctlcluster >/dev/null; then
@@ -217,5 +226,9 @@ scripts/start-seaweedfs.sh || exit 1
 if [ -n "${CARGO_PID:-}" ]; then
   wait "$CARGO_PID" || { log "cargo build failed (its errors are above)"; exit 1; }
   CARGO_PID=
+fi
+if [ -n "${TINY_PKG_PID:-}" ]; then
+  wait "$TINY_PKG_PID" || { TINY_PKG_PID=; log "compiling the tiny models' stages failed (its log is named above)"; exit 1; }
+  TINY_PKG_PID=
 fi
 log "ready"

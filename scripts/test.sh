@@ -46,12 +46,6 @@ status=0
 # FAULTS=only runs just the fault tests; FAULTS=skip skips them. Arguments (a filter of one's own)
 # select from the whole suite, as one nextest run, instead of 1 and the unit tests.
 FAULTS=${FAULTS:-run}
-# The tiny models' CPU packages (scripts/tiny-packages.sh; only tests beside the faults use them)
-# compile in the background during 1, or first when a filter of one's own may want them.
-packages_pid=
-if [ "$FAULTS" != only ]; then
-  if [ $# -gt 0 ]; then scripts/tiny-packages.sh || status=$?; else scripts/tiny-packages.sh & packages_pid=$!; fi
-fi
 if cargo nextest --version >/dev/null 2>&1; then
   if [ "$FAULTS" != only ]; then
     if [ $# -gt 0 ]; then
@@ -60,7 +54,6 @@ if cargo nextest --version >/dev/null 2>&1; then
       cargo nextest run --profile suite --no-fail-fast --test integration -E "not ($BESIDE_FAULTS)" || status=$?
     fi
   fi
-  if [ -n "$packages_pid" ]; then wait "$packages_pid" || status=$?; fi
   fault_pid=
   if [ "$FAULTS" != skip ]; then
     cargo nextest run --no-fail-fast --test integration --run-ignored only --test-threads 1 -E 'test(/^faults::/)' &
@@ -72,7 +65,6 @@ if cargo nextest --version >/dev/null 2>&1; then
   fi
   if [ -n "$fault_pid" ]; then wait "$fault_pid" || status=$?; fi
 else
-  if [ -n "$packages_pid" ]; then wait "$packages_pid" || status=$?; fi
   [ "$FAULTS" = only ] || cargo test --no-fail-fast "$@" || status=$?
   [ "$FAULTS" = skip ] || cargo test --no-fail-fast --test integration -- --ignored --test-threads 1 faults:: || status=$?
 fi

@@ -7,9 +7,8 @@
 #   models/cosyvoice2-tiny-compiled: the flow encoder and estimator and the vocoder body, ≈ 2 minutes
 #   models/cosyvoice3-tiny-compiled: the DiT and the vocoder body (`--family cosyvoice3`, ≈ 1 minute:
 #     small limits, 256 frames and 16 rows, what the tests run)
-# The two compile side by side (each is mostly one Python thread's lowering). scripts/test.sh runs
-# this in the background while the tests that do not need the packages run (issue 41: it had been
-# bootstrap's, ≈ 170 CPU-seconds before the first test); it needs what `bootstrap.sh test` made.
+# The two compile side by side (each is mostly one Python thread's lowering). `bootstrap.sh test`
+# runs this beside the test build, after it has made the tiny models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '[tiny-packages %s] %s\n' "$(date -u +%T)" "$*" >&2; }
