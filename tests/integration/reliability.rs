@@ -308,3 +308,62 @@ async fn a_job_only_prefetched_by_lost_workers_is_given_back_at_the_limit_not_fa
     assert_eq!(env.count("SELECT count(*) FROM rejections").await, 0);
     env.cleanup().await;
 }
+
+/// A GPU failure is no job's fault (`ModelError::is_device_fault`, `worker::infer`): the batch is
+/// given back whole and the worker stops with "the GPU", so that its supervisor starts a fresh
+/// CUDA context; no job is failed, split out or dead-lettered for it. The model here is the
+/// reference model wrapped to raise CUDA's own message when a job holds `§` (token 168), as
+/// libtorch does when a kernel faults (an H100 run on 2026-12-07 failed a job this way before).
+#[tokio::test]
+async fn a_gpu_failure_gives_the_batch_back_and_stops_the_worker_without_failing_a_job() {
+    let env = TestEnv::new("gpufault").await;
+    let faulty = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys, torch
+from torch import Tensor
+from typing import Tuple
+class Faulty(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+    def forward(self, tokens: Tensor, lengths: Tensor, speakers: Tensor) -> Tuple[Tensor, Tensor]:
+        if bool((tokens == 168).any()):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.inner(tokens, lengths, speakers)
+torch.jit.script(Faulty(torch.jit.load(sys.argv[1]))).save(sys.argv[2])
+"#;
+    // TorchScript reads the class's source: a file, not `-c`.
+    let script_file = faulty.path().join("faulty.py");
+    std::fs::write(&script_file, script).unwrap();
+    let made = std::process::Command::new(common::repo_path(".venv/bin/python"))
+        .arg(&script_file)
+        .arg(common::model_dir().join("model.pt"))
+        .arg(faulty.path().join("model.pt"))
+        .output()
+        .expect("the project venv's python (scripts/bootstrap.sh)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    std::fs::copy(common::model_dir().join("model.toml"), faulty.path().join("model.toml")).unwrap();
+
+    let mut batch = common::jobs(3, 4);
+    batch.push(Job::new("a section sign § brings the GPU down".to_string()));
+    env.publish(&batch).await;
+    let mut cfg = env.cfg.clone();
+    cfg.model.dir = faulty.path().to_path_buf();
+    cfg.batching.max_wait = Duration::from_millis(500);
+    let storage = voxbatch::storage::Storage::open(&cfg.storage).await.unwrap();
+    let opts = voxbatch::worker::WorkerOptions { drain: true, worker_id: None };
+    let run = voxbatch::worker::run(cfg, env.model_at(faulty.path()), env.db.clone(), storage, opts, std::future::pending());
+    let stopped = tokio::time::timeout(Duration::from_secs(120), run).await.expect("the worker stops on its own");
+    let error = voxbatch::worker::error_chain(&stopped.expect_err("a GPU failure stops the worker"));
+    assert!(error.contains("the GPU") && error.contains("CUDA error"), "says the GPU failed: {error}");
+    assert_eq!(env.count("SELECT count(*) FROM jobs WHERE status = 'failed'").await, 0, "no job failed for the GPU's fault");
+    let done = env.count("SELECT count(*) FROM jobs WHERE status = 'done'").await;
+    assert!(done < 4, "the job that faults was not done");
+    assert_eq!(env.depths_settled((4 - done as u32, 0)).await, (4 - done as u32, 0), "the rest back in the queue, nothing dead-lettered");
+
+    // A sound GPU (the plain reference model) finishes them: each done once.
+    let summary = env.drain().await;
+    assert_eq!((summary.jobs_done as i64 + done, summary.jobs_failed), (4, 0), "{summary:?}");
+    common::assert_each_done_once(&env, 4).await;
+    env.cleanup().await;
+}
