@@ -41,7 +41,7 @@ EARLY_PID=
 CARGO_PID=
 # A failing step stops the builds started in the background too.
 TINY_PKG_PID=
-trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; [ -n "${TINY_PKG_PID:-}" ] && kill "$TINY_PKG_PID" 2>/dev/null; true' EXIT
+trap '[ -n "${EARLY_PID:-}" ] && kill -- -"$EARLY_PID" 2>/dev/null; [ -n "${CARGO_PID:-}" ] && kill "$CARGO_PID" 2>/dev/null; [ -n "${TINY_PKG_PID:-}" ] && kill -- -"$TINY_PKG_PID" 2>/dev/null; true' EXIT
 CARGO=$(PATH="$HOME/.cargo/bin:$PATH" command -v cargo || true)
 if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ] && [ -n "$CARGO" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if ! command -v mold > /dev/null; then
@@ -193,8 +193,9 @@ fi
 # [test] The tiny models' token2wav stages compiled for this CPU (AOTInductor, ≈ 170 CPU-seconds), in
 # the background beside the build: waited for at the end. (Run instead beside the tests that do not
 # need them, they slowed those by more than they took here: 2026-12-07, docs/PERFORMANCE.md.)
+# Its own process group (setsid), so that a failing step stops its compilers with it.
 if [ "$FOR" = test ]; then
-  scripts/tiny-packages.sh &
+  setsid scripts/tiny-packages.sh &
   TINY_PKG_PID=$!
 fi
 
