@@ -10,7 +10,7 @@ use crate::common;
 
 use std::path::Path;
 
-use common::repo_path;
+use common::{kernel_launches, repo_path, weight_casts};
 use tch::Tensor;
 use voxbatch::model::cosyvoice2::Token2Wav;
 use voxbatch::model::{Device, Manifest, Precision, SynthItem};
@@ -158,17 +158,10 @@ fn every_compile_variant_computes_the_reference_stages() {
         &["--layout", "time-major", "--mish", "exact", "--hift-channel-multiple", "1", "--hift-dilation", "dilated"],
     ];
     for args in variants {
-        let out = std::process::Command::new(repo_path(".venv/bin/python"))
-            .arg(repo_path("tools/compile_token2wav.py"))
-            .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--device", "cpu", "--precision", "fp32"])
-            .args(["--attention", "sdpa", "--stages", "estimator,hift", "--eager-check"])
-            .args(args)
-            .output()
-            .expect("the project venv's python (scripts/bootstrap.sh)");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        let reports: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(reports.len(), 2, "{args:?}: one report per stage: {stdout}");
+        let model = repo_path("models/cosyvoice2-tiny");
+        let common_args = ["--model", model.to_str().unwrap(), "--device", "cpu", "--precision", "fp32", "--attention", "sdpa", "--stages", "estimator,hift", "--eager-check"];
+        let reports = common::compile_tool_reports(&[&common_args[..], args].concat());
+        assert_eq!(reports.len(), 2, "{args:?}: one report per stage: {reports:?}");
         for r in &reports {
             let worst = r["max_abs_difference_vs_reference_eager"].as_f64().unwrap();
             // fp32 on a CPU: the same sums in another order (the reference layout's own packages: 4e-6).
@@ -179,20 +172,8 @@ fn every_compile_variant_computes_the_reference_stages() {
 
 /// `compile_token2wav.py --cuda-kernels` on the tiny model with `args`: one report per stage.
 fn cuda_kernel_reports(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new(repo_path(".venv/bin/python"))
-        .arg(repo_path("tools/compile_token2wav.py"))
-        .args(["--model", repo_path("models/cosyvoice2-tiny").to_str().unwrap(), "--cuda-kernels"])
-        .args(["--kernels-batch", "16", "--kernels-frames", "200"])
-        .args(args)
-        .output()
-        .expect("the project venv's python (scripts/bootstrap.sh)");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
-/// How many times a report's kernels whose name satisfies `matches` are launched.
-fn launches(report: &serde_json::Value, matches: impl Fn(&str) -> bool) -> u64 {
-    report["kernels"].as_object().unwrap().iter().filter(|(name, _)| matches(name)).map(|(_, n)| n.as_u64().unwrap()).sum()
+    let model = repo_path("models/cosyvoice2-tiny");
+    common::compile_tool_reports(&[&["--model", model.to_str().unwrap(), "--cuda-kernels", "--kernels-batch", "16", "--kernels-frames", "200"][..], args].concat())
 }
 
 /// The estimator's kernels as a CUDA compile generates them, listed on this machine without a GPU
@@ -242,11 +223,11 @@ fn the_estimators_cuda_kernels_show_its_window_layouts_and_its_folded_weights() 
 
     // A window: the `cat` of shifted slices of the padded frames (the U-Net's skip `cat` has no pad
     // and computes each value once).
-    let window_with_mish = |r: &serde_json::Value| launches(r, |k| k.contains("_cat_") && k.contains("constant_pad_nd") && k.contains("mish"));
+    let window_with_mish = |r: &serde_json::Value| kernel_launches(r, |k| k.contains("_cat_") && k.contains("constant_pad_nd") && k.contains("mish"));
     assert!(window_with_mish(time_major) > 0, "the diagnosed kernel is gone from the time-major layout: {time_major}");
     assert_eq!(window_with_mish(strided_unfolded), 0, "the strided layout still fuses Mish into a window: {strided_unfolded}");
 
-    let window_copies = |r: &serde_json::Value| launches(r, |k| k.contains("as_strided_clone"));
+    let window_copies = |r: &serde_json::Value| kernel_launches(r, |k| k.contains("as_strided_clone"));
     let bmm = |r: &serde_json::Value| r["extern"]["extern_kernels.bmm"].as_u64().unwrap_or(0);
     // The tiny estimator's causal convolutions of kernel 3: two in each of its four ResNet blocks,
     // the down- and up-sampling ones and the final block's.
@@ -256,9 +237,6 @@ fn the_estimators_cuda_kernels_show_its_window_layouts_and_its_folded_weights() 
     assert_eq!(window_copies(strided_copy), convolutions, "one window copy per convolution: {strided_copy}");
     assert_eq!(bmm(strided) - bmm(strided_copy), convolutions, "the copied windows go to plain matmuls: {strided_copy}");
 
-    // A plain weight cast is a kernel fusing nothing but `_to_copy`: `triton_poi_fused__to_copy_<n>`.
-    let weight_casts =
-        |r: &serde_json::Value| launches(r, |k| k.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())));
     assert!(weight_casts(encoder) > 10, "the encoder was frozen too: {encoder}");
     assert_eq!(weight_casts(strided), 0, "the estimator still casts its weights: {strided}");
     assert!(weight_casts(strided_unfolded) > 10, "estimator:freezing=False did not override the default: {strided_unfolded}");

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::common::repo_path;
+use crate::common::{self, repo_path, weight_casts};
 use tch::{Kind, Tensor};
 use voxbatch::model::cosyvoice3::Token2Wav;
 use voxbatch::model::token2wav::{pack_mels, FlowItem};
@@ -193,14 +193,8 @@ fn a_cosyvoice3_package_made_from_other_weights_or_for_another_key_is_not_used()
 
 /// `compile_token2wav.py --family cosyvoice3` on the tiny model with `args`: one JSON report per stage.
 fn compile_tool_reports(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new(repo_path(".venv/bin/python"))
-        .arg(repo_path("tools/compile_token2wav.py"))
-        .args(["--family", "cosyvoice3", "--model", repo_path("models/cosyvoice3-tiny").to_str().unwrap()])
-        .args(args)
-        .output()
-        .expect("the project venv's python (scripts/bootstrap.sh)");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect()
+    let model = repo_path("models/cosyvoice3-tiny");
+    common::compile_tool_reports(&[&["--family", "cosyvoice3", "--model", model.to_str().unwrap()][..], args].concat())
 }
 
 /// Each form the tool may compute the causal vocoder body in on a GPU (channels-last, its STFT
@@ -230,14 +224,6 @@ fn every_cosyvoice3_vocoder_form_computes_the_channel_major_body() {
 /// freezing, `estimator:freezing=True`): no kernel casts a weight on each call.
 #[test]
 fn the_dits_cuda_compile_holds_nothing_off_the_device_and_folds_its_weights() {
-    let weight_casts = |report: &serde_json::Value| -> u64 {
-        let kernels = report["kernels"].as_object().unwrap();
-        kernels
-            .iter()
-            .filter(|(name, _)| name.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())))
-            .map(|(_, launches)| launches.as_u64().unwrap())
-            .sum()
-    };
     let args = ["--cuda-kernels", "--precision", "bf16", "--stages", "estimator", "--kernels-batch", "8", "--kernels-frames", "104"];
     let folded = compile_tool_reports(&args);
     assert_eq!(folded.len(), 1, "{folded:?}");

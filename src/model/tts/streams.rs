@@ -28,9 +28,10 @@ impl StageStreams {
     /// The streams `[llm]` asks for on `device`. `Err` says why one cannot be made.
     pub(super) fn new(llm: &LlmConfig, device: Device) -> Result<StageStreams, String> {
         let (buckets, closing) = token2wav_streams(llm, device)?;
-        let decode = match buckets.is_some() && llm.prioritise_decode {
-            true => SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}"))?,
-            false => None,
+        let decode = if buckets.is_some() && llm.prioritise_decode {
+            SideStream::new(device, Priority::High).map_err(|e| format!("cannot create the decode's CUDA stream: {e}"))?
+        } else {
+            None
         };
         if buckets.is_some() && llm.decode_sms == 0 {
             tracing::info!(decode_priority = if decode.is_some() { "high" } else { "normal" }, "token2wav on a CUDA stream of its own beside the decode's");

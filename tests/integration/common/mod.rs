@@ -445,3 +445,29 @@ async fn pipe(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp:
 async fn refused(mode: &mut tokio::sync::watch::Receiver<ProxyMode>) {
     let _ = mode.wait_for(|m| *m == ProxyMode::Refuse).await.map(|_| ());
 }
+
+// ---- The compile tool (tools/compile_token2wav.py), shared by the compiled-stage suites. ----
+
+/// `tools/compile_token2wav.py` run by the project venv's Python with `args`; panics unless it
+/// succeeds. Its JSON reports, one per stage (lines that are not JSON, e.g. warnings, skipped).
+pub fn compile_tool_reports(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(repo_path(".venv/bin/python"))
+        .arg(repo_path("tools/compile_token2wav.py"))
+        .args(args)
+        .output()
+        .expect("the project venv's python (scripts/bootstrap.sh)");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// How many times the kernels of a `--cuda-kernels` report whose name satisfies `matches` are launched.
+pub fn kernel_launches(report: &serde_json::Value, matches: impl Fn(&str) -> bool) -> u64 {
+    report["kernels"].as_object().unwrap().iter().filter(|(name, _)| matches(name)).map(|(_, n)| n.as_u64().unwrap()).sum()
+}
+
+/// Launches of plain weight casts in a `--cuda-kernels` report: kernels fusing nothing but
+/// `_to_copy` (`triton_poi_fused__to_copy_<n>`), what a package whose weights are not folded runs
+/// on each call.
+pub fn weight_casts(report: &serde_json::Value) -> u64 {
+    kernel_launches(report, |k| k.strip_prefix("triton_poi_fused__to_copy_").is_some_and(|n| n.chars().all(|c| c.is_ascii_digit())))
+}
