@@ -59,8 +59,29 @@ impl MemoryProbe {
 mod tests {
     use super::*;
 
+    /// Set in the child process that [`cpu_peak_rss_grows_with_an_allocation_and_resets`] starts.
+    const ALONE: &str = "VOXBATCH_MEMORY_PROBE_ALONE";
+
+    /// The peak resident set is the whole process's: other tests running beside this one in
+    /// libtest's threads allocate and free under it (a 64-MiB allocation once read as +55 MB,
+    /// CI of 2026-12-07). So the measurement runs in a process of its own: this test starts its
+    /// own binary again with only itself selected, and that child measures.
     #[test]
     fn cpu_peak_rss_grows_with_an_allocation_and_resets() {
+        if std::env::var_os(ALONE).is_none() {
+            let name = "model::memory::tests::cpu_peak_rss_grows_with_an_allocation_and_resets";
+            let exe = std::env::current_exe().expect("the test binary's path");
+            let out = std::process::Command::new(exe)
+                .args([name, "--exact", "--test-threads", "1", "--nocapture"])
+                .env(ALONE, "1")
+                .output()
+                .expect("the test binary starts again");
+            let log = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "the measuring child failed:\n{log}");
+            assert!(log.contains("1 passed"), "the child ran no test:\n{log}");
+            return;
+        }
         let p = MemoryProbe::new(Device::Cpu);
         p.reset();
         let before = p.peak().unwrap();
