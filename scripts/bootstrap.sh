@@ -11,7 +11,7 @@
 #   4. SeaweedFS with an S3 identity on 127.0.0.1:8333 (data in .run/seaweedfs), started if not running;
 #      [test] the tiny CosyVoice3 converted, and the tiny models' stages compiled for this CPU
 #      (scripts/tiny-packages.sh, beside the build);
-#   5. cargo build: the binary alone for the demo, [test] every target.
+#   5. cargo build: the binary alone for the demo, [test] every target (the test profile).
 # Each step is skipped when its result is already there. Set VOXBATCH_SKIP_BUILD=1 to skip step 5.
 # The build needs only libtorch (step 1) and mold; the rest of the bootstrap is mostly downloads and
 # short Python runs, so it runs beside the build rather than before it (issue 41).
@@ -101,8 +101,9 @@ if [ "${VOXBATCH_SKIP_BUILD:-0}" != 1 ]; then
     log "cargo build --bin voxbatch, in the background (the first build of the dependencies takes several minutes)"
     cargo build --quiet --bin voxbatch &
   else
-    log "cargo build --all-targets (the binary and the test binary), in the background"
-    cargo build --quiet --all-targets &
+    # The test profile (Cargo.toml: voxbatch unoptimised), which nextest and `cargo test` use.
+    log "cargo build --profile test --all-targets (the binary and the test binaries), in the background"
+    cargo build --quiet --profile test --all-targets &
   fi
   CARGO_PID=$!
 fi

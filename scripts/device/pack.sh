@@ -5,7 +5,7 @@
 #                    the project venv has, and the LLM reference's transformers pins (needs network)
 #   binaries  .t2w/  the stripped voxbatch binary (voxbatch.xz) and the integration test binary
 #                    (integration.xz: target/debug/deps/integration-*, one binary whose tests a target
-#                    picks by module prefix), from target/debug — after `cargo build --all-targets`
+#                    picks by module prefix), from target/debug — after `make test` (`cargo build --profile test --all-targets`)
 #   cv3       .cv3/  CosyVoice3's reference code (no PyPI package ships it): cosyvoice/ and the
 #                    CosyVoice3 yaml of a FunAudioLLM/CosyVoice checkout or git directory (CV3_REPO,
 #                    default .run/cv3-ref/CosyVoice), and matcha/ of Matcha-TTS at the commit it pins
@@ -48,8 +48,11 @@ pack_binaries() {
   if [ -n "$test_bin" ]; then
     strip -o .t2w/integration "$test_bin" && xz -T2 -6 -f .t2w/integration
   else
-    echo "no integration test binary (cargo build --all-targets): packed voxbatch alone" >&2
+    echo "no integration test binary (make test builds it): packed voxbatch alone" >&2
   fi
+  # The dev profile's binary (optimised): after `make test`, target/debug/voxbatch is the test
+  # profile's (Cargo.toml), until a dev build links it back.
+  ( source scripts/env.sh && cargo build --quiet --bin voxbatch )
   strip -o .t2w/voxbatch target/debug/voxbatch && xz -T2 -6 -f .t2w/voxbatch
   du -sh .t2w/*
 }
