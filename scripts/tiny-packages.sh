@@ -9,21 +9,27 @@
 #     small limits, 256 frames and 16 rows, what the tests run)
 # The two compile side by side (each is mostly one Python thread's lowering). `bootstrap.sh test`
 # runs this beside the test build, after it has made the tiny models.
+# Their C++ kernels are scalar (`cpp.simdlen=1`, recorded in each package's metadata): what the
+# tests check is the tool's export, packaging and metadata and the package's numbers against the
+# eager port, not a CPU's vector code (a GPU's packages are Triton's), and inductor's vectorising
+# code generation was a fifth of the compile — 200 CPU-s for the five stages with it, 159 without
+# (2026-12-07, docs/PERFORMANCE.md#build-times).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { printf '[tiny-packages %s] %s\n' "$(date -u +%T)" "$*" >&2; }
 KEY=cpu-torch2.11.0-fp32
 
-# stale PACKAGE WEIGHTS: whether PACKAGE is missing or older than the compile tool or WEIGHTS.
+# stale PACKAGE WEIGHTS: whether PACKAGE is missing or older than this script, the compile tool or WEIGHTS.
 stale() {
-  [ ! -f "$1" ] || [ tools/compile_token2wav.py -nt "$1" ] || [ -n "$(find tools/compile -name '*.py' -newer "$1")" ] || [ "$2" -nt "$1" ]
+  [ ! -f "$1" ] || [ scripts/tiny-packages.sh -nt "$1" ] || [ tools/compile_token2wav.py -nt "$1" ] || [ -n "$(find tools/compile -name '*.py' -newer "$1")" ] || [ "$2" -nt "$1" ]
 }
 # compile MODEL ARGS...: models/MODEL-compiled (links to models/MODEL's files) with MODEL's packages.
 compile() {
   local model=$1; shift
   mkdir -p "models/$model-compiled"
   for f in "models/$model"/*; do ln -sfn "../$model/$(basename "$f")" "models/$model-compiled/"; done
-  .venv/bin/python tools/compile_token2wav.py --model "models/$model-compiled" --device cpu --precision fp32 "$@" \
+  .venv/bin/python tools/compile_token2wav.py --model "models/$model-compiled" --device cpu --precision fp32 \
+    --inductor-option cpp.simdlen=1 "$@" \
     > ".run/$model-compile.log" 2>&1 || { log "compiling $model's stages failed (a C++ compiler is needed): .run/$model-compile.log"; return 1; }
 }
 
