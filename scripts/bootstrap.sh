@@ -191,7 +191,7 @@ if { [ "$FOR" = test ] || [ "${MODEL:-}" = cosyvoice3-tiny ]; } && { [ ! -f "$CV
   cp models/voice-parity/speech_tokenizer_v3.onnx models/voice-parity/campplus.onnx models/cosyvoice3-tiny/
 fi
 
-# [test] The tiny models' token2wav stages compiled for this CPU (AOTInductor, ≈ 170 CPU-seconds), in
+# [test] The tiny models' token2wav stages compiled for this CPU (AOTInductor, ≈ 160 CPU-seconds), in
 # the background beside the build: waited for at the end. (Run instead beside the tests that do not
 # need them, they slowed those by more than they took here: 2026-12-07, docs/PERFORMANCE.md.)
 # Its own process group (setsid), so that a failing step stops its compilers with it.
