@@ -41,7 +41,7 @@ pub fn test_config(id: &str) -> Config {
     // them fails here, every time, instead of now and then.
     assert!(
         std::env::var_os("VOXBATCH_TEST_SERVICES").is_none_or(|v| v != "none"),
-        "test `{id}` uses RabbitMQ, Postgres and SeaweedFS, but scripts/test.sh runs its module beside the fault tests (SERVICE_FREE there)"
+        "test `{id}` uses RabbitMQ, Postgres and SeaweedFS, but scripts/test.sh runs its module beside the fault tests (BESIDE_FAULTS there)"
     );
     let mut cfg = Config::defaults().expect("default config is valid");
     cfg.amqp.exchange = format!("vbt-{id}");
