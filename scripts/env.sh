@@ -9,3 +9,9 @@ if [ -d "$VOXBATCH_ROOT/.venv" ]; then
   TORCH_LIB="$(ls -d "$VOXBATCH_ROOT"/.venv/lib/python3*/site-packages/torch/lib 2>/dev/null | head -n1)"
 fi
 export LD_LIBRARY_PATH="${TORCH_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# dev_binary: target/debug/voxbatch as the dev profile builds it (optimised; nothing to do when it
+# is built). The test profile (Cargo.toml) compiles voxbatch unoptimised into the same folder and
+# cargo links target/debug/voxbatch to the profile built last, so after `make test` it is the
+# test build until this runs: what scripts that run or pack the binary call first.
+dev_binary() { cargo build --quiet --bin voxbatch; }

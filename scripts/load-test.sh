@@ -10,7 +10,7 @@ source scripts/env.sh
 N=${N:-10000}
 ID=load_$(date +%s)
 BIN=target/debug/voxbatch
-cargo build --quiet --bin voxbatch  # the dev build (after `make test` the link is the test profile's)
+dev_binary
 export VOXBATCH_AMQP__EXCHANGE="vbt-$ID" VOXBATCH_AMQP__QUEUE="vbt-$ID.jobs" \
   VOXBATCH_AMQP__DEAD_LETTER_EXCHANGE="vbt-$ID.dlx" VOXBATCH_AMQP__DEAD_LETTER_QUEUE="vbt-$ID.jobs.dead" \
   DATABASE_URL="postgres://postgres@127.0.0.1:5432/vbt_$ID" VOXBATCH_STORAGE__KEY_PREFIX="vbt-$ID/" \

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-cargo build --quiet --bin voxbatch  # the dev build (after `make test` the link is the test profile's)
+dev_binary
 OUT=bench/results/$(date -u +%F)-scaling.json
 tmp=$(mktemp -d)
 DB=vbt_scaling_$$

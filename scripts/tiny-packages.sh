@@ -2,8 +2,8 @@
 # The tiny models' token2wav stages compiled for this CPU (AOTInductor), each in a directory of its
 # own (links to the model's files): tests/integration/compiled.rs and cosyvoice3_compiled.rs compare
 # them with the eager port and check that a broken or mismatched package falls back to eager. The
-# plain tiny models stay eager. Each is skipped when its package is newer than the compile tool and
-# the model's weights.
+# plain tiny models stay eager. Each is skipped when its package is newer than this script, the
+# compile tool and the model's weights.
 #   models/cosyvoice2-tiny-compiled: the flow encoder and estimator and the vocoder body, ≈ 2 minutes
 #   models/cosyvoice3-tiny-compiled: the DiT and the vocoder body (`--family cosyvoice3`, ≈ 1 minute:
 #     small limits, 256 frames and 16 rows, what the tests run)

@@ -50,9 +50,7 @@ pack_binaries() {
   else
     echo "no integration test binary (make test builds it): packed voxbatch alone" >&2
   fi
-  # The dev profile's binary (optimised): after `make test`, target/debug/voxbatch is the test
-  # profile's (Cargo.toml), until a dev build links it back.
-  ( source scripts/env.sh && cargo build --quiet --bin voxbatch )
+  ( source scripts/env.sh && dev_binary )  # the optimised build, not `make test`'s
   strip -o .t2w/voxbatch target/debug/voxbatch && xz -T2 -6 -f .t2w/voxbatch
   du -sh .t2w/*
 }
