@@ -43,7 +43,9 @@ int voxbatch_set_tf32(int enabled, char* err, size_t err_len) {
 }
 
 // Caching-allocator statistics of `device` in bytes: what = 0 current allocated, 1 peak allocated
-// (since the last reset), 2 current reserved, 3 peak reserved. -1 when unavailable.
+// (since the last reset), 2 current reserved, 3 peak reserved; counts since the process began: 4
+// allocations retried after freeing every cached block (each a device-wide wait), 5 cudaMalloc
+// calls, 6 cudaFree calls. -1 when unavailable.
 int64_t voxbatch_cuda_memory_stat(int device, int what) {
   try {
     const auto stats = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(static_cast<c10::DeviceIndex>(device));
@@ -53,6 +55,9 @@ int64_t voxbatch_cuda_memory_stat(int device, int what) {
       case 1: return stats.allocated_bytes[agg].peak;
       case 2: return stats.reserved_bytes[agg].current;
       case 3: return stats.reserved_bytes[agg].peak;
+      case 4: return stats.num_alloc_retries;
+      case 5: return stats.num_device_alloc;
+      case 6: return stats.num_device_free;
       default: return -1;
     }
   } catch (...) {

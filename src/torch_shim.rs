@@ -138,9 +138,17 @@ pub enum CudaStat {
     Allocated = 0,
     PeakAllocated = 1,
     Reserved = 2,
+    /// Allocations retried after every cached block was freed (each waits for the whole device),
+    /// since the process began: a count, not bytes.
+    AllocRetries = 4,
+    /// cudaMalloc calls since the process began (a count).
+    DeviceAllocs = 5,
+    /// cudaFree calls since the process began (a count).
+    DeviceFrees = 6,
 }
 
-/// A caching-allocator statistic of CUDA device `device`, in bytes; `None` without CUDA.
+/// A caching-allocator statistic of CUDA device `device`, in bytes (the counts: a number);
+/// `None` without CUDA.
 pub fn cuda_memory_stat(device: usize, stat: CudaStat) -> Option<u64> {
     // SAFETY: reads allocator statistics; returns -1 when CUDA is unavailable.
     let v = unsafe { voxbatch_cuda_memory_stat(device as i32, stat as i32) };

@@ -55,6 +55,21 @@ impl MemoryProbe {
     }
 }
 
+/// The caching allocator's counts on `device` since the process began: (allocations retried after
+/// every cached block was freed, cudaMalloc calls, cudaFree calls). Zeros on a CPU.
+pub fn allocator_counts(device: Device) -> [u64; 3] {
+    match device {
+        Device::Cuda(n) => [shim::CudaStat::AllocRetries, shim::CudaStat::DeviceAllocs, shim::CudaStat::DeviceFrees].map(|s| shim::cuda_memory_stat(n, s).unwrap_or(0)),
+        Device::Cpu => [0; 3],
+    }
+}
+
+/// [`allocator_counts`] now less `before`.
+pub fn allocator_delta(device: Device, before: [u64; 3]) -> [u64; 3] {
+    let now = allocator_counts(device);
+    [0, 1, 2].map(|i| now[i].saturating_sub(before[i]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

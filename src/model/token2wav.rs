@@ -289,11 +289,15 @@ impl StageWaits {
         Ok(StageWaits { started, device })
     }
 
-    /// After a stage: its work waited for, unless pipelined.
-    pub(super) fn stage_done(&self) {
+    /// After a stage: its work waited for, unless pipelined. Returns how long the wait took (what
+    /// the stage's time holds beyond its host work: the GPU's work, its own and whatever was
+    /// queued before it on the stream).
+    pub(super) fn stage_done(&self) -> Duration {
+        let started = std::time::Instant::now();
         if self.started.is_none() {
             super::cuda_stream::synchronize(self.device);
         }
+        started.elapsed()
     }
 
     /// The batch's waveforms (`[B, samples]` on the device) on their way to the host.
@@ -324,6 +328,13 @@ pub struct StageTiming {
     pub flow_steps: Duration,
     /// The vocoder, and the waveform's copy to host memory.
     pub vocoder: Duration,
+    /// Of each of the three above, the time spent waiting for the GPU (the stage's work and what
+    /// was queued before it on the stream; for the vocoder, the waveform's copy to host memory
+    /// included); the rest is the host's: launches, and the inputs' making. Zero when pipelined.
+    pub waited: [Duration; 3],
+    /// The caching allocator's counts during the batch ([`crate::model::memory::allocator_counts`]:
+    /// allocations retried after freeing every cached block, cudaMalloc and cudaFree calls).
+    pub allocator: [u64; 3],
     /// Host only, after the device work: each item's samples cut from the batch's waveform on the
     /// caller's thread (the GPU waits meanwhile when the caller has no other work queued); zero
     /// where the caller cuts them itself.

@@ -70,6 +70,18 @@ def ms_fields_summed(marker):
 # Each bucket's time by stage (tts.rs, debug), and the LLM's share of each text batch by phase
 # (tts.rs "llm decode"): seconds summed over the drain.
 summary["token2wav_bucket_seconds"] = ms_fields_summed("token2wav bucket ")
+# The caching allocator's counts over the buckets (tts/buckets.rs, debug, since 2026-12-07): retries
+# after freeing every cached block (each waits for the whole device), cudaMalloc and cudaFree calls.
+def counts_summed(marker, names):
+    sums, started = dict.fromkeys(names, 0), False
+    for line in WORKER_LOG:
+        started = started or is_load_end(line)
+        if started and marker in line:
+            for k, v in re.findall(r"(\w+)=(\d+)", line):
+                if k in sums:
+                    sums[k] += int(v)
+    return sums
+summary["token2wav_bucket_allocator"] = counts_summed("token2wav bucket ", ("alloc_retries", "cuda_mallocs", "cuda_frees"))
 # With [llm] pipelined_buckets (queued=true) a bucket's stages are not waited for: its times are
 # the launches' only, and its GPU time is in the stage report's token2wav row instead.
 summary["token2wav_bucket_seconds_launches_only"] = any("token2wav bucket " in l and "queued=true" in l for l in WORKER_LOG)

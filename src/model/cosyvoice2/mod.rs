@@ -210,15 +210,16 @@ impl Token2Wav {
                 FlowItem { tokens: &i.tokens, prompt_tokens: &v.prompt_tokens, prompt_feat: &v.prompt_feat, embedding: &v.embedding }
             })
             .collect();
+        let counts = crate::model::memory::allocator_counts(self.device);
         let t0 = Instant::now();
         let failed = |e: tch::TchError| classify(e, items.len());
-        let (mels, t1, t2) = self.in_flow_precision(|flow| {
+        let (mels, t1, t2, [w1, w2]) = self.in_flow_precision(|flow| {
             let encoded = flow.encode(&flow_items).map_err(failed)?;
-            waits.stage_done();
+            let w1 = waits.stage_done();
             let t1 = t0.elapsed();
             let mels = flow.sample(&flow_items, &encoded).map_err(failed)?;
-            waits.stage_done();
-            Ok((mels, t1, t0.elapsed()))
+            let w2 = waits.stage_done();
+            Ok((mels, t1, t0.elapsed(), [w1, w2]))
         })?;
         // Each item at its speed, as upstream stretches the mel between the flow and the vocoder.
         let mels = mels.into_iter().zip(items).map(|(m, item)| at_speed(m, item.speed)).collect::<Result<Vec<_>, _>>().map_err(failed)?;
@@ -238,9 +239,11 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
+        let copy = Instant::now();
         let waves = waits.waves(&wav, &frames).map_err(failed)?;
+        let w3 = copy.elapsed();
         let t3 = t0.elapsed();
-        Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO }))
+        Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, waited: [w1, w2, w3], allocator: crate::model::memory::allocator_delta(self.device, counts), audio_out: Duration::ZERO }))
     }
 
     /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;

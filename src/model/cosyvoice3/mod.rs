@@ -191,14 +191,15 @@ impl Token2Wav {
         let _no_grad = tch::no_grad_guard();
         let waits = StageWaits::begin(self.pipelined, self.device)?;
         let failed = |e: tch::TchError| classify(e, items.len());
+        let counts = crate::model::memory::allocator_counts(self.device);
         let t0 = Instant::now();
-        let (mels, t1, t2) = self.in_flow_precision(|flow| {
+        let (mels, t1, t2, [w1, w2]) = self.in_flow_precision(|flow| {
             let encoded = flow.encode(items).map_err(failed)?;
-            waits.stage_done();
+            let w1 = waits.stage_done();
             let t1 = t0.elapsed();
             let mels = flow.sample(items, &encoded).map_err(failed)?;
-            waits.stage_done();
-            Ok((mels, t1, t0.elapsed()))
+            let w2 = waits.stage_done();
+            Ok((mels, t1, t0.elapsed(), [w1, w2]))
         })?;
         // Each item at its speed: upstream stretches the mel between the flow and the vocoder.
         let mels = mels.into_iter().zip(speeds).map(|(m, s)| at_speed(m, *s)).collect::<Result<Vec<_>, _>>().map_err(failed)?;
@@ -209,9 +210,11 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
+        let copy = Instant::now();
         let waves = waits.waves(&wav, &frames).map_err(failed)?;
+        let w3 = copy.elapsed();
         let t3 = t0.elapsed();
-        let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, audio_out: Duration::ZERO };
+        let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, waited: [w1, w2, w3], allocator: crate::model::memory::allocator_delta(self.device, counts), audio_out: Duration::ZERO };
         Ok(((mels, waves), timing))
     }
 

@@ -241,6 +241,12 @@ pub(super) fn run_bucket(
                     encoder_ms = t.encoder.as_millis() as u64,
                     flow_steps_ms = t.flow_steps.as_millis() as u64,
                     vocoder_ms = t.vocoder.as_millis() as u64,
+                    encoder_wait_ms = t.waited[0].as_millis() as u64,
+                    flow_steps_wait_ms = t.waited[1].as_millis() as u64,
+                    vocoder_wait_ms = t.waited[2].as_millis() as u64,
+                    alloc_retries = t.allocator[0],
+                    cuda_mallocs = t.allocator[1],
+                    cuda_frees = t.allocator[2],
                     "token2wav bucket"
                 );
             }
