@@ -89,12 +89,10 @@ int voxbatch_device_sm_count(int device, int* out, char* err, size_t err_len) {
 }
 
 // A stream of a new green context of `sms` SMs of `device` (the split rounds up to its granularity,
-// 8 on Hopper; `granted` says how many it gave), and with `out_rest` one of a green context of the
-// SMs the same split leaves beside them (`granted_rest`): kernels queued on either run on its SMs
-// alone, while other streams' kernels may run on any SM. The green contexts are kept for the
-// process's life (a model's streams live as long as the worker).
-int voxbatch_green_streams_new(int device, int sms, int* granted, void** out, int* granted_rest, void** out_rest, char* err,
-                               size_t err_len) {
+// 8 on Hopper; `granted` says how many it gave): kernels queued on it run on those SMs alone, while
+// other streams' kernels may run on any SM. The green context is kept for the process's life (a
+// model's streams live as long as the worker).
+int voxbatch_green_stream_new(int device, int sms, int* granted, void** out, char* err, size_t err_len) {
   return guarded([&] {
     const Driver& d = driver();
     if (d.split == nullptr || d.resource == nullptr || d.describe == nullptr || d.green == nullptr || d.green_stream == nullptr) {
@@ -105,34 +103,18 @@ int voxbatch_green_streams_new(int device, int sms, int* granted, void** out, in
     CUdevResource all{};
     d.check(d.resource(dev, &all, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource");
     CUdevResource group{};
-    CUdevResource left{};
+    CUdevResource rest{};
     unsigned int groups = 1;
-    d.check(d.split(&group, &groups, &all, &left, 0, static_cast<unsigned int>(sms)), "cuDevSmResourceSplitByCount");
+    d.check(d.split(&group, &groups, &all, &rest, 0, static_cast<unsigned int>(sms)), "cuDevSmResourceSplitByCount");
     if (groups != 1) throw std::runtime_error("the SM split gave no group of " + std::to_string(sms) + " SMs");
-    if (out_rest != nullptr && left.sm.smCount == 0) {
-      throw std::runtime_error("the SM split of " + std::to_string(sms) + " SMs left none beside them");
-    }
-    auto stream_of = [&](CUdevResource* share) {
-      CUdevResourceDesc desc;
-      d.check(d.describe(&desc, share, 1), "cuDevResourceGenerateDesc");
-      CUgreenCtx context;
-      d.check(d.green(&context, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
-      CUstream stream;
-      d.check(d.green_stream(&stream, context, CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate");
-      return new c10::cuda::CUDAStream(c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device)));
-    };
-    c10::cuda::CUDAStream* first = stream_of(&group);
-    if (out_rest != nullptr) {
-      try {
-        *out_rest = stream_of(&left);
-      } catch (...) {
-        delete first;
-        throw;
-      }
-      *granted_rest = static_cast<int>(left.sm.smCount);
-    }
+    CUdevResourceDesc desc;
+    d.check(d.describe(&desc, &group, 1), "cuDevResourceGenerateDesc");
+    CUgreenCtx context;
+    d.check(d.green(&context, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate");
+    CUstream stream;
+    d.check(d.green_stream(&stream, context, CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate");
     *granted = static_cast<int>(group.sm.smCount);
-    *out = first;
+    *out = new c10::cuda::CUDAStream(c10::cuda::getStreamFromExternal(stream, static_cast<c10::DeviceIndex>(device)));
   }, err, err_len);
 }
 

@@ -10,6 +10,11 @@ call on every SM. The streams are tools/check_green_split.py's. A subprocess per
 
 `no-lt`: DISABLE_ADDMM_CUDA_LT=1 (addmm through cublasGemmEx, the bias added apart); `carveout`:
 torch's SM carve-out (cuBLASLt told to target the rest's SM count). Prints one JSON line per call.
+
+Run on an H100 on 2026-12-07 (docs/PERFORMANCE.md#2026-12-07-h100n): on the rest (12 SMs) every
+projection of 1, 7 or 64 rows fails with CUBLAS_STATUS_EXECUTION_FAILED in all three modes, alone or
+beside the group's matmuls; 512, 1,024 and 4,096 rows pass; every SM and the group pass everything.
+Hence no `decode_on_its_sms`.
 """
 import argparse
 import json

@@ -19,7 +19,6 @@ pub struct RawLlm {
     pub overlap_token2wav: bool,
     pub prioritise_decode: bool,
     pub decode_sms: i64,
-    pub decode_on_its_sms: bool,
     pub closing_on_all_sms: bool,
     pub pipelined_buckets: bool,
     pub token2wav_max_bucket: i64,
@@ -51,10 +50,6 @@ pub struct LlmConfig {
     /// the decode's steps run beside a bucket instead of waiting for its blocks; token2wav is then
     /// on a stream of its own whatever `overlap_token2wav` says. 0: token2wav may use every SM.
     pub decode_sms: u32,
-    /// With `decode_sms`: the decode's steps on a green context of the SMs token2wav's leaves, so
-    /// that the two stages never share an SM (token2wav's kernels no longer wait behind the
-    /// decode's); false: the decode's kernels may run on every SM.
-    pub decode_on_its_sms: bool,
     /// With `decode_sms`: a batch's last buckets, once the decode is done, run on every SM (a
     /// stream of its own); false: on token2wav's share to the end.
     pub closing_on_all_sms: bool,
@@ -86,7 +81,6 @@ impl RawLlm {
             overlap_token2wav: self.overlap_token2wav,
             prioritise_decode: self.prioritise_decode,
             decode_sms: u32::try_from(non_negative("llm.decode_sms", self.decode_sms)?).map_err(|_| ConfigError::Invalid { key: "llm.decode_sms", reason: format!("must be at most {}, got {}", u32::MAX, self.decode_sms) })?,
-            decode_on_its_sms: self.decode_on_its_sms,
             closing_on_all_sms: self.closing_on_all_sms,
             pipelined_buckets: self.pipelined_buckets,
             token2wav_max_bucket: positive("llm.token2wav_max_bucket", self.token2wav_max_bucket)?,

@@ -6,9 +6,7 @@
 //! on a stream of high priority (`tts`, `[llm] overlap_token2wav`, `[llm] prioritise_decode`).
 //! With `[llm] decode_sms`, token2wav's stream is one of a CUDA green context
 //! ([`SideStream::green`]): its kernels run on a share of the SMs ([`green_sms`]), and the rest are
-//! the decode's while a bucket runs; with `[llm] decode_on_its_sms` too, the decode's stream is one
-//! of a green context of those others, from the same split ([`SideStream::green_split`]), so that neither stage's kernels
-//! wait for the other's to leave an SM.
+//! the decode's while a bucket runs.
 //! A [`CudaEvent`] marks a point of the calling thread's stream, which another thread can wait
 //! for and time from (`[llm] pipelined_buckets`: the cutter thread waits for a bucket's waveforms).
 //!
@@ -30,7 +28,7 @@ use super::Device;
 extern "C" {
     fn voxbatch_stream_new(device: i32, high_priority: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_device_sm_count(device: i32, out: *mut i32, err: *mut c_char, err_len: usize) -> i32;
-    fn voxbatch_green_streams_new(device: i32, sms: i32, granted: *mut i32, out: *mut *mut c_void, granted_rest: *mut i32, out_rest: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_green_stream_new(device: i32, sms: i32, granted: *mut i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_current(device: i32, out: *mut *mut c_void, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_stream_free(s: *mut c_void);
     fn voxbatch_stream_enter(s: *mut c_void, err: *mut c_char, err_len: usize) -> i32;
@@ -92,43 +90,24 @@ impl SideStream {
     /// whatever other streams queue. `None` on a CPU, or without the CUDA headers at build time.
     /// The context lives as long as the process.
     pub fn green(device: Device, sms: u32) -> Result<Option<SideStream>, ShimError> {
-        Ok(SideStream::green_streams(device, sms, false)?.map(|(stream, _)| stream))
-    }
-
-    /// [`SideStream::green`]`(sms)`, and from the same split a stream of a green context of the
-    /// SMs it leaves beside them, with how many they are: the two contexts' kernels never share
-    /// an SM. `None` on a CPU, or without the CUDA headers at build time.
-    #[allow(clippy::type_complexity)]
-    pub fn green_split(device: Device, sms: u32) -> Result<Option<(SideStream, (SideStream, u32))>, ShimError> {
-        Ok(SideStream::green_streams(device, sms, true)?.and_then(|(stream, rest)| rest.map(|rest| (stream, rest))))
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn green_streams(device: Device, sms: u32, with_rest: bool) -> Result<Option<(SideStream, Option<(SideStream, u32)>)>, ShimError> {
         let Device::Cuda(_index) = device else { return Ok(None) };
         #[cfg(voxbatch_cuda_graphs)]
         {
             let (mut ptr, mut granted) = (std::ptr::null_mut(), 0i32);
-            let (mut rest_ptr, mut rest_granted) = (std::ptr::null_mut(), 0i32);
             let asked = i32::try_from(sms).unwrap_or(i32::MAX);
-            let rest_out: *mut *mut c_void = if with_rest { &mut rest_ptr } else { std::ptr::null_mut() };
-            // SAFETY: writes new stream handles into `ptr` (and `rest_ptr` when asked for) and the
-            // SMs given into `granted` (`rest_granted`); exceptions (a driver without green
-            // contexts, a count the split refuses) are caught in C++, which frees a first stream
-            // when the second fails.
-            checked("create CUDA green contexts and their streams", |err, len| unsafe {
-                voxbatch_green_streams_new(_index as i32, asked, &mut granted, &mut ptr, &mut rest_granted, rest_out, err, len)
-            })?;
+            // SAFETY: writes a new stream handle into `ptr` and the SMs given into `granted`;
+            // exceptions (a driver without green contexts, a count the split refuses) are caught
+            // in C++.
+            checked("create a CUDA green context and its stream", |err, len| unsafe { voxbatch_green_stream_new(_index as i32, asked, &mut granted, &mut ptr, err, len) })?;
             let stream = SideStream { ptr, index: _index as i32 };
-            let rest = with_rest.then(|| (SideStream { ptr: rest_ptr, index: _index as i32 }, u32::try_from(rest_granted).unwrap_or(0)));
             if granted != asked {
                 return Err(ShimError { call: "create a CUDA green context and its stream", message: format!("the SM split gave {granted} SMs where {asked} were asked for") });
             }
-            Ok(Some((stream, rest)))
+            Ok(Some(stream))
         }
         #[cfg(not(voxbatch_cuda_graphs))]
         {
-            let _ = (sms, with_rest);
+            let _ = sms;
             Ok(None)
         }
     }
@@ -308,11 +287,5 @@ mod tests {
             let sms = green_sms(total, reserved).unwrap();
             assert!(total - sms >= reserved && sms % GREEN_GRANULARITY == 0 && total - sms - reserved < GREEN_GRANULARITY);
         }
-    }
-
-    #[test]
-    fn on_a_cpu_neither_share_of_a_green_split_makes_a_stream_or_an_error() {
-        assert!(SideStream::green(Device::Cpu, 120).unwrap().is_none());
-        assert!(SideStream::green_split(Device::Cpu, 120).unwrap().is_none());
     }
 }

@@ -31,7 +31,10 @@
 # leaves the decode at least 8 SMs: VOXBATCH_LLM__DECODE_SMS=8; like runs of 128 before a bucket fills:
 # VOXBATCH_LLM__TOKEN2WAV_LEAST_BUCKET=128; longer segments:
 # VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
-# VOXBATCH_AMQP__QUEUE…), PY.
+# VOXBATCH_AMQP__QUEUE…), libtorch's own environment, which the worker inherits (e.g.
+# TORCH_CUDNN_SDPA_DEPRIORITIZED=1, TORCH_CUDNN_V8_API_DISABLED=1, PYTORCH_CUDA_ALLOC_CONF), PY.
+# The buckets' debug lines say how long each stage waited for the GPU and what the caching allocator
+# did; the summary sums them (token2wav_bucket_seconds *_wait, token2wav_bucket_allocator).
 # Output: OUT/reference-fp32.json, simulated.json, nvml.csv, worker.log, report-campaign.json,
 # report-stage.json, text-e2e-summary.json (the dry run stays on the machine, in E: the device tool
 # returns at most 8 files from OUT).

@@ -164,8 +164,7 @@ pub struct TextToSpeech {
     /// the decode's own.
     side_stream: Option<SideStream>,
     /// Where the decode queues its kernels while token2wav runs on `side_stream`: with
-    /// `[llm] decode_on_its_sms`, a stream of a green context of the SMs token2wav's leaves; else
-    /// with `[llm] prioritise_decode`, a stream of high priority. `None`: the calling thread's stream.
+    /// `[llm] prioritise_decode`, a stream of high priority. `None`: the calling thread's stream.
     decode_stream: Option<SideStream>,
     /// Where the token2wav thread queues a batch's last buckets once the decode is done, when
     /// `side_stream` keeps it to a share of the SMs (`[llm] decode_sms`, `closing_on_all_sms`): a
