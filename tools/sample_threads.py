@@ -3,7 +3,7 @@
 runnable but waiting for one, timeslices) and its name, one JSON line per thread and sample, until
 the process exits. A thread whose wall time is mostly on a CPU computes or spins; mostly waiting
 for a CPU, the machine's cores are oversubscribed; neither, it sleeps (a lock, a channel, the GPU).
-Used on the device machine for the text worker's token2wav thread (issue 42, the buckets' host time):
+Used on the device machine for the text worker's threads (issue 42, token2wav's host time):
 
     python3 tools/sample_threads.py --match 'voxbatch work --drain' --every 0.05 > threads.jsonl
     python3 tools/sample_threads.py --summarise threads.jsonl

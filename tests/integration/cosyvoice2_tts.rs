@@ -96,6 +96,25 @@ fn a_warm_up_sentence_runs_both_stages_and_leaves_no_stage_time() {
 }
 
 #[test]
+fn token2wav_runs_on_the_callers_thread_batch_after_batch_so_its_per_thread_caches_outlive_a_batch() {
+    // libtorch keeps cuDNN's convolution plans and attention graphs per thread and per shape, and
+    // token2wav's buckets meet new shapes all the time: a token2wav thread born with each batch
+    // started them empty (issue 42: ~115 ms of host time a bucket on an H100, 2026-12-07). The
+    // decode gets the batch's own thread instead.
+    let (cfg, dir, frontend) = short_segments();
+    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();
+    let caller = std::thread::current().id();
+    for (n, text) in ["The first batch's text, in two sentences. It is short.", "A second batch, another text."].into_iter().enumerate() {
+        let input = Arc::new(TextInput::prepare(&frontend, LmFamily::Cosyvoice2, uuid::Uuid::from_u128(n as u128), text, Some(Mode::CrossLingual), None, &rates(), true).unwrap());
+        let out = tts.synthesize_text(&[SynthItem { tokens: Vec::new(), voice: 0, text: Some(input), speed: None }]).unwrap();
+        assert!(out[0].is_ok(), "batch {n}: {:?}", out[0].as_ref().err());
+        let stats = tts.last_bucket_stats();
+        assert!(stats.buckets > 0, "batch {n} ran token2wav buckets");
+        assert_eq!(stats.thread, Some(caller), "batch {n}: token2wav ran on the caller's thread");
+    }
+}
+
+#[test]
 fn each_segment_is_stretched_to_its_frames_over_the_jobs_speed() {
     let (cfg, dir, frontend) = short_segments();
     let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();

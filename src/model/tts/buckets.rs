@@ -4,8 +4,8 @@
 //! and calls cost least. The bucket cap backs off after out-of-memory errors (AIMD), and each
 //! batch's buckets are counted for the log. [`run_bucket`] runs one through token2wav (out of
 //! memory: the cap backs off and its segments wait again), [`cut_segments`] cuts the buckets'
-//! waveforms into segments on a thread of their own, and [`vocode`] is the token2wav thread that
-//! takes the LLM's finished segments and runs the buckets as they fill.
+//! waveforms into segments on a thread of their own, and [`vocode`] is token2wav's loop (on the
+//! model's thread) that takes the LLM's finished segments and runs the buckets as they fill.
 //!
 //! Neighbours: `tts` (its token2wav thread takes and runs the buckets), `crate::batch`
 //! (the admission rules that bound a bucket by memory or tokens).
@@ -45,6 +45,9 @@ pub struct BucketStats {
     pub tokens: u64,
     /// Bucket size × its longest segment, summed: what the flow ran on.
     pub padded_tokens: u64,
+    /// The thread the buckets ran on (the model's: libtorch keeps cuDNN's plans and attention
+    /// graphs per thread, so it must outlive the batch); `None` before the first bucket.
+    pub thread: Option<std::thread::ThreadId>,
 }
 
 impl BucketStats {
@@ -56,6 +59,7 @@ impl BucketStats {
             longest = longest.max(len as u64);
         }
         self.buckets += 1;
+        self.thread = Some(std::thread::current().id());
         self.segments += n;
         self.tokens += sum;
         self.padded_tokens += n * longest;
@@ -286,7 +290,7 @@ pub(super) fn cut_segments(buckets: Receiver<(Vec<(usize, usize)>, HostWaves)>) 
     Ok((out, queued_seconds))
 }
 
-/// The token2wav thread of `TextToSpeech::decode_and_vocode`: takes the segments the LLM
+/// token2wav's loop of `TextToSpeech::decode_and_vocode`, on the model's thread: takes the segments the LLM
 /// finishes from `segments` (and starts with `ready`), runs each full bucket as soon as it is
 /// (`take_bucket`), waits for more when none is, and once the LLM has sent its last segment runs
 /// the rest in the batch's last buckets — on `closing` when given (a stream of every SM, after
@@ -306,6 +310,7 @@ pub(super) fn vocode(
     stats: &mut BucketStats,
 ) -> Result<(), ModelError> {
     let mut decoding = true;
+    let mut _closing_entered = None;
     loop {
         if abort.load(Ordering::Relaxed) {
             return Ok(());
@@ -322,7 +327,8 @@ pub(super) fn vocode(
             // were waited for (`run_bucket`), or are waited for by the cutter, and the memory
             // they leave cached is freed by the allocator when the new stream needs it.
             if let Some(stream) = closing.take() {
-                stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
+                // Until the batch's end: the caller's stream is current again after it.
+                _closing_entered = Some(stream.enter_scoped().map_err(|e| ModelError::Inference(e.into()))?);
             }
         }
         if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, cap.least, !decoding) {

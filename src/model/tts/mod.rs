@@ -2,8 +2,9 @@
 //! the frontend ([`TextInput::prepare`], run at the worker's intake: normalised, segmented,
 //! tokenized), its segments go through the LLM (all the batch's segments decoding together with
 //! continuous refill), and as segments finish their speech tokens go through the family's token2wav
-//! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on a thread of its own (on
-//! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on — the
+//! ([`TextToken2Wav`]: CosyVoice2's or CosyVoice3's) in length buckets on the model's thread (on
+//! CUDA, optionally a stream of its own: `[llm] overlap_token2wav`) while the LLM decodes on, on a
+//! thread of its own for the batch — the
 //! two stages share the GPU at once, each on the stream `streams` chose for it — and neither
 //! waits for the batch's slowest sequence. Each bucket's waveforms are cut into segments on a
 //! thread of their own (with `[llm] pipelined_buckets` on CUDA, that thread also waits for their
@@ -170,6 +171,8 @@ pub struct TextToSpeech {
     /// `side_stream` keeps it to a share of the SMs (`[llm] decode_sms`, `closing_on_all_sms`): a
     /// stream of every SM. `None`: `side_stream` to the end.
     closing_stream: Option<SideStream>,
+    /// The last text batch's token2wav buckets ([`TextToSpeech::last_bucket_stats`]).
+    last_buckets: BucketStats,
 }
 
 impl TextToSpeech {
@@ -230,6 +233,7 @@ impl TextToSpeech {
             side_stream,
             decode_stream,
             closing_stream,
+            last_buckets: BucketStats::default(),
         };
         if matches!(device, Device::Cuda(_)) {
             // A failed warm-up costs the first batch its speed, not the worker.
@@ -239,6 +243,11 @@ impl TextToSpeech {
             }
         }
         Ok(tts)
+    }
+
+    /// How the last text batch's token2wav buckets ran: their count, fill, and the thread they ran on.
+    pub fn last_bucket_stats(&self) -> BucketStats {
+        self.last_buckets
     }
 
     /// One short sentence (`text`: its token ids) through both stages, its length forced (random
@@ -320,6 +329,7 @@ impl TextToSpeech {
         for (item, segment, audio) in cut {
             pieces[item][segment] = Some(audio);
         }
+        self.last_buckets = stats;
         // Small buckets' flow steps replayed as CUDA graphs (`flow_graphs`), and their captures.
         let graphs = self.token2wav.flow_graph_stats();
         tracing::info!(
@@ -367,13 +377,15 @@ impl TextToSpeech {
             .collect())
     }
 
-    /// Every request through the LLM on this thread while token2wav runs on a thread of its own
-    /// ([`vocode`]): each finished segment goes there as the LLM returns it, full buckets run as
+    /// Every request through the LLM on a thread of its own for the batch while token2wav runs on
+    /// this one, the model's ([`vocode`]: libtorch's per-thread caches of cuDNN's plans and graphs,
+    /// which token2wav's ever-new bucket shapes fill, outlive the batch): each finished segment
+    /// goes to token2wav as the LLM returns it, full buckets run as
     /// they fill, the rest in the batch's last buckets once decoding is over; each bucket's host
     /// waveforms go to `cut` with their (item, segment). `ready`: segments that need no LLM
     /// (speech-token items). Segments of jobs failed meanwhile are skipped.
     ///
-    /// On CUDA with `[llm] overlap_token2wav` the token2wav thread queues its kernels on the
+    /// On CUDA with `[llm] overlap_token2wav` token2wav queues its kernels on the
     /// model's side stream, so the GPU runs the decode's memory-bound steps and the flow's
     /// compute-bound buckets at once — the decode on a stream of high priority with
     /// `[llm] prioritise_decode`, so that its small kernels do not queue behind the flow's blocks;
@@ -392,59 +404,66 @@ impl TextToSpeech {
     ) -> Result<(), ModelError> {
         let ratios = self.ratios;
         let TextToSpeech { token2wav, lm, decoder, admission, llm_work, cap, side_stream, decode_stream, closing_stream, .. } = self;
-        // The decode's kernels on its stream of high priority for this batch (made current on this
-        // thread, which is the decode's; the stream before it is current again after).
-        let _decode_stream = decode_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| ModelError::Inference(e.into()))?;
-        // Jobs failed so far: the token2wav thread skips their segments.
+        // Jobs failed so far: token2wav skips their segments.
         let dropped: Vec<AtomicBool> = failed.iter().map(|f| AtomicBool::new(f.is_some())).collect();
         // Set when decoding fails: token2wav stops at its next bucket.
         let abort = AtomicBool::new(false);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
         std::thread::scope(|scope| -> Result<(), ModelError> {
-            let (dropped, abort, side_stream, closing_stream) = (&dropped, &abort, side_stream.as_ref(), closing_stream.as_ref());
-            let vocoder = std::thread::Builder::new()
-                .name("token2wav".into())
-                .spawn_scoped(scope, move || -> Result<(), ModelError> {
-                    if let Some(stream) = side_stream {
-                        stream.enter().map_err(|e| ModelError::Inference(e.into()))?;
+            let (dropped_ref, abort_ref) = (&dropped, &abort);
+            // The decode on a thread of its own for the batch; token2wav on this one, the model's
+            // thread, which outlives the batch: libtorch keeps cuDNN's convolution plans and
+            // attention graphs per thread and per shape, and token2wav's buckets meet new shapes
+            // all the time, so its caches must not start empty with every batch (the decode's
+            // FlashAttention and cuBLAS calls keep nothing per thread).
+            let decoder_thread = std::thread::Builder::new()
+                .name("llm-decode".into())
+                .spawn_scoped(scope, move || -> Result<(), StepError> {
+                    // The decode's kernels on its stream of high priority, when there is one.
+                    let _decode_stream = decode_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| StepError::Setup(ModelError::Inference(e.into())))?;
+                    let decoded = tch::no_grad(|| {
+                        lm.generate_with(decoder, requests, ratios, |index, out| -> Result<(), StepError> {
+                            let (i, segment) = owners[index];
+                            llm_work.items += 1;
+                            if failed[i].is_some() {
+                                return Ok(());
+                            }
+                            let failure = match out {
+                                Err(source) => TextJobError::Llm { segment, source },
+                                // A forced length (benchmarks) ends there by design.
+                                Ok(o) if o.hit_max_len && requests[index].forced_len.is_none() => TextJobError::MaxLen { segment, tokens: o.tokens.len() },
+                                Ok(o) if o.tokens.is_empty() => TextJobError::NoSpeech { segment },
+                                Ok(o) => {
+                                    llm_work.tokens += o.tokens.len() as u64;
+                                    let r = Ready { item: i, segment, tokens: o.tokens, voice: items[i].voice, speed: items[i].speed };
+                                    // token2wav is gone only after an error, which the batch reports.
+                                    return ready_tx.send(r).map_err(|_| StepError::VocoderStopped);
+                                }
+                            };
+                            failed[i] = Some(failure);
+                            dropped_ref[i].store(true, Ordering::Relaxed);
+                            Ok(())
+                        })
+                    });
+                    if decoded.is_err() {
+                        abort_ref.store(true, Ordering::Relaxed);
                     }
-                    tch::no_grad(|| vocode(token2wav.as_mut(), ready_rx, closing_stream, ready, dropped, abort, cut, cap, admission.as_mut(), stats))
+                    // The last segment is sent (`ready_tx` dropped here): token2wav runs the rest and ends.
+                    decoded
                 })
-                .map_err(|e| ModelError::BadOutput(format!("cannot start the token2wav thread: {e}")))?;
-            let decoded = tch::no_grad(|| {
-                lm.generate_with(decoder, requests, ratios, |index, out| -> Result<(), StepError> {
-                    let (i, segment) = owners[index];
-                    llm_work.items += 1;
-                    if failed[i].is_some() {
-                        return Ok(());
-                    }
-                    let failure = match out {
-                        Err(source) => TextJobError::Llm { segment, source },
-                        // A forced length (benchmarks) ends there by design.
-                        Ok(o) if o.hit_max_len && requests[index].forced_len.is_none() => TextJobError::MaxLen { segment, tokens: o.tokens.len() },
-                        Ok(o) if o.tokens.is_empty() => TextJobError::NoSpeech { segment },
-                        Ok(o) => {
-                            llm_work.tokens += o.tokens.len() as u64;
-                            let r = Ready { item: i, segment, tokens: o.tokens, voice: items[i].voice, speed: items[i].speed };
-                            // The token2wav thread is gone only after an error, which the batch reports.
-                            return ready_tx.send(r).map_err(|_| StepError::VocoderStopped);
-                        }
-                    };
-                    failed[i] = Some(failure);
-                    dropped[i].store(true, Ordering::Relaxed);
-                    Ok(())
-                })
-            });
-            if decoded.is_err() {
-                abort.store(true, Ordering::Relaxed);
-            }
-            // The last segment is sent: token2wav runs the rest and ends.
-            drop(ready_tx);
-            let vocoded = vocoder.join().map_err(|_| ModelError::BadOutput("the token2wav thread panicked".into()))?;
+                .map_err(|e| ModelError::BadOutput(format!("cannot start the LLM's decode thread: {e}")))?;
+            let vocoded = (|| -> Result<(), ModelError> {
+                // token2wav's buckets on their stream for this batch (the one before is current again after).
+                let _side_stream = side_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| ModelError::Inference(e.into()))?;
+                tch::no_grad(|| vocode(token2wav.as_mut(), ready_rx, closing_stream.as_ref(), ready, dropped_ref, abort_ref, cut, cap, admission.as_mut(), stats))
+            })();
+            // token2wav stopped (done, or failed: the decode's next send then fails and it ends).
+            let decoded = decoder_thread.join().map_err(|_| ModelError::BadOutput("the LLM's decode thread panicked".into()))?;
             match decoded {
                 Ok(()) => vocoded,
                 Err(StepError::VocoderStopped) => Err(vocoded.err().unwrap_or_else(|| ModelError::BadOutput("token2wav stopped before the LLM's last segment".into()))),
                 Err(StepError::Tch(e)) => Err(classify(e, requests.len())),
+                Err(StepError::Setup(e)) => Err(e),
             }
         })
     }
@@ -508,6 +527,8 @@ pub(super) fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims)
 enum StepError {
     Tch(tch::TchError),
     VocoderStopped,
+    /// The decode thread could not start its work (its CUDA stream).
+    Setup(ModelError),
 }
 
 impl From<tch::TchError> for StepError {
