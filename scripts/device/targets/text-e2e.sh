@@ -45,6 +45,36 @@
 E=${E:-/tmp/voxbatch-e2e}; mkdir -p "$E"
 STAGE=${STAGE:-all}
 case $STAGE in all|model|e2e) ;; *) log "STAGE=$STAGE: all, model or e2e"; exit 2 ;; esac
+# RUNS (STAGE=e2e): several drains in one call, one after the other, each with settings of its own:
+# RUNS="def; sdpa: TORCH_CUDNN_SDPA_DEPRIORITIZED=1; v7: TORCH_CUDNN_SDPA_DEPRIORITIZED=1 TORCH_CUDNN_V8_API_DISABLED=1"
+# (a name, then KEY=VALUE pairs after a colon), each under `timeout RUN_TIMEOUT` (190 s). What comes
+# back, within the device tool's 8 files: OUT/NAME-summary.json and OUT/NAME-worker.log.xz per run
+# (the rest stays in /tmp/text-e2e-runs/NAME). The other knobs (JOBS, CHAPTERS, BIN_XZ, …) apply to all.
+if [ -n "${RUNS:-}" ]; then
+  [ "$STAGE" = e2e ] || { log "RUNS goes with STAGE=e2e"; exit 2; }
+  IFS=';' read -ra specs <<< "$RUNS"
+  names=(); sets=()
+  for spec in "${specs[@]}"; do  # all checked before the first runs
+    spec=$(echo "$spec" | xargs)
+    [ -n "$spec" ] || continue
+    name=${spec%%:*}; settings=""; [[ "$spec" == *:* ]] && settings=${spec#*:}
+    name=$(echo "$name" | xargs)
+    [[ "$name" =~ ^[A-Za-z0-9_-]+$ ]] || { log "RUNS: '$name' is not a name (letters, digits, - and _)"; exit 2; }
+    for kv in $settings; do [[ "$kv" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { log "RUNS: '$kv' in run $name is not KEY=VALUE"; exit 2; }; done
+    names+=("$name"); sets+=("$settings")
+  done
+  for i in "${!names[@]}"; do
+    name=${names[$i]}; settings=${sets[$i]}
+    dir=/tmp/text-e2e-runs/$name; rm -rf "$dir"; mkdir -p "$dir"
+    log "run $name: ${settings:-(defaults)}"
+    # shellcheck disable=SC2086 # the settings are split into their KEY=VALUE words on purpose
+    env -u RUNS $settings OUT="$dir" timeout "${RUN_TIMEOUT:-190}" scripts/device/run.sh text-e2e STAGE=e2e > "$dir/call.log" 2>&1
+    log "run $name exited $? ($(grep -o '"e2e_audio_s_per_s_span": [0-9.]*' "$dir/text-e2e-summary.json" 2>/dev/null || echo 'no summary'))"
+    cp "$dir/text-e2e-summary.json" "$OUT/$name-summary.json" 2>/dev/null
+    xz -c "$dir/worker.log" > "$OUT/$name-worker.log.xz" 2>/dev/null
+  done
+  exit 0
+fi
 source "$DEVICE_DIR/lib/cv2full.sh"
 FAMILY=${FAMILY:-cosyvoice2}
 if [ "$FAMILY" = cosyvoice3 ]; then
