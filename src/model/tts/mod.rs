@@ -45,6 +45,7 @@ use super::llm::speech_lm::{LengthRatios, LmError, LmFamily, LmRequest, SpeechLm
 use super::token2wav::{HostWaves, TextToken2Wav};
 use crate::audio::Waveform;
 use crate::model::cuda_stream::SideStream;
+use crate::model::tch_panic::caught;
 use crate::model::torchscript::classify;
 use crate::batch::{Admission, TokenBudget};
 use crate::config::LlmConfig;
@@ -420,8 +421,10 @@ impl TextToSpeech {
                 .name("llm-decode".into())
                 .spawn_scoped(scope, move || -> Result<(), StepError> {
                     // The decode's kernels on its stream of high priority, when there is one.
-                    let _decode_stream = decode_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| StepError::Setup(ModelError::Inference(e.into())))?;
-                    let decoded = tch::no_grad(|| {
+                    let _decode_stream = decode_stream.as_ref().map(SideStream::enter_scoped).transpose().map_err(|e| StepError::Classified(ModelError::Inference(e.into())))?;
+                    // A libtorch failure tch raises as a panic is the batch's error, classified
+                    // (out of memory included), as on the model's thread.
+                    let decoded = caught(requests.len(), || Ok(tch::no_grad(|| {
                         lm.generate_with(decoder, requests, ratios, |index, out| -> Result<(), StepError> {
                             let (i, segment) = owners[index];
                             llm_work.items += 1;
@@ -444,7 +447,8 @@ impl TextToSpeech {
                             dropped_ref[i].store(true, Ordering::Relaxed);
                             Ok(())
                         })
-                    });
+                    })))
+                    .unwrap_or_else(|e| Err(StepError::Classified(e)));
                     if decoded.is_err() {
                         abort_ref.store(true, Ordering::Relaxed);
                     }
@@ -463,7 +467,7 @@ impl TextToSpeech {
                 Ok(()) => vocoded,
                 Err(StepError::VocoderStopped) => Err(vocoded.err().unwrap_or_else(|| ModelError::BadOutput("token2wav stopped before the LLM's last segment".into()))),
                 Err(StepError::Tch(e)) => Err(classify(e, requests.len())),
-                Err(StepError::Setup(e)) => Err(e),
+                Err(StepError::Classified(e)) => Err(e),
             }
         })
     }
@@ -527,8 +531,9 @@ pub(super) fn fits_llm(name: &str, speech: &[i64], text: &[i64], dims: &LlmDims)
 enum StepError {
     Tch(tch::TchError),
     VocoderStopped,
-    /// The decode thread could not start its work (its CUDA stream).
-    Setup(ModelError),
+    /// A model error already classified: the decode thread could not enter its CUDA stream, or
+    /// libtorch failed inside it in a way tch raises as a panic.
+    Classified(ModelError),
 }
 
 impl From<tch::TchError> for StepError {
