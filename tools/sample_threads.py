@@ -18,6 +18,7 @@ import time
 
 
 def find(match, timeout):
+    exe, _, rest = match.partition(" ")
     end = time.time() + timeout
     while time.time() < end:
         for cmd in glob.glob("/proc/[0-9]*/cmdline"):
@@ -26,7 +27,6 @@ def find(match, timeout):
                     args = f.read().split(b"\0")
             except OSError:
                 continue
-            exe, _, rest = match.partition(" ")
             if args and os.path.basename(args[0]) == exe.encode() and rest.encode() in b" ".join(args[1:]) and os.path.basename(os.path.dirname(cmd)) != str(os.getpid()):
                 return int(os.path.basename(os.path.dirname(cmd)))
         time.sleep(0.05)

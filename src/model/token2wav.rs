@@ -273,10 +273,12 @@ impl HostWaves {
 /// ([`TextToken2Wav::set_pipelined`]), an event before the batch's first kernel, no waits between
 /// the stages and the waveforms' copy queued ([`HostWaves::queued`]); otherwise the calling
 /// thread's stream alone waited for after each stage, for the stage times (the text kinds run
-/// token2wav beside the LLM's decode).
+/// token2wav beside the LLM's decode). It also counts what the caching allocator does meanwhile.
 pub(super) struct StageWaits {
     started: Option<CudaEvent>,
     device: Device,
+    /// [`crate::model::memory::allocator_counts`] at the batch's start.
+    allocator: [u64; 3],
 }
 
 impl StageWaits {
@@ -286,7 +288,7 @@ impl StageWaits {
             true => CudaEvent::record(device).map_err(|e| ModelError::Inference(e.into()))?,
             false => None,
         };
-        Ok(StageWaits { started, device })
+        Ok(StageWaits { started, device, allocator: crate::model::memory::allocator_counts(device) })
     }
 
     /// After a stage: its work waited for, unless pipelined. Returns how long the wait took (what
@@ -300,9 +302,13 @@ impl StageWaits {
         started.elapsed()
     }
 
-    /// The batch's waveforms (`[B, samples]` on the device) on their way to the host.
-    pub(super) fn waves(self, wav: &Tensor, frames: &[i64]) -> Result<HostWaves, tch::TchError> {
-        HostWaves::queued(wav, frames, self.started, self.device)
+    /// The batch's waveforms (`[B, samples]` on the device) on their way to the host, with how long
+    /// their copy was waited for, and the caching allocator's counts since [`StageWaits::begin`]
+    /// ([`StageTiming::allocator`]).
+    pub(super) fn waves(self, wav: &Tensor, frames: &[i64]) -> Result<(HostWaves, Duration, [u64; 3]), tch::TchError> {
+        let copy = std::time::Instant::now();
+        let waves = HostWaves::queued(wav, frames, self.started, self.device)?;
+        Ok((waves, copy.elapsed(), crate::model::memory::allocator_delta(self.device, self.allocator)))
     }
 }
 

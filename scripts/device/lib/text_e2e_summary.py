@@ -56,32 +56,27 @@ def is_load_end(line):
     """The model's load ends at "model loaded" (voxbatch::model); a text model's "warmed up" line
     (tts.rs) comes just before it and serves where the first is not logged (runs before 2026-12-05)."""
     return "model loaded" in line or "warmed up:" in line
-def ms_fields_summed(marker):
-    """Every `<name>_ms=<n>` of the worker log's lines holding `marker`, summed, in seconds, from
-    "model loaded" on (the load's warm-up sentence left out; the worker starts before its model
-    has loaded, so "worker started" comes earlier)."""
-    sums, started = {}, False
+def fields_summed(marker, names=None):
+    """Every `<name>=<n>` of the worker log's lines holding `marker` (only `names`, when given),
+    summed, from "model loaded" on (the load's warm-up sentence left out; the worker starts before
+    its model has loaded, so "worker started" comes earlier)."""
+    sums, started = dict.fromkeys(names or (), 0), False
     for line in WORKER_LOG:
         started = started or is_load_end(line)
         if started and marker in line:
-            for k, v in re.findall(r"(\w+)_ms=(\d+)", line):
-                sums[k] = sums.get(k, 0) + int(v) / 1000
+            for k, v in re.findall(r"(\w+)=(\d+)", line):
+                if names is None or k in sums:
+                    sums[k] = sums.get(k, 0) + int(v)
     return sums
+def ms_fields_summed(marker):
+    """Every `<name>_ms=<n>` of those lines, summed, in seconds, under `<name>`."""
+    return {k[:-3]: v / 1000 for k, v in fields_summed(marker).items() if k.endswith("_ms")}
 # Each bucket's time by stage (tts.rs, debug), and the LLM's share of each text batch by phase
 # (tts.rs "llm decode"): seconds summed over the drain.
 summary["token2wav_bucket_seconds"] = ms_fields_summed("token2wav bucket ")
 # The caching allocator's counts over the buckets (tts/buckets.rs, debug, since 2026-12-07): retries
 # after freeing every cached block (each waits for the whole device), cudaMalloc and cudaFree calls.
-def counts_summed(marker, names):
-    sums, started = dict.fromkeys(names, 0), False
-    for line in WORKER_LOG:
-        started = started or is_load_end(line)
-        if started and marker in line:
-            for k, v in re.findall(r"(\w+)=(\d+)", line):
-                if k in sums:
-                    sums[k] += int(v)
-    return sums
-summary["token2wav_bucket_allocator"] = counts_summed("token2wav bucket ", ("alloc_retries", "cuda_mallocs", "cuda_frees"))
+summary["token2wav_bucket_allocator"] = fields_summed("token2wav bucket ", ("alloc_retries", "cuda_mallocs", "cuda_frees"))
 # With [llm] pipelined_buckets (queued=true) a bucket's stages are not waited for: its times are
 # the launches' only, and its GPU time is in the stage report's token2wav row instead.
 summary["token2wav_bucket_seconds_launches_only"] = any("token2wav bucket " in l and "queued=true" in l for l in WORKER_LOG)

@@ -210,7 +210,6 @@ impl Token2Wav {
                 FlowItem { tokens: &i.tokens, prompt_tokens: &v.prompt_tokens, prompt_feat: &v.prompt_feat, embedding: &v.embedding }
             })
             .collect();
-        let counts = crate::model::memory::allocator_counts(self.device);
         let t0 = Instant::now();
         let failed = |e: tch::TchError| classify(e, items.len());
         let (mels, t1, t2, [w1, w2]) = self.in_flow_precision(|flow| {
@@ -239,11 +238,9 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let copy = Instant::now();
-        let waves = waits.waves(&wav, &frames).map_err(failed)?;
-        let w3 = copy.elapsed();
+        let (waves, w3, allocator) = waits.waves(&wav, &frames).map_err(failed)?;
         let t3 = t0.elapsed();
-        Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, waited: [w1, w2, w3], allocator: crate::model::memory::allocator_delta(self.device, counts), audio_out: Duration::ZERO }))
+        Ok(((mels, waves), StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, waited: [w1, w2, w3], allocator, audio_out: Duration::ZERO }))
     }
 
     /// Runs `f` on the flow under the flow's precision (autocast), as [`Token2Wav::run`] does;

@@ -191,7 +191,6 @@ impl Token2Wav {
         let _no_grad = tch::no_grad_guard();
         let waits = StageWaits::begin(self.pipelined, self.device)?;
         let failed = |e: tch::TchError| classify(e, items.len());
-        let counts = crate::model::memory::allocator_counts(self.device);
         let t0 = Instant::now();
         let (mels, t1, t2, [w1, w2]) = self.in_flow_precision(|flow| {
             let encoded = flow.encode(items).map_err(failed)?;
@@ -210,11 +209,9 @@ impl Token2Wav {
             };
             vocode().map_err(failed)
         })?;
-        let copy = Instant::now();
-        let waves = waits.waves(&wav, &frames).map_err(failed)?;
-        let w3 = copy.elapsed();
+        let (waves, w3, allocator) = waits.waves(&wav, &frames).map_err(failed)?;
         let t3 = t0.elapsed();
-        let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, waited: [w1, w2, w3], allocator: crate::model::memory::allocator_delta(self.device, counts), audio_out: Duration::ZERO };
+        let timing = StageTiming { encoder: t1, flow_steps: t2 - t1, vocoder: t3 - t2, waited: [w1, w2, w3], allocator, audio_out: Duration::ZERO };
         Ok(((mels, waves), timing))
     }
 

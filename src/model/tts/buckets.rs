@@ -7,7 +7,7 @@
 //! waveforms into segments on a thread of their own, and [`vocode`] is token2wav's loop (on the
 //! model's thread) that takes the LLM's finished segments and runs the buckets as they fill.
 //!
-//! Neighbours: `tts` (its token2wav thread takes and runs the buckets), `crate::batch`
+//! Neighbours: `tts` (its model thread takes and runs the buckets), `crate::batch`
 //! (the admission rules that bound a bucket by memory or tokens).
 
 use std::sync::atomic::{AtomicBool, Ordering};
