@@ -1,6 +1,6 @@
 // voxbatch's shim over libtorch for what tch does not expose:
 // - the autocast dtype (tch only toggles autocast, always fp16, through deprecated calls);
-// - the TF32 switch;
+// - the TF32 switch and whether attention may use cuDNN's;
 // - CUDA caching-allocator statistics (peak allocated, reset), emptying the cache, and
 //   used by calibration and the memory-aware batch policy;
 // - FlashAttention's varlen forward; device-to-host copies into pinned memory.
@@ -40,6 +40,13 @@ int voxbatch_set_tf32(int enabled, char* err, size_t err_len) {
     at::globalContext().setAllowTF32CuBLAS(enabled != 0);
     at::globalContext().setAllowTF32CuDNN(enabled != 0);
   }, err, err_len);
+}
+
+// Whether scaled_dot_product_attention may pick cuDNN's attention (process-wide). With cuDNN
+// above 9.15 torch puts it first on sm90; it builds a graph for every new shape and caches it per
+// thread, where FlashAttention and the memory-efficient kernels need none.
+int voxbatch_set_cudnn_sdpa(int enabled, char* err, size_t err_len) {
+  return guarded([&] { at::globalContext().setSDPUseCuDNN(enabled != 0); }, err, err_len);
 }
 
 // Caching-allocator statistics of `device` in bytes: what = 0 current allocated, 1 peak allocated

@@ -10,6 +10,7 @@ extern "C" {
     fn voxbatch_autocast_set(device_type: i32, enabled: i32, dtype: i32, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_autocast_clear_cache(err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_set_tf32(enabled: i32, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_set_cudnn_sdpa(enabled: i32, err: *mut c_char, err_len: usize) -> i32;
 }
 
 /// A C++ exception caught inside the shim.
@@ -124,6 +125,13 @@ impl Drop for Tf32Scope {
 pub fn set_tf32(enabled: bool) -> Result<(), ShimError> {
     // SAFETY: sets two booleans in libtorch's global context; exceptions are caught in C++.
     checked("set TF32", |err, len| unsafe { voxbatch_set_tf32(i32::from(enabled), err, len) })
+}
+
+/// Whether `scaled_dot_product_attention` may choose cuDNN's attention (process-wide;
+/// `[model] cudnn_attention`).
+pub fn set_cudnn_attention(enabled: bool) -> Result<(), ShimError> {
+    // SAFETY: sets a boolean in libtorch's global context; exceptions are caught in C++.
+    checked("set cuDNN attention", |err, len| unsafe { voxbatch_set_cudnn_sdpa(i32::from(enabled), err, len) })
 }
 
 extern "C" {

@@ -17,6 +17,7 @@ pub struct RawModel {
     pub flow_graphs: i64,
     pub flow_graph_max_frames: i64,
     pub cudnn_benchmark: bool,
+    pub cudnn_attention: bool,
     pub profile_batch: i64,
     pub profile_dir: PathBuf,
 }
@@ -33,6 +34,9 @@ pub struct ModelConfig {
     /// On CUDA: cuDNN searches each convolution's fastest algorithm for every new input shape
     /// (`cudnn.benchmark`, process-wide); memory profiles are filed apart (`+cudnn-benchmark`).
     pub cudnn_benchmark: bool,
+    /// On CUDA: attention may run as cuDNN's (`scaled_dot_product_attention`'s backends,
+    /// process-wide); off, it runs FlashAttention or the memory-efficient kernels.
+    pub cudnn_attention: bool,
     /// `profile_batch` > 0: that batch of each inference thread runs under libtorch's profiler.
     pub profile: Option<BatchProfile>,
 }
@@ -61,6 +65,7 @@ impl RawModel {
                 },
             },
             cudnn_benchmark: self.cudnn_benchmark,
+            cudnn_attention: self.cudnn_attention,
             profile: match u64::try_from(self.profile_batch) {
                 Ok(0) => None,
                 Ok(batch) => Some(BatchProfile { batch, dir: self.profile_dir }),

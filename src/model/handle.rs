@@ -54,7 +54,7 @@ impl ModelHandle {
             true => Some(text_plan_or_default(dir, options.text)?),
             false => None,
         };
-        let LoadOptions { cpu_threads, flow_graphs, cudnn_benchmark, profile, .. } = options;
+        let LoadOptions { cpu_threads, flow_graphs, cudnn_benchmark, cudnn_attention, profile, .. } = options;
         // What the loaded model will say (`Synthesizer::llm_slots`), known before it loads.
         let llm_slots = text.as_ref().map(|plan| plan.slots.max(1));
         // One batch waits while one runs: async senders wait for room without blocking.
@@ -72,6 +72,12 @@ impl ModelHandle {
                     tch::Cuda::cudnn_set_benchmark(cudnn_benchmark);
                     if cudnn_benchmark {
                         tracing::info!(%device, "cuDNN benchmark mode: each new convolution shape is timed first");
+                    }
+                    if let Some(enabled) = cudnn_attention {
+                        // A flag in libtorch's global context: setting it does not fail in practice.
+                        if let Err(e) = crate::torch_shim::set_cudnn_attention(enabled) {
+                            tracing::warn!(%device, error = %e, "setting [model] cudnn_attention failed: libtorch chooses");
+                        }
                     }
                 }
                 let started = Instant::now();
