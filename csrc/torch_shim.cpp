@@ -49,6 +49,11 @@ int voxbatch_set_cudnn_sdpa(int enabled, char* err, size_t err_len) {
   return guarded([&] { at::globalContext().setSDPUseCuDNN(enabled != 0); }, err, err_len);
 }
 
+// 1 when scaled_dot_product_attention may pick cuDNN's attention, 0 when not.
+int voxbatch_cudnn_sdpa_enabled() {
+  return at::globalContext().userEnabledCuDNNSDP() ? 1 : 0;
+}
+
 // Caching-allocator statistics of `device` in bytes: what = 0 current allocated, 1 peak allocated
 // (since the last reset), 2 current reserved, 3 peak reserved; counts since the process began: 4
 // allocations retried after freeing every cached block (each a device-wide wait), 5 cudaMalloc

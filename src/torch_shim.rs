@@ -11,6 +11,7 @@ extern "C" {
     fn voxbatch_autocast_clear_cache(err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_set_tf32(enabled: i32, err: *mut c_char, err_len: usize) -> i32;
     fn voxbatch_set_cudnn_sdpa(enabled: i32, err: *mut c_char, err_len: usize) -> i32;
+    fn voxbatch_cudnn_sdpa_enabled() -> i32;
 }
 
 /// A C++ exception caught inside the shim.
@@ -132,6 +133,12 @@ pub fn set_tf32(enabled: bool) -> Result<(), ShimError> {
 pub fn set_cudnn_attention(enabled: bool) -> Result<(), ShimError> {
     // SAFETY: sets a boolean in libtorch's global context; exceptions are caught in C++.
     checked("set cuDNN attention", |err, len| unsafe { voxbatch_set_cudnn_sdpa(i32::from(enabled), err, len) })
+}
+
+/// Whether `scaled_dot_product_attention` may choose cuDNN's attention now.
+pub fn cudnn_attention() -> bool {
+    // SAFETY: reads a boolean of libtorch's global context; cannot throw.
+    unsafe { voxbatch_cudnn_sdpa_enabled() != 0 }
 }
 
 extern "C" {
@@ -273,6 +280,16 @@ fn pinned_copy(t: &tch::Tensor, queued: bool) -> Result<tch::Tensor, ShimError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cudnn_attention_switch_sets_libtorchs_flag_both_ways() {
+        let before = cudnn_attention();
+        set_cudnn_attention(false).unwrap();
+        assert!(!cudnn_attention());
+        set_cudnn_attention(true).unwrap();
+        assert!(cudnn_attention());
+        set_cudnn_attention(before).unwrap();
+    }
 
     #[test]
     fn a_pinned_copy_holds_the_same_values_or_fails_as_an_error() {

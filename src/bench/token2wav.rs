@@ -36,6 +36,8 @@ pub struct Token2WavBenchOptions {
     pub repeats: usize,
     /// cuDNN's per-shape algorithm search (`cudnn.benchmark`), for the whole process.
     pub cudnn_benchmark: bool,
+    /// Whether attention may run as cuDNN's (`[model] cudnn_attention`; the worker's default: off).
+    pub cudnn_attention: bool,
     /// After the first measured setting's sweep: one run of its largest batch under the
     /// profiler, its kernels by time ([`KernelProfile`]).
     pub profile: bool,
@@ -83,6 +85,7 @@ pub struct Token2WavReport {
     pub tokens_per_utterance: usize,
     pub repeats: usize,
     pub cudnn_benchmark: bool,
+    pub cudnn_attention: bool,
     /// Step graphs kept at most (0: none) and the largest step captured (rows × frames).
     pub flow_graphs: usize,
     pub flow_graph_max_frames: i64,
@@ -123,6 +126,9 @@ const QUALITY_ITEMS: usize = 8;
 pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Result<Token2WavReport, ModelError> {
     let manifest = Manifest::load(&opts.model_dir)?;
     tch::Cuda::cudnn_set_benchmark(opts.cudnn_benchmark);
+    if matches!(opts.device, Device::Cuda(_)) {
+        crate::torch_shim::set_cudnn_attention(opts.cudnn_attention)?;
+    }
     let tokens = (opts.utterance_seconds * 25.0).round().max(1.0) as usize;
     let vocab = manifest.vocab_size();
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
@@ -243,6 +249,7 @@ pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Re
         tokens_per_utterance: tokens,
         repeats: opts.repeats,
         cudnn_benchmark: opts.cudnn_benchmark,
+        cudnn_attention: opts.cudnn_attention,
         flow_graphs: opts.flow_graphs.graphs,
         flow_graph_max_frames: opts.flow_graphs.max_frames,
         flow_graph_stats: (opts.flow_graphs.graphs > 0).then_some(graphs),
@@ -284,7 +291,7 @@ fn profile_run(model: &mut dyn Token2WavModel, items: &[SynthItem], device: Devi
 /// The Markdown table (one row per precision and batch).
 pub fn table(r: &Token2WavReport) -> String {
     let mut s = format!(
-        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}{}{}\n\n\
+        "token2wav `{}` on {} ({}), {:.1}-s utterances ({} tokens), median of {}{}{}{}\n\n\
          | flow | HiFT | batch | s/batch | audio-s/s | encoder % | flow steps % | HiFT % | peak GiB |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         r.model,
@@ -294,6 +301,7 @@ pub fn table(r: &Token2WavReport) -> String {
         r.tokens_per_utterance,
         r.repeats,
         if r.cudnn_benchmark { ", cuDNN benchmark mode" } else { "" },
+        if r.cudnn_attention { ", cuDNN attention" } else { "" },
         match &r.flow_graph_stats {
             Some(g) => format!(
                 ", flow step graphs ≤ {} of ≤ {} rows × frames ({} captured in {:.2} s, {} replays)",

@@ -101,6 +101,10 @@ pub enum BenchCommand {
         /// `cudnn.benchmark`; off by default, as the official code runs). The warm-up pays the tuning.
         #[arg(long)]
         cudnn_benchmark: bool,
+        /// Let attention run as cuDNN's (`[model] cudnn_attention`; off, as the worker runs by
+        /// default: cuDNN builds a graph for each new shape).
+        #[arg(long)]
+        cudnn_attention: bool,
         /// After the first setting's sweep, one run of its largest batch under libtorch's
         /// profiler: time by kernel category and the longest kernels (on a GPU; operators on a CPU).
         #[arg(long)]
@@ -196,6 +200,7 @@ impl BenchArgs {
                 utterance_seconds,
                 repeats,
                 cudnn_benchmark,
+                cudnn_attention,
                 profile,
                 flow_graphs,
                 flow_graph_max_frames,
@@ -210,6 +215,7 @@ impl BenchArgs {
                     utterance_seconds,
                     repeats: repeats.max(1),
                     cudnn_benchmark,
+                    cudnn_attention,
                     profile,
                     flow_graphs: FlowGraphSettings { graphs: flow_graphs, max_frames: flow_graph_max_frames.max(1) },
                     seed: 7,

@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(c.storage.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
         assert_eq!(c.limits.max_text_chars, 20_000);
         assert!(!c.model.cudnn_benchmark, "cuDNN benchmark mode is off by default, as the official code runs");
-        assert!(c.model.cudnn_attention);
+        assert!(!c.model.cudnn_attention, "cuDNN's attention is off by default: it builds a graph per bucket shape");
     }
 
     #[test]
@@ -250,7 +250,7 @@ mod tests {
                 ("VOXBATCH_BATCHING__MAX_BATCH", "32"),
                 ("VOXBATCH_STORAGE__URL", "file:///tmp/audio"),
                 ("VOXBATCH_MODEL__CUDNN_BENCHMARK", "true"),
-                ("VOXBATCH_MODEL__CUDNN_ATTENTION", "false"),
+                ("VOXBATCH_MODEL__CUDNN_ATTENTION", "true"),
                 ("DATABASE_URL", "postgres://u:pw@db/x"),
                 ("AMQP_URL", "amqps://u:pw@mq/%2f"),
                 ("S3_ENDPOINT", "https://s3.example"),
@@ -260,7 +260,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.batching.max_batch, 32);
         assert!(c.model.cudnn_benchmark);
-        assert!(!c.model.cudnn_attention);
+        assert!(c.model.cudnn_attention);
         assert!(matches!(c.storage.target, StorageTarget::File { .. }));
         assert_eq!(c.database.url.expose(), "postgres://u:pw@db/x");
         assert_eq!(c.amqp.url().expose(), "amqps://u:pw@mq/%2f");

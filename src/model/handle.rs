@@ -78,6 +78,7 @@ impl ModelHandle {
                         if let Err(e) = crate::torch_shim::set_cudnn_attention(enabled) {
                             tracing::warn!(%device, error = %e, "setting [model] cudnn_attention failed: libtorch chooses");
                         }
+                        tracing::debug!(%device, allowed = crate::torch_shim::cudnn_attention(), "cuDNN attention");
                     }
                 }
                 let started = Instant::now();

@@ -96,6 +96,7 @@ fn the_token2wav_bench_sweeps_batches_times_stages_and_measures_quality() {
         utterance_seconds: 0.4,
         repeats: 1,
         cudnn_benchmark: false,
+        cudnn_attention: false,
         profile: true,
         // Asked for, but a CPU never captures one: the report says so.
         flow_graphs: voxbatch::model::cosyvoice2::flow_graphs::FlowGraphSettings { graphs: 4, max_frames: 32_768 },
@@ -141,6 +142,7 @@ fn the_token2wav_bench_runs_a_cosyvoice3_model_its_vocoder_at_the_flows_precisio
         utterance_seconds: 0.4,
         repeats: 1,
         cudnn_benchmark: false,
+        cudnn_attention: false,
         profile: false,
         flow_graphs: Default::default(),
         seed: 7,

@@ -40,7 +40,8 @@
 #   SWEET (e.g. 192,256; empty: none): the fastest compiled directory at the largest batch benched, again
 #   at these batches. Each round also benches, after its directories: EAGER_ATTENTION ("packed flash": the
 #   eager model with each of these flow_attention values; PACKED=1 is packed), CUDNN_BENCHMARK (set: the
-#   round's compiled directory with `--cudnn-benchmark`), CUDNN_HEURISTIC_B (set: and with
+#   round's compiled directory with `--cudnn-benchmark`), CUDNN_ATTENTION (set: and with `--cudnn-attention`,
+#   attention as cuDNN's, the worker's default before 2026-12-08), CUDNN_HEURISTIC_B (set: and with
 #   TORCH_CUDNN_USE_HEURISTIC_MODE_B=1, cuDNN's heuristic mode B, no search), FLOW_GRAPHS (N: with
 #   `--flow-graphs N`, small batches' flow steps replayed as CUDA graphs — at the sweet spot when SWEET is
 #   set; FLOW_GRAPH_MAX_FRAMES raises the largest step captured, rows × frames, e.g. 1000000 for batches of
@@ -148,15 +149,18 @@ for a in $EAGER_ATTENTION; do
 done
 
 # bench_round DIR_OUT BATCHES COMPILED GRAPHS ENTRY...: `voxbatch bench token2wav` of each entry
-# (a directory, or DIR:MODE, a mode being cudnn-benchmark, flow-graphs or heuristic-b), then the
-# round's extras for COMPILED (the environment's EAGER_ATTENTION, CUDNN_BENCHMARK, CUDNN_HEURISTIC_B,
-# and FLOW_GRAPHS when GRAPHS is 1). Each bench's whole output in DIR_OUT/NAME.full.log (a failure's
+# (a directory, or DIR:MODE, a mode being cudnn-benchmark, cudnn-attention, flow-graphs or
+# heuristic-b), then the round's extras for COMPILED (the environment's EAGER_ATTENTION,
+# CUDNN_BENCHMARK, CUDNN_ATTENTION, CUDNN_HEURISTIC_B, and FLOW_GRAPHS when GRAPHS is 1). voxbatch
+# runs as the Dockerfile and the systemd unit run the worker, TORCH_CUDNN_V8_API_DISABLED=1 (set 0
+# for cuDNN's v8 API; the reference's Python runs without it). Each bench's whole output in DIR_OUT/NAME.full.log (a failure's
 # message, whatever the process printed before an abort), its summary lines in DIR_OUT/NAME.log.
 bench_round() {
   local dir_out=$1 batches=$2 compiled=$3 graphs=$4; shift 4
   local entries="$* $ATTENTION_DIRS" entry d flag name run_env rc
   mkdir -p "$dir_out"
   [ -n "${CUDNN_BENCHMARK:-}" ] && entries="$entries $compiled:cudnn-benchmark"
+  [ -n "${CUDNN_ATTENTION:-}" ] && entries="$entries $compiled:cudnn-attention"
   [ -n "${FLOW_GRAPHS:-}" ] && [ "$graphs" = 1 ] && entries="$entries $compiled:flow-graphs"
   [ -n "${CUDNN_HEURISTIC_B:-}" ] && entries="$entries $compiled:heuristic-b"
   for entry in $entries; do
@@ -168,7 +172,7 @@ bench_round() {
     [ "$flag" = --heuristic-b ] && { flag=; run_env=TORCH_CUDNN_USE_HEURISTIC_MODE_B=1; }
     log "bench token2wav: $name"
     # shellcheck disable=SC2086
-    env $run_env RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "$batches" \
+    env TORCH_CUDNN_V8_API_DISABLED="${TORCH_CUDNN_V8_API_DISABLED:-1}" $run_env RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "$batches" \
       --precisions "${PRECISIONS:-$PRECISION}" --utterance-seconds "${UTTERANCE_SECONDS:-10}" ${VOCODERS:+--vocoders "$VOCODERS"} \
       --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$dir_out/$name" > "$dir_out/$name.full.log" 2>&1
     rc=$?
