@@ -12,6 +12,8 @@
 //! its own input buffers: each batch copies its constant inputs (mask, mu, speakers, prompt mel) in
 //! once and each step its `x` and `t`. On the CPU, with `graphs = 0`, or once a capture has failed
 //! (a warning says why), every step runs as before: graphs are an optimisation, never a failure.
+//! A capture that runs out of memory is tried once more after the caching allocator's unused
+//! blocks go back to the driver (the graphs' pool cannot take them).
 //!
 //! Memory: per graph its input buffers and output (4 × rows × frames × 80 fp32 ≈ 42 MB at the
 //! default limit), and the shared pool holds one call's activations at the largest captured shape;
@@ -164,16 +166,30 @@ impl FlowGraphs {
             Ok(b) => b,
             Err(_) => return Ok(false),
         };
-        let share = self.graphs.values().next().map(|g| &g.graph);
-        let captured = CudaGraph::capture(device, share, 1, || {
-            let refs: Vec<&Tensor> = inputs.iter().collect();
-            package
-                .run(&refs)?
-                .into_iter()
-                .next()
-                .ok_or_else(|| TchError::Torch("the compiled estimator returned nothing".into()))?
-                .f_to_kind(Kind::Float)
-        });
+        let attempt = |graphs: &HashMap<(i64, i64), StepGraph>| {
+            let share = graphs.values().next().map(|g| &g.graph);
+            CudaGraph::capture(device, share, 1, || {
+                let refs: Vec<&Tensor> = inputs.iter().collect();
+                package
+                    .run(&refs)?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| TchError::Torch("the compiled estimator returned nothing".into()))?
+                    .f_to_kind(Kind::Float)
+            })
+        };
+        let mut captured = attempt(&self.graphs);
+        if let Err(e) = &captured {
+            // A capture allocates from the graphs' own pool, which cannot take the blocks the
+            // caching allocator holds for other work, nor free them mid-capture: on an H100
+            // (2026-12-08) one failed with 60.7 GiB reserved but unallocated. Those blocks go
+            // back to the driver and the capture is tried once more.
+            if captured_out_of_memory(e) {
+                tracing::info!(rows = key.0, frames = key.1, "capturing a flow step ran out of memory: the allocator's cached blocks go back to the driver, the capture is tried again");
+                crate::torch_shim::cuda_empty_cache();
+                captured = attempt(&self.graphs);
+            }
+        }
         match captured {
             Ok((graph, out)) => {
                 self.stats.captured += 1;
@@ -190,6 +206,11 @@ impl FlowGraphs {
             }
         }
     }
+}
+
+/// Whether a capture failed for want of memory (sorted as every libtorch error is).
+fn captured_out_of_memory(e: &crate::model::cuda_graph::GraphError) -> bool {
+    crate::model::torchscript::classify(TchError::Torch(e.to_string()), 0).is_oom()
 }
 
 /// Whether a step of `rows` × `frames` is within `settings` (graphs `on` for this device).
@@ -210,6 +231,15 @@ mod tests {
         assert!(!wanted(&FlowGraphSettings { graphs: 0, ..s }, true, 2, 64), "none allowed");
         assert!(!FlowGraphs::new(s, Device::Cpu).wants(2, 64), "never on the CPU");
         assert!(FlowGraphs::new(s, Device::Cuda(0)).wants(2, 64));
+    }
+
+    #[test]
+    fn a_capture_that_ran_out_of_memory_is_told_from_other_failures() {
+        use crate::model::cuda_graph::GraphError;
+        let oom = GraphError::Captured(TchError::Torch("libtorch run package failed: CUDA out of memory inside the compiled package".into()));
+        assert!(captured_out_of_memory(&oom));
+        assert!(!captured_out_of_memory(&GraphError::Unavailable));
+        assert!(!captured_out_of_memory(&GraphError::Captured(TchError::Torch("CUDA error: operation not permitted when stream is capturing".into()))));
     }
 
     #[test]
