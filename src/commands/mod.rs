@@ -161,7 +161,7 @@ async fn start_model(cfg: &Config, device: Device, token2wav_only: bool) -> Resu
             text: None,
             flow_graphs: m.flow_graphs,
             cudnn_benchmark: m.cudnn_benchmark,
-            cudnn_attention: Some(m.cudnn_attention),
+            cudnn_attention: m.cudnn_attention,
             token2wav_only,
             // A measurement (calibrate, the policy bench) is not profiled: the profiler's own
             // memory and time would be measured with it.

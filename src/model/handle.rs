@@ -73,13 +73,11 @@ impl ModelHandle {
                     if cudnn_benchmark {
                         tracing::info!(%device, "cuDNN benchmark mode: each new convolution shape is timed first");
                     }
-                    if let Some(enabled) = cudnn_attention {
-                        // A flag in libtorch's global context: setting it does not fail in practice.
-                        if let Err(e) = crate::torch_shim::set_cudnn_attention(enabled) {
-                            tracing::warn!(%device, error = %e, "setting [model] cudnn_attention failed: libtorch chooses");
-                        }
-                        tracing::debug!(%device, allowed = crate::torch_shim::cudnn_attention(), "cuDNN attention");
+                    // A flag in libtorch's global context: setting it does not fail in practice.
+                    if let Err(e) = crate::torch_shim::set_cudnn_attention(cudnn_attention) {
+                        tracing::warn!(%device, error = %e, "setting [model] cudnn_attention failed: libtorch chooses");
                     }
+                    tracing::debug!(%device, allowed = crate::torch_shim::cudnn_attention(), "cuDNN attention");
                 }
                 let started = Instant::now();
                 let mut model = match load(&thread_dir, thread_manifest, device, precision, text, flow_graphs) {

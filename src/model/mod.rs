@@ -272,8 +272,8 @@ pub struct LoadOptions {
     /// On CUDA, cuDNN's per-shape algorithm search (`[model] cudnn_benchmark`; process-wide).
     pub cudnn_benchmark: bool,
     /// On CUDA, whether attention may run as cuDNN's (`[model] cudnn_attention`; process-wide;
-    /// `None` leaves libtorch's choice).
-    pub cudnn_attention: Option<bool>,
+    /// off by default, as the worker's default runs).
+    pub cudnn_attention: bool,
     /// Kinds `cosyvoice2` and `cosyvoice3`: their token2wav half alone (speech-token items, run as
     /// the batch given, no LLM, no text plan) — what `voxbatch calibrate` and the policy bench
     /// measure, since the memory policy sizes token2wav batches. The whole model re-buckets
