@@ -115,6 +115,21 @@ fn token2wav_runs_on_the_callers_thread_batch_after_batch_so_its_per_thread_cach
 }
 
 #[test]
+fn a_batchs_closing_buckets_are_counted_and_timed_from_the_decodes_end() {
+    // The buckets run after the LLM's last segment have no decode beside them on the GPU: how many
+    // and how long they take is what the batch's log line says (issue 42's closing phase).
+    let (cfg, dir, frontend) = short_segments();
+    let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();
+    let input = Arc::new(TextInput::prepare(&frontend, LmFamily::Cosyvoice2, uuid::Uuid::from_u128(3), "A text of two sentences. Both are short.", Some(Mode::CrossLingual), None, &rates(), true).unwrap());
+    let out = tts.synthesize_text(&[SynthItem { tokens: Vec::new(), voice: 0, text: Some(input), speed: None }]).unwrap();
+    assert!(out[0].is_ok(), "{:?}", out[0].as_ref().err());
+    let stats = tts.last_bucket_stats();
+    // A short text fills no bucket while the LLM decodes: its buckets run at the batch's end.
+    assert!(stats.closing_buckets >= 1 && stats.closing_buckets <= stats.buckets, "{stats:?}");
+    assert!(stats.closing_ms > 0, "the closing buckets took time: {stats:?}");
+}
+
+#[test]
 fn each_segment_is_stretched_to_its_frames_over_the_jobs_speed() {
     let (cfg, dir, frontend) = short_segments();
     let mut tts = TextToSpeech::load(dir.path(), Device::Cpu, Precision::Fp32, TextPlan::small(cfg.llm.clone())).unwrap();

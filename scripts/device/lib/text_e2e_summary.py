@@ -39,14 +39,17 @@ import re
 # The worker log, read once: every summary below walks its lines.
 WORKER_LOG = open(f"{out}/worker.log", errors="replace").read().splitlines()
 buckets = {"text_batches": 0, "buckets": 0, "segments": 0, "tokens": 0, "padded_tokens": 0,
-           "graph_steps": 0, "graphs_captured": 0, "graph_capture_ms": 0}
+           "graph_steps": 0, "graphs_captured": 0, "graph_capture_ms": 0, "closing_buckets": 0, "closing_ms": 0}
 for line in WORKER_LOG:
     if "token2wav buckets" not in line:
         continue
     fields = dict(re.findall(r"(\w+)=(\d+)", line))
     buckets["text_batches"] += 1
     # graph_*: small buckets' flow steps replayed as CUDA graphs ([model] flow_graphs).
-    for k in ("buckets", "segments", "tokens", "padded_tokens", "graph_steps", "graphs_captured", "graph_capture_ms"):
+    # closing_*: the buckets after the decode's end, and the time from that end to token2wav's (since
+    # 2026-12-08; earlier logs have none).
+    for k in ("buckets", "segments", "tokens", "padded_tokens", "graph_steps", "graphs_captured", "graph_capture_ms",
+              "closing_buckets", "closing_ms"):
         buckets[k] += int(fields.get(k, 0))
 if buckets["buckets"]:
     buckets["mean_bucket_size"] = buckets["segments"] / buckets["buckets"]

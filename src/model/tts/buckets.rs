@@ -48,6 +48,10 @@ pub struct BucketStats {
     /// The thread the buckets ran on (the model's: libtorch keeps cuDNN's plans and attention
     /// graphs per thread, so it must outlive the batch); `None` before the first bucket.
     pub thread: Option<std::thread::ThreadId>,
+    /// The batch's closing buckets, run after the LLM's last segment came (the GPU has no decode
+    /// to run beside them), and the milliseconds from that moment to token2wav's end.
+    pub closing_buckets: u64,
+    pub closing_ms: u64,
 }
 
 impl BucketStats {
@@ -311,8 +315,16 @@ pub(super) fn vocode(
 ) -> Result<(), ModelError> {
     let mut decoding = true;
     let mut _closing_entered = None;
+    // From the decode's end: how long the closing buckets take, and how many there are.
+    let mut closing_since: Option<std::time::Instant> = None;
+    let closed = |since: Option<std::time::Instant>, stats: &mut BucketStats| {
+        if let Some(t) = since {
+            stats.closing_ms += t.elapsed().as_millis() as u64;
+        }
+    };
     loop {
         if abort.load(Ordering::Relaxed) {
+            closed(closing_since, stats);
             return Ok(());
         }
         while decoding {
@@ -323,6 +335,7 @@ pub(super) fn vocode(
             }
         }
         if !decoding {
+            closing_since.get_or_insert_with(std::time::Instant::now);
             // The decode is done: the batch's last buckets may have every SM. The buckets before
             // were waited for (`run_bucket`), or are waited for by the cutter, and the memory
             // they leave cached is freed by the allocator when the new stream needs it.
@@ -332,10 +345,14 @@ pub(super) fn vocode(
             }
         }
         if let Some(batch) = take_bucket(&mut ready, &*admission, cap.cap, cap.least, !decoding) {
+            if !decoding {
+                stats.closing_buckets += 1;
+            }
             run_bucket(token2wav, batch, dropped, cut, &mut ready, cap, admission, stats)?;
             continue;
         }
         if !decoding {
+            closed(closing_since, stats);
             return Ok(());
         }
         // Nothing to run yet: wait for the LLM's next segment.

@@ -342,6 +342,8 @@ impl TextToSpeech {
             graph_steps = graphs.replays - graphs_before.replays,
             graphs_captured = graphs.captured - graphs_before.captured,
             graph_capture_ms = ((graphs.capture_seconds - graphs_before.capture_seconds) * 1000.0) as u64,
+            closing_buckets = stats.closing_buckets,
+            closing_ms = stats.closing_ms,
             "token2wav buckets"
         );
         // Where the LLM's share of the batch went; the GPU idles through `host` and `capture`.
