@@ -135,6 +135,14 @@ pub fn set_cudnn_attention(enabled: bool) -> Result<(), ShimError> {
     checked("set cuDNN attention", |err, len| unsafe { voxbatch_set_cudnn_sdpa(i32::from(enabled), err, len) })
 }
 
+/// cuDNN's process-wide switches, as `[model]` sets them for every CUDA run (the worker's inference
+/// thread, `bench token2wav`): its per-shape algorithm search (`cudnn_benchmark`) and whether
+/// attention may run as cuDNN's (`cudnn_attention`).
+pub fn set_cudnn(benchmark: bool, attention: bool) -> Result<(), ShimError> {
+    tch::Cuda::cudnn_set_benchmark(benchmark);
+    set_cudnn_attention(attention)
+}
+
 /// Whether `scaled_dot_product_attention` may choose cuDNN's attention now.
 pub fn cudnn_attention() -> bool {
     // SAFETY: reads a boolean of libtorch's global context; cannot throw.

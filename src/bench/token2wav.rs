@@ -125,9 +125,8 @@ const QUALITY_ITEMS: usize = 8;
 /// Runs the sweep; `progress` gets one line per point.
 pub fn run(opts: &Token2WavBenchOptions, mut progress: impl FnMut(&Point)) -> Result<Token2WavReport, ModelError> {
     let manifest = Manifest::load(&opts.model_dir)?;
-    tch::Cuda::cudnn_set_benchmark(opts.cudnn_benchmark);
     if matches!(opts.device, Device::Cuda(_)) {
-        crate::torch_shim::set_cudnn_attention(opts.cudnn_attention)?;
+        crate::torch_shim::set_cudnn(opts.cudnn_benchmark, opts.cudnn_attention)?;
     }
     let tokens = (opts.utterance_seconds * 25.0).round().max(1.0) as usize;
     let vocab = manifest.vocab_size();

@@ -69,13 +69,12 @@ impl ModelHandle {
                     tch::set_num_threads(cpu_threads as i32);
                 }
                 if matches!(device, Device::Cuda(_)) {
-                    tch::Cuda::cudnn_set_benchmark(cudnn_benchmark);
                     if cudnn_benchmark {
                         tracing::info!(%device, "cuDNN benchmark mode: each new convolution shape is timed first");
                     }
-                    // A flag in libtorch's global context: setting it does not fail in practice.
-                    if let Err(e) = crate::torch_shim::set_cudnn_attention(cudnn_attention) {
-                        tracing::warn!(%device, error = %e, "setting [model] cudnn_attention failed: libtorch chooses");
+                    // Flags in libtorch's global context: setting them does not fail in practice.
+                    if let Err(e) = crate::torch_shim::set_cudnn(cudnn_benchmark, cudnn_attention) {
+                        tracing::warn!(%device, error = %e, "setting cuDNN's switches ([model] cudnn_benchmark, cudnn_attention) failed: libtorch chooses");
                     }
                     tracing::debug!(%device, allowed = crate::torch_shim::cudnn_attention(), "cuDNN attention");
                 }

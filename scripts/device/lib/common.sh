@@ -9,6 +9,10 @@
 #                  `install_wheels llm` also the LLM reference's pins into their own site, for $LLM_PY
 #                  (transformers 4.51.3 needs a huggingface_hub < 1 that diffusers cannot use)
 #   unpack_voxbatch  .t2w/voxbatch.xz → $BIN (/tmp/voxbatch)
+#   VOXBATCH_ENV   what the Dockerfile and the systemd unit set for the worker, for voxbatch's GPU
+#                  runs here (run_worker, the token2wav benches: `env $VOXBATCH_ENV $BIN …`); the
+#                  references' Python runs without it. TORCH_CUDNN_V8_API_DISABLED=0 among a call's
+#                  settings: convolutions through cuDNN's v8 API (docs/models.md#attention-and-cudnn)
 #   unpack_tests     .t2w/integration.xz → /tmp/integration, the one integration test binary: a target
 #                    picks its tests by module prefix (cosyvoice2_parity::, compiled::, …)
 #   link_work_main   the test binary finds its files under the path it was built in (/work/main)
@@ -17,6 +21,8 @@ PY=${PY:-python3}
 DEVICE_DIR=scripts/device
 
 log() { echo "[$TARGET $(date -u +%T)] $*"; }
+
+VOXBATCH_ENV="TORCH_CUDNN_V8_API_DISABLED=${TORCH_CUDNN_V8_API_DISABLED:-1}"
 
 use_libtorch() {
   local lib
@@ -76,7 +82,7 @@ unpack_tests() {
 WORKER_PID=
 run_worker() {  # SECONDS LOG ARGS...
   local seconds=$1 log=$2; shift 2
-  timeout "$seconds" $BIN work --drain "$@" > "$log" 2>&1 &
+  env $VOXBATCH_ENV timeout "$seconds" $BIN work --drain "$@" > "$log" 2>&1 &
   WORKER_PID=$!
   wait "$WORKER_PID"; rc=$?
   WORKER_PID=

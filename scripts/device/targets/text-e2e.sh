@@ -32,8 +32,8 @@
 # VOXBATCH_LLM__TOKEN2WAV_LEAST_BUCKET=128; longer segments:
 # VOXBATCH_FRONTEND__SEGMENT_MAX_TOKENS, VOXBATCH_LLM__MAX_TEXT_TOKENS, with queues of their own,
 # VOXBATCH_AMQP__QUEUE…), libtorch's own environment, which the worker inherits (e.g.
-# TORCH_CUDNN_V8_API_DISABLED (default 1 here, as the Dockerfile and the systemd unit run the worker;
-# 0: cuDNN's v8 API), PYTORCH_CUDA_ALLOC_CONF), PY.
+# TORCH_CUDNN_V8_API_DISABLED (default 1 for the worker, as the Dockerfile and the systemd unit run
+# it: VOXBATCH_ENV, lib/common.sh; 0: cuDNN's v8 API), PYTORCH_CUDA_ALLOC_CONF), PY.
 # The buckets' debug lines say how long each stage waited for the GPU and what the caching allocator
 # did; the summary sums them (token2wav_bucket_seconds *_wait, token2wav_bucket_allocator).
 # Output: OUT/reference-fp32.json, simulated.json, nvml.csv, worker.log, report-campaign.json,
@@ -119,7 +119,6 @@ export VOXBATCH_MODEL__DEVICE=cuda:0 VOXBATCH_MODEL__PRECISION=bf16
 [ -n "${FLOW_GRAPHS:-}" ] && export VOXBATCH_MODEL__FLOW_GRAPHS="$FLOW_GRAPHS"
 [ -n "${CPU_THREADS:-}" ] && export VOXBATCH_MODEL__CPU_THREADS="$CPU_THREADS"
 [ -n "${FRONTEND_THREADS:-}" ] && export VOXBATCH_FRONTEND__THREADS="$FRONTEND_THREADS"
-export TORCH_CUDNN_V8_API_DISABLED=${TORCH_CUDNN_V8_API_DISABLED:-1}
 export VOXBATCH_MEMORY__POLICY=tokens VOXBATCH_LLM__SLOTS=${SLOTS:-512} VOXBATCH_LLM__FORCE_LENGTHS=true
 export VOXBATCH_LLM__TOKEN2WAV_MAX_BUCKET=${T2W_BATCH:-256} VOXBATCH_BATCHING__MAX_BATCH_TOKENS=1000000
 # voxbatch::model::tts logs each text batch's token2wav buckets (sizes, padding): the

@@ -152,8 +152,7 @@ done
 # (a directory, or DIR:MODE, a mode being cudnn-benchmark, cudnn-attention, flow-graphs or
 # heuristic-b), then the round's extras for COMPILED (the environment's EAGER_ATTENTION,
 # CUDNN_BENCHMARK, CUDNN_ATTENTION, CUDNN_HEURISTIC_B, and FLOW_GRAPHS when GRAPHS is 1). voxbatch
-# runs as the Dockerfile and the systemd unit run the worker, TORCH_CUDNN_V8_API_DISABLED=1 (set 0
-# for cuDNN's v8 API; the reference's Python runs without it). Each bench's whole output in DIR_OUT/NAME.full.log (a failure's
+# runs as the Dockerfile and the systemd unit run the worker (VOXBATCH_ENV, lib/common.sh). Each bench's whole output in DIR_OUT/NAME.full.log (a failure's
 # message, whatever the process printed before an abort), its summary lines in DIR_OUT/NAME.log.
 bench_round() {
   local dir_out=$1 batches=$2 compiled=$3 graphs=$4; shift 4
@@ -172,7 +171,7 @@ bench_round() {
     [ "$flag" = --heuristic-b ] && { flag=; run_env=TORCH_CUDNN_USE_HEURISTIC_MODE_B=1; }
     log "bench token2wav: $name"
     # shellcheck disable=SC2086
-    env TORCH_CUDNN_V8_API_DISABLED="${TORCH_CUDNN_V8_API_DISABLED:-1}" $run_env RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "$batches" \
+    env $VOXBATCH_ENV $run_env RUST_LOG=voxbatch=info $BIN bench token2wav --model "$d" --device cuda:0 --batches "$batches" \
       --precisions "${PRECISIONS:-$PRECISION}" --utterance-seconds "${UTTERANCE_SECONDS:-10}" ${VOCODERS:+--vocoders "$VOCODERS"} \
       --repeats "${REPEATS:-3}" $flag ${PROFILE:+--profile} --out "$dir_out/$name" > "$dir_out/$name.full.log" 2>&1
     rc=$?
